@@ -1,0 +1,238 @@
+"""Template library build: enumerate multisets, prune losslessly bottom-up, solve the rest in a pool.
+
+Each (model, mode, SLO, shape) job is processed level by level (multiset size 1..N_max). A level's
+multisets only look up results of smaller sizes, so they are solved in parallel worker processes (one
+HiGHS solve per process at a time). Every result is written to the store as it arrives, keyed by the
+content hash of its inputs, so an interrupted build resumes where it stopped and a rebuild with unchanged
+inputs solves nothing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from coral.catalog import load_catalog
+from coral.perf import PerfModel, load_profiles
+from coral.store import Outcome, TemplateStore, template_key
+from coral.templates import Template
+from coral.workload import Slo, WorkloadShape
+from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, layer_work_bound, prune_verdict
+from solvers.library import solve_multiset
+from solvers.options import build_problem
+
+Multiset = tuple[str, ...]
+
+
+@attrs.frozen
+class BuildJob:
+    """One library to build: a model under one SLO and shape, in one mode."""
+
+    model: str
+    mode: str
+    slo: Slo
+    shape: WorkloadShape
+
+
+@attrs.frozen
+class Solved:
+    """What a worker returns for one multiset."""
+
+    key: str
+    nodes: Multiset
+    capacity: float
+    bound: float
+    template: Template | None
+    path: str
+    status: str
+    gap: float
+    seconds: float
+
+
+@attrs.define
+class BuildReport:
+    """Counts and timings of a build, for the CLI and the benchmark."""
+
+    enumerated: int = 0
+    reused: int = 0
+    solved: int = 0
+    kept: int = 0
+    infeasible: int = 0
+    dominated: int = 0
+    split: int = 0
+    bound_skipped: int = 0
+    by_path: dict[str, int] = attrs.field(factory=dict)
+    proven: int = 0
+    gaps: list[float] = attrs.field(factory=list)
+    seconds_by_size: dict[int, list[float]] = attrs.field(factory=dict)
+    wall_s: float = 0.0
+    workers: int = 1
+
+
+_PERF: PerfModel | None = None
+_TIME_LIMIT = 10.0
+
+
+def _init_worker(catalog_files: Sequence[Path], profile_files: Sequence[Path], time_limit: float) -> None:
+    global _PERF, _TIME_LIMIT
+    cat = load_catalog(list(catalog_files))
+    _PERF = PerfModel(cat, [t for p in profile_files for t in load_profiles(p)])
+    _TIME_LIMIT = time_limit
+
+
+def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float) -> Solved:
+    assert _PERF is not None
+    t0 = time.perf_counter()
+    problem = build_problem(_PERF, job.model, nodes, job.mode, job.slo, job.shape)
+    ub = layer_work_bound(problem)
+    if ub <= 0:
+        return Solved(key, nodes, 0.0, 0.0, None, "bound-infeasible", "infeasible", 0.0, time.perf_counter() - t0)
+    if threshold > 0 and ub <= threshold:
+        return Solved(key, nodes, 0.0, ub, None, "bound-pruned", "pruned", 0.0, time.perf_counter() - t0)
+    tpl, res, _ = solve_multiset(_PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT)
+    cap = res.value if res.status != "infeasible" else 0.0
+    bound = cap if res.status == "optimal" else max(cap, res.bound)
+    return Solved(key, nodes, cap, bound, tpl, res.method, res.status, res.gap, time.perf_counter() - t0)
+
+
+def build_library(
+    perf: PerfModel,
+    store: TemplateStore,
+    jobs: Sequence[BuildJob],
+    node_types: Sequence[str],
+    *,
+    nmax: int = 6,
+    rho: float = 12.0,
+    workers: int = 1,
+    time_limit: float = 10.0,
+    catalog_files: Sequence[Path] = (),
+    profile_files: Sequence[Path] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> BuildReport:
+    """Build (or resume) the template library of every job into ``store``."""
+    check_params(nmax, rho)
+    for job in jobs:
+        if job.model not in perf.catalog.models:
+            raise ValueError(f"unknown model {job.model!r}; known: {', '.join(sorted(perf.catalog.models))}")
+    for n in node_types:
+        if n not in perf.catalog.nodes:
+            raise ValueError(f"unknown node type {n!r}; known: {', '.join(sorted(perf.catalog.nodes))}")
+    report = BuildReport(workers=workers)
+    t_start = time.perf_counter()
+    params = {"nmax": nmax, "rho": rho, "time_limit": time_limit}
+    levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
+    total = sum(len(v) for lv in levels.values() for v in lv.values())
+    report.enumerated = total
+    done = 0
+    pool: ProcessPoolExecutor | None = None
+    if workers > 1:
+        ctx = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(
+            workers,
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(list(catalog_files), list(profile_files), time_limit),
+        )
+    else:
+        global _PERF, _TIME_LIMIT
+        _PERF, _TIME_LIMIT = perf, time_limit
+    try:
+        partition: dict[BuildJob, dict[Multiset, float]] = {j: {} for j in jobs}
+        for size in range(1, nmax + 1):
+            pending: list[tuple[BuildJob, Multiset, str, float, float]] = []
+            for job in jobs:
+                level = levels[job][size]
+                keys = [
+                    template_key(perf.catalog, job.model, s, job.mode, job.slo, job.shape, perf.version, params)
+                    for s in level
+                ]
+                known = store.outcomes(keys)
+                P = partition[job]
+                for s, key in zip(level, keys, strict=True):
+                    split = best_split(s, P)
+                    sub = best_sub(s, P)
+                    if key in known:
+                        P[s] = max(known[key].capacity, split)
+                        report.reused += 1
+                        done += 1
+                        continue
+                    pending.append((job, s, key, split, sub))
+            if progress:
+                progress(done, total)
+            results = _run(pool, pending)
+            batch_outcomes: list[Outcome] = []
+            batch_templates: list[Template] = []
+            for (job, s, key, split, sub), res in zip(pending, results, strict=True):
+                out = _record(report, job, s, key, split, sub, res, size)
+                partition[job][s] = max(out.capacity, split)
+                batch_outcomes.append(out)
+                if out.outcome == "template" and res.template is not None:
+                    batch_templates.append(res.template)
+                done += 1
+                if len(batch_outcomes) >= 200:
+                    store.put(batch_outcomes, batch_templates)
+                    batch_outcomes, batch_templates = [], []
+                if progress:
+                    progress(done, total)
+            store.put(batch_outcomes, batch_templates)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    report.wall_s = time.perf_counter() - t_start
+    return report
+
+
+def _run(pool: ProcessPoolExecutor | None, pending: list[tuple[BuildJob, Multiset, str, float, float]]) -> Any:
+    """Yield results in submission order, solving in the pool when there is one."""
+    if pool is None:
+        for job, s, key, split, sub in pending:
+            yield _solve_one(job, s, key, max(split, sub))
+        return
+    futures: list[Future[Solved]] = [
+        pool.submit(_solve_one, job, s, key, max(split, sub)) for job, s, key, split, sub in pending
+    ]
+    for f in futures:
+        yield f.result()
+
+
+def _record(
+    report: BuildReport, job: BuildJob, s: Multiset, key: str, split: float, sub: float, res: Solved, size: int
+) -> Outcome:
+    slo_key = job.slo.key
+    if res.path == "bound-pruned":
+        report.bound_skipped += 1
+        kind = "dominated" if sub >= split else "split"
+        setattr(report, kind, getattr(report, kind) + 1)
+        return Outcome(
+            key, job.model, job.mode, slo_key, s, kind, None, 0.0, "upper bound reached by smaller templates"
+        )
+    report.seconds_by_size.setdefault(size, []).append(res.seconds)
+    if res.status == "infeasible" or res.capacity <= 0:
+        report.infeasible += 1
+        if res.path != "bound-infeasible":
+            report.solved += 1
+            report.by_path[res.path] = report.by_path.get(res.path, 0) + 1
+        return Outcome(key, job.model, job.mode, slo_key, s, "infeasible", None, 0.0, res.path)
+    report.solved += 1
+    report.by_path[res.path] = report.by_path.get(res.path, 0) + 1
+    verdict = prune_verdict(res.bound, sub, split)
+    if verdict is not None:
+        setattr(report, verdict, getattr(report, verdict) + 1)
+        return Outcome(key, job.model, job.mode, slo_key, s, verdict, None, res.capacity, res.path)
+    report.kept += 1
+    if res.status == "optimal":
+        report.proven += 1
+    else:
+        report.gaps.append(res.gap)
+    return Outcome(key, job.model, job.mode, slo_key, s, "template", key, res.capacity, res.path)
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))

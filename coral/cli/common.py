@@ -1,0 +1,48 @@
+"""Options shared by every verb, and helpers that load the catalog and perf model from them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from coral.catalog import Catalog, load_catalog
+from coral.perf import PerfModel, load_profiles
+
+
+def parent_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--catalog",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="extra catalog TOML that adds or overrides entries (repeatable)",
+    )
+    p.add_argument(
+        "--profiles",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="CSV",
+        help="measured profile table that overrides the roofline for its (model, GPU, TP) (repeatable)",
+    )
+    return p
+
+
+def catalog_from(args: argparse.Namespace) -> Catalog:
+    return load_catalog(args.catalog)
+
+
+def perf_from(args: argparse.Namespace, catalog: Catalog | None = None) -> PerfModel:
+    cat = catalog_from(args) if catalog is None else catalog
+    tables = [t for path in args.profiles for t in load_profiles(path)]
+    return PerfModel(cat, tables)
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")

@@ -1,0 +1,227 @@
+"""``coral templates build | list | show``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from coral.cli.common import catalog_from, perf_from, print_json
+from coral.errors import CoralError
+from coral.store import TemplateStore, default_store_path
+from coral.templates import SINK, SOURCE, Template
+from coral.workload import MODES
+
+GPU_COLOURS = {
+    "h100": "bright_green",
+    "h200": "green",
+    "a100": "cyan",
+    "l40s": "magenta",
+    "l40": "magenta",
+    "l4": "yellow",
+    "a10g": "bright_red",
+    "a10": "red",
+    "t4": "blue",
+    "v100": "bright_blue",
+    "mi300x": "bright_white",
+}
+
+
+def gpu_colour(gpu: str) -> str:
+    """The colour of a GPU type in stage bars."""
+    return GPU_COLOURS.get(gpu.split("-")[0], "white")
+
+
+def add(sub: Any, parent: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("templates", help="build, list and show serving templates")
+    tsub = p.add_subparsers(dest="templates_command", metavar="ACTION", required=True)
+
+    b = tsub.add_parser("build", parents=[parent], help="build the template library (resumable)")
+    b.add_argument("--scenario", default=None, help="scenario NAME or FILE whose deployments to build")
+    b.add_argument("--models", default=None, help="comma-separated model names (default: the scenario's)")
+    b.add_argument("--modes", default="aggregated,prefill,decode", help="comma-separated modes")
+    b.add_argument("--nodes", default=None, help="comma-separated node types (default: the scenario's)")
+    b.add_argument("--nmax", type=int, default=None, help="most nodes per template (default: scenario, else 6)")
+    b.add_argument("--rho", type=float, default=None, help="memory ratio cap (default: scenario, else 12)")
+    b.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    b.add_argument("--time-limit", type=float, default=10.0, help="seconds per MILP solve")
+    b.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
+    b.add_argument("--json", action="store_true", help="print the build report as JSON")
+    b.set_defaults(func=run_build)
+
+    ls = tsub.add_parser("list", parents=[parent], help="list templates in the store")
+    ls.add_argument("--model", default=None)
+    ls.add_argument("--mode", default=None, choices=MODES)
+    ls.add_argument("--store", type=Path, default=None)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=run_list)
+
+    sh = tsub.add_parser("show", parents=[parent], help="show one template: stages, routes and capacities")
+    sh.add_argument("id", help="template id (a unique prefix is enough)")
+    sh.add_argument("--store", type=Path, default=None)
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=run_show)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from coral.cli.build import build_library, default_workers
+    from coral.cli.jobs import jobs_from_args
+
+    cat = catalog_from(args)
+    perf = perf_from(args, cat)
+    jobs, node_types, nmax, rho = jobs_from_args(args, cat)
+    workers = args.workers if args.workers is not None else default_workers()
+    if workers < 1:
+        raise CoralError(f"--workers must be at least 1, got {workers}")
+    path = args.store or default_store_path()
+    con = Console(stderr=True)
+    with (
+        TemplateStore(path) as store,
+        Progress(
+            TextColumn("[bold]templates"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=con,
+            transient=False,
+            disable=args.json,
+        ) as bar,
+    ):
+        task = bar.add_task("build", total=None, rate="")
+
+        def progress(done: int, total: int) -> None:
+            el = bar.tasks[0].elapsed or 0.0
+            bar.update(task, completed=done, total=total, rate=f"{done / el:,.1f}/s" if el > 0 else "")
+
+        try:
+            report = build_library(
+                perf,
+                store,
+                jobs,
+                node_types,
+                nmax=nmax,
+                rho=rho,
+                workers=workers,
+                time_limit=args.time_limit,
+                catalog_files=args.catalog,
+                profile_files=args.profiles,
+                progress=progress,
+            )
+        except ValueError as e:
+            raise CoralError(str(e)) from None
+    summary = {
+        "store": str(path),
+        "jobs": len(jobs),
+        "enumerated": report.enumerated,
+        "reused": report.reused,
+        "solved": report.solved,
+        "kept": report.kept,
+        "infeasible": report.infeasible,
+        "dominated": report.dominated,
+        "split": report.split,
+        "bound_skipped": report.bound_skipped,
+        "by_path": report.by_path,
+        "proven": report.proven,
+        "unproven": len(report.gaps),
+        "max_gap": max(report.gaps, default=0.0),
+        "wall_s": round(report.wall_s, 3),
+        "workers": report.workers,
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        Console().print(
+            f"built {summary['kept']} templates for {len(jobs)} jobs in {report.wall_s:.1f} s: "
+            f"{report.enumerated} multisets, {report.reused} already in the store, {report.solved} solved, "
+            f"{report.infeasible} infeasible, pruned {report.dominated} dominated + {report.split} split "
+            f"({report.bound_skipped} by bound without solving); store {path}"
+        )
+    return 0
+
+
+def _open_ro(args: argparse.Namespace) -> TemplateStore:
+    return TemplateStore(args.store or default_store_path(), readonly=True)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with _open_ro(args) as store:
+        tpls = store.query(model=args.model, mode=args.mode)
+    if args.json:
+        print_json([t.to_json() for t in tpls])
+        return 0
+    t = Table(title=f"{len(tpls)} templates")
+    for c in ("id", "model", "mode", "nodes", "stages", "prefill tok/s", "decode tok/s", "TTFT", "TPOT", "status"):
+        t.add_column(c, justify="right" if "tok" in c else "left")
+    for tpl in tpls:
+        t.add_row(
+            tpl.id[:10],
+            tpl.model,
+            tpl.mode,
+            _nodes_text(tpl),
+            stage_bar(tpl, 24),
+            f"{tpl.prefill_tok_s:,.0f}",
+            f"{tpl.decode_tok_s:,.0f}",
+            f"{tpl.ttft_s * 1e3:.0f} ms",
+            f"{tpl.tpot_s * 1e3:.1f} ms",
+            tpl.status if tpl.proven else f"{tpl.status} gap {tpl.gap:.2%}",
+        )
+    Console().print(t)
+    return 0
+
+
+def _nodes_text(tpl: Template) -> str:
+    return " + ".join(f"{c} x {n}" for n, c in sorted(tpl.node_counts.items()))
+
+
+def stage_bar(tpl: Template, width: int) -> Text:
+    """One row per stage would not fit a list: draw each stage's share of the layers in its GPU colour."""
+    txt = Text()
+    for s in sorted(tpl.stages, key=lambda s: (s.start, s.index)):
+        n = max(1, round(width * s.layers / tpl.num_layers))
+        txt.append("█" * n, style=gpu_colour(s.gpu))
+    return txt
+
+
+def run_show(args: argparse.Namespace) -> int:
+    with _open_ro(args) as store:
+        tpl = store.get(args.id)
+    if args.json:
+        print_json(tpl.to_json())
+        return 0
+    con = Console()
+    con.print(
+        f"[bold]{tpl.id}[/]  {tpl.model} ({tpl.num_layers} layers), mode {tpl.mode}, "
+        f"SLO TTFT {tpl.slo.ttft_s:g} s / TPOT {tpl.slo.tpot_s * 1e3:g} ms"
+    )
+    con.print(f"nodes: {_nodes_text(tpl)}")
+    width = 60
+    for s in tpl.stages:
+        bar = Text(" " * round(width * s.start / tpl.num_layers))
+        bar.append("█" * max(1, round(width * s.layers / tpl.num_layers)), style=gpu_colour(s.gpu))
+        con.print(
+            Text(f"  [{s.index}] {s.node:<16} {s.tp} x {s.gpu:<12} layers {s.start:>3}-{s.end - 1:<3} b={s.batch:<4}")
+            + bar
+        )
+    con.print("routes:")
+    total = sum(r.flow for r in tpl.routes if r.src == SOURCE) or 1.0
+    for r in tpl.routes:
+        src = "source" if r.src == SOURCE else f"[{r.src}]"
+        dst = "sink" if r.dst == SINK else f"[{r.dst}]"
+        con.print(f"  {src:>7} -> {dst:<7} flow {r.flow:,.3f} ({r.flow / total:.0%})")
+    con.print(
+        f"capacity: prefill {tpl.prefill_tok_s:,.0f} tok/s, decode {tpl.decode_tok_s:,.0f} tok/s; "
+        f"worst path TTFT {tpl.ttft_s * 1e3:.0f} ms, TPOT {tpl.tpot_s * 1e3:.1f} ms"
+    )
+    gap = "" if tpl.proven else f", gap {tpl.gap:.2%} (bound {tpl.bound:,.3f})"
+    con.print(
+        f"status: {tpl.status} by {tpl.method}{gap}; perf {tpl.perf_version}; "
+        f"vLLM: {'yes' if tpl.vllm_ok else 'no: ' + tpl.vllm_reason}"
+    )
+    return 0

@@ -1,0 +1,360 @@
+"""The kernel's broker: a ROUTER socket for directed traffic and a PUB socket for events.
+
+Every client (an actor, the TUI, a remote stage worker) connects a DEALER, whose routing id is its name, to
+the ROUTER, and a SUB to the PUB. All traffic goes through the broker, which journals it:
+
+- a directed message ``[dest, corr, tag, body]`` from client ``src`` goes out of the ROUTER to ``dest`` as
+  ``[src, corr, tag, body]``;
+- a message to dest ``*`` is published as ``[topic=tag, src, tag, body]``;
+- a message to dest ``kernel`` is for the broker (``Hello``, ``Heartbeat``, ``SyncRequest``, ``Goodbye``,
+  ``ShutdownRequested``).
+
+Directed sends never block the broker: a destination whose queue is at its high-water mark, or that does
+not exist, loses the message and the broker publishes an ``ErrorEvent`` (a request to a missing peer also
+gets that ``ErrorEvent`` back as its reply). Frames that are not a valid envelope become an ``ErrorEvent``;
+the broker never decodes message bodies, receivers do. A peer that is silent for ``peer_timeout`` seconds
+(real time) is dropped and reported as ``PeerLost``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import attrs
+import zmq
+import zmq.asyncio
+
+from coral.kernel.clock import Clock, RealClock
+from coral.kernel.codec import DEFAULT_CODEC, Codec, DecodeError
+from coral.kernel.events import (
+    PROTOCOL,
+    ErrorEvent,
+    Goodbye,
+    Hello,
+    PeerJoined,
+    PeerLeft,
+    PeerLost,
+    Ready,
+    ShutdownRequested,
+    SyncMark,
+    SyncRequest,
+)
+from coral.kernel.journal import Journal
+from coral.kernel.wire import (
+    KERNEL,
+    KERNEL_B,
+    KIND_PUBLISH,
+    KIND_REQUEST,
+    PUBLISH_B,
+    REPLY_MARK,
+    SYNC_TOPIC,
+    BusError,
+    Endpoints,
+    check_hwm,
+    check_positive,
+    pack_corr,
+    set_common_options,
+    text,
+    unpack_corr,
+    valid_tag,
+)
+
+_DRAIN_BATCH = 256
+_TAG_CACHE_MAX = 4096
+_ids = itertools.count()
+
+_HELLO = b"kernel.hello"
+_HEARTBEAT = b"kernel.heartbeat"
+_SYNC = b"kernel.sync"
+_GOODBYE = b"kernel.goodbye"
+_SHUTDOWN = b"kernel.shutdown"
+
+
+def inproc_endpoints() -> Endpoints:
+    """A fresh pair of inproc addresses, unique in this process."""
+    n = next(_ids)
+    return Endpoints(f"inproc://coral-{os.getpid()}-{n}-router", f"inproc://coral-{os.getpid()}-{n}-pub")
+
+
+def _bind(sock: zmq.Socket[Any], address: str) -> str:
+    if address.startswith("tcp://") and address.endswith(":0"):
+        address = address[:-2] + ":*"
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        raise BusError(f"cannot bind {address}: {exc}") from exc
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+
+
+@attrs.define
+class BrokerStats:
+    """Counters since the broker started."""
+
+    routed: int = 0
+    published: int = 0
+    dropped: int = 0
+    errors: int = 0
+
+
+@attrs.define
+class Peer:
+    """A client that completed the handshake; ``last_seen`` is in real (monotonic) seconds."""
+
+    name: str
+    last_seen: float
+
+
+class Broker:
+    """The ROUTER + PUB hub; use as ``async with Broker(...) as broker``."""
+
+    def __init__(
+        self,
+        endpoints: Endpoints | None = None,
+        *,
+        clock: Clock | None = None,
+        journal: Journal | None = None,
+        hwm: int = 10_000,
+        heartbeat_interval: float = 1.0,
+        peer_timeout: float = 10.0,
+        codec: Codec = DEFAULT_CODEC,
+        context: zmq.asyncio.Context | None = None,
+        on_shutdown_request: Callable[[ShutdownRequested], None] | None = None,
+    ) -> None:
+        self.requested = endpoints if endpoints is not None else inproc_endpoints()
+        self.clock: Clock = clock if clock is not None else RealClock()
+        self.journal = journal
+        self.hwm = check_hwm(hwm)
+        self.heartbeat_interval = check_positive(heartbeat_interval, "heartbeat_interval")
+        self.peer_timeout = check_positive(peer_timeout, "peer_timeout")
+        if self.peer_timeout <= self.heartbeat_interval:
+            raise BusError(
+                f"peer_timeout: must exceed heartbeat_interval ({self.heartbeat_interval}), got {peer_timeout}"
+            )
+        self.codec = codec
+        self.on_shutdown_request = on_shutdown_request
+        self._peers: dict[bytes, Peer] = {}
+        self.stats = BrokerStats()
+        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._endpoints: Endpoints | None = None
+        self._valid_tags: set[bytes] = set()
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._router: zmq.asyncio.Socket
+        self._router_sync: zmq.Socket[Any]
+        self._pub: zmq.Socket[Any]
+
+    @property
+    def peers(self) -> dict[str, Peer]:
+        """The connected clients that completed the handshake, by name."""
+        return {p.name: p for p in self._peers.values()}
+
+    @property
+    def endpoints(self) -> Endpoints:
+        """The bound addresses (a tcp port 0 or ``*`` resolved to the real port)."""
+        if self._endpoints is None:
+            raise BusError("broker: not started (use 'async with Broker(...)')")
+        return self._endpoints
+
+    async def __aenter__(self) -> Broker:
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            router = self._ctx.socket(zmq.ROUTER)
+            stack.callback(router.close, 0)
+            set_common_options(router, self.hwm)
+            router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            pub_async = self._ctx.socket(zmq.PUB)
+            stack.callback(pub_async.close, 0)
+            set_common_options(pub_async, self.hwm)
+            router_ep = _bind(router, self.requested.router)
+            pub_ep = _bind(pub_async, self.requested.pub)
+            self._router = router
+            self._router_sync = zmq.Socket.shadow(router.underlying)
+            self._pub = zmq.Socket.shadow(pub_async.underlying)
+            self._endpoints = Endpoints(router_ep, pub_ep)
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            tg.start_soon(self._route_loop)
+            tg.start_soon(self._liveness_loop)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+        if self.journal is not None:
+            self.journal.flush()
+
+    # -- kernel-originated traffic -------------------------------------------------------------------
+
+    def publish(self, msg: object, source: str = KERNEL) -> None:
+        """Publish (and journal) a message on behalf of ``source``."""
+        tag, body = self.codec.encode(msg)
+        self._publish(tag, source.encode(), tag, body)
+
+    def send(self, dest: str, msg: object) -> bool:
+        """Send (and journal) a directed message from the kernel; False if it could not be delivered."""
+        tag, body = self.codec.encode(msg)
+        return self._route(KERNEL_B, dest.encode(), b"", tag, body)
+
+    # -- the loops -----------------------------------------------------------------------------------
+
+    async def _route_loop(self) -> None:
+        router, rsync = self._router, self._router_sync
+        while True:
+            frames = await router.recv_multipart()
+            self._on_frames(frames)
+            for _ in range(_DRAIN_BATCH):
+                try:
+                    frames = rsync.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    if self.journal is not None:
+                        self.journal.flush()
+                    break
+                self._on_frames(frames)
+            else:
+                await anyio.lowlevel.checkpoint()
+
+    async def _liveness_loop(self) -> None:
+        period = min(self.heartbeat_interval, self.peer_timeout / 4)
+        while True:
+            await anyio.sleep(period)
+            now = anyio.current_time()
+            for ident, peer in [(i, p) for i, p in self._peers.items() if now - p.last_seen > self.peer_timeout]:
+                del self._peers[ident]
+                self.publish(PeerLost(peer.name, round(now - peer.last_seen, 3)))
+
+    # -- frame handling (never raises) ---------------------------------------------------------------
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        try:
+            self._handle(frames)
+        except Exception as exc:  # a bug here must not take the kernel down; report it on the bus
+            self._error("", f"broker failed on a frame: {type(exc).__name__}: {exc}")
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) != 5:
+            sender = text(frames[0]) if frames else "?"
+            self._error("", f"malformed envelope from {sender}: expected 4 frames, got {len(frames) - 1}")
+            return
+        ident, dest, corr, tag, body = frames
+        peer = self._peers.get(ident)
+        if peer is not None:
+            peer.last_seen = anyio.current_time()
+        if tag not in self._valid_tags:
+            if not valid_tag(tag):
+                self._error(text(tag), f"bad tag frame from {text(ident)}")
+                return
+            if len(self._valid_tags) < _TAG_CACHE_MAX:
+                self._valid_tags.add(tag)
+        if dest == PUBLISH_B:
+            self._publish(tag, ident, tag, body)
+        elif dest == KERNEL_B:
+            self._to_kernel(ident, corr, tag, body)
+        else:
+            self._route(ident, dest, corr, tag, body)
+
+    def _route(self, source: bytes, dest: bytes, corr: bytes, tag: bytes, body: bytes) -> bool:
+        kc = unpack_corr(corr)
+        if kc is None:
+            self._error(text(tag), f"malformed correlation frame from {text(source)}")
+            return False
+        try:
+            self._router_sync.send_multipart([dest, source, corr, tag, body], zmq.NOBLOCK)
+        except zmq.Again:
+            self.stats.dropped += 1
+            self._error(text(tag), f"dropped {text(source)} -> {text(dest)}: destination over high-water mark")
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.stats.dropped += 1
+            event = ErrorEvent(KERNEL, text(tag), f"unknown destination {text(dest)!r} (from {text(source)})")
+            self.stats.errors += 1
+            self.publish(event)
+            if kc[0] == KIND_REQUEST and source != KERNEL_B:
+                etag, ebody = self.codec.encode(event)
+                with contextlib.suppress(zmq.ZMQError):
+                    self._router_sync.send_multipart(
+                        [source, KERNEL_B, pack_corr(REPLY_MARK, kc[1]), etag, ebody], zmq.NOBLOCK
+                    )
+            return False
+        self.stats.routed += 1
+        if self.journal is not None:
+            self.journal.append(
+                self.clock.now(), kc[0], text(source), text(dest), tag.decode(), body, kc[1]
+            )
+        return True
+
+    def _publish(self, topic: bytes, source: bytes, tag: bytes, body: bytes) -> None:
+        with contextlib.suppress(zmq.Again):  # PUB drops at its high-water mark; it never blocks
+            self._pub.send_multipart([topic, source, tag, body], zmq.NOBLOCK)
+        self.stats.published += 1
+        if self.journal is not None and not topic.startswith(SYNC_TOPIC):
+            self.journal.append(self.clock.now(), KIND_PUBLISH, text(source), topic.decode(), tag.decode(), body)
+
+    def _error(self, tag: str, reason: str) -> None:
+        self.stats.errors += 1
+        self.publish(ErrorEvent(KERNEL, tag, reason))
+
+    def _reply(self, ident: bytes, corr: bytes, msg: object) -> None:
+        tag, body = self.codec.encode(msg)
+        with contextlib.suppress(zmq.ZMQError):
+            self._router_sync.send_multipart([ident, KERNEL_B, corr, tag, body], zmq.NOBLOCK)
+
+    def _join(self, ident: bytes) -> str:
+        peer = self._peers.get(ident)
+        if peer is None:
+            peer = self._peers[ident] = Peer(text(ident), anyio.current_time())
+            self.publish(PeerJoined(peer.name))
+        return peer.name
+
+    def _to_kernel(self, ident: bytes, corr: bytes, tag: bytes, body: bytes) -> None:
+        if tag == _HEARTBEAT:
+            self._join(ident)
+            return
+        try:
+            msg = self.codec.decode(tag, body)
+        except DecodeError as exc:
+            self._error(exc.tag, f"from {text(ident)}: {exc}")
+            return
+        if tag == _SYNC and isinstance(msg, SyncRequest):
+            mark = SyncMark(msg.token)
+            self._reply(ident, corr, mark)
+            mtag, mbody = self.codec.encode(mark)
+            self._publish(SYNC_TOPIC + ident + b"." + str(msg.token).encode(), KERNEL_B, mtag, mbody)
+        elif tag == _HELLO and isinstance(msg, Hello):
+            if msg.protocol != PROTOCOL:
+                self._error(text(tag), f"{text(ident)} speaks protocol {msg.protocol}, kernel {PROTOCOL}")
+                return
+            name = self._join(ident)
+            ready = Ready(name, PROTOCOL, self.heartbeat_interval, self.peer_timeout, self.clock.now())
+            self._reply(ident, corr, ready)
+        elif tag == _GOODBYE and isinstance(msg, Goodbye):
+            peer = self._peers.pop(ident, None)
+            if peer is not None:
+                self.publish(PeerLeft(peer.name, msg.reason))
+            self._reply(ident, corr, msg)
+        elif tag == _SHUTDOWN and isinstance(msg, ShutdownRequested):
+            if self.journal is not None:
+                self.journal.append(self.clock.now(), "send", text(ident), KERNEL, tag.decode(), body)
+            if self.on_shutdown_request is not None:
+                self.on_shutdown_request(msg)
+        else:
+            self._error(text(tag), f"the kernel does not handle {text(tag)!r} (from {text(ident)})")
+            kc = unpack_corr(corr)
+            if kc is not None and kc[0] == KIND_REQUEST:
+                reason = f"the kernel does not handle {text(tag)!r}"
+                self._reply(ident, pack_corr(REPLY_MARK, kc[1]), ErrorEvent(KERNEL, text(tag), reason))

@@ -1,0 +1,425 @@
+"""The bus client: a DEALER (directed traffic, requests) and a SUB (events) connected to a kernel.
+
+``async with BusClient("tui", endpoints, subscribe=["kernel."]) as bus:`` connects, says ``Hello`` and
+returns once the kernel's ``Ready`` came back and the SUB path is proven live (a sync round trip), so that
+nothing sent or published after that is missed. Then::
+
+    await bus.send("allocator", msg)            # directed
+    await bus.publish(msg)                      # event, topic = the message's tag
+    reply = await bus.request("allocator", msg, timeout=5.0)
+    await bus.subscribe("mkt.")                 # returns once the subscription is live
+    async for env in bus: ...                   # Envelope(kind, source, tag, msg, corr)
+    await bus.reply(env, answer)                # answer a request
+
+Received frames that do not decode are reported on the bus as ``ErrorEvent`` and skipped. The inbox is
+bounded (``inbox_size``): when it is full the client stops reading its sockets, their queues fill to the
+high-water mark, and the kernel drops (and reports) what it cannot deliver. Heartbeats go out every
+``Ready.heartbeat_interval`` real seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+import zmq
+import zmq.asyncio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from coral.kernel.codec import DEFAULT_CODEC, Codec
+from coral.kernel.events import ErrorEvent, Goodbye, Heartbeat, Hello, Ready, SyncMark, SyncRequest
+from coral.kernel.wire import (
+    KERNEL,
+    KERNEL_B,
+    KIND_REPLY,
+    KIND_REQUEST,
+    PUBLISH_B,
+    REPLY_MARK,
+    REQUEST_MARK,
+    SYNC_TOPIC,
+    BusError,
+    Endpoints,
+    Envelope,
+    Malformed,
+    check_hwm,
+    check_name,
+    check_positive,
+    pack_corr,
+    parse_direct,
+    parse_published,
+    set_common_options,
+)
+
+
+class RequestError(BusError):
+    """The kernel could not deliver a request (for example, the destination does not exist)."""
+
+
+class RequestTimeout(BusError, TimeoutError):
+    """No reply came back within the timeout."""
+
+
+@attrs.define
+class ClientStats:
+    """Counters since the client connected."""
+
+    sent: int = 0
+    received: int = 0
+    discarded: int = 0
+    errors: int = 0
+
+
+class _Pending:
+    __slots__ = ("envelope", "event")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.envelope: Envelope | None = None
+
+
+class _Sync:
+    __slots__ = ("direct", "event", "published")
+
+    def __init__(self) -> None:
+        self.direct = False
+        self.published = False
+        self.event = anyio.Event()
+
+    def check(self) -> None:
+        if self.direct and self.published:
+            self.event.set()
+
+
+class BusClient:
+    """A named connection to a kernel; use as an async context manager."""
+
+    def __init__(
+        self,
+        name: str,
+        endpoints: Endpoints,
+        *,
+        subscribe: Iterable[str] = (),
+        inbox_size: int = 1024,
+        hwm: int = 10_000,
+        handshake_timeout: float = 10.0,
+        codec: Codec = DEFAULT_CODEC,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.name = check_name(name)
+        if not isinstance(endpoints, Endpoints):
+            raise BusError(f"endpoints: expected Endpoints, got {type(endpoints).__name__}")
+        self.endpoints = endpoints
+        self._topics = [_check_prefix(p) for p in subscribe]
+        if not isinstance(inbox_size, int) or inbox_size < 1:
+            raise BusError(f"inbox_size: expected an int >= 1, got {inbox_size!r}")
+        self.inbox_size = inbox_size
+        self.hwm = check_hwm(hwm)
+        self.handshake_timeout = check_positive(handshake_timeout, "handshake_timeout")
+        self.codec = codec
+        self.stats = ClientStats()
+        self.ready: Ready | None = None
+        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._name_b = name.encode()
+        self._sync_prefix = SYNC_TOPIC + self._name_b + b"."
+        self._inbox_send: MemoryObjectSendStream[Envelope]
+        self._inbox_recv: MemoryObjectReceiveStream[Envelope]
+        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[Envelope](inbox_size)
+        self._accepting = True
+        self._feeds: list[MemoryObjectSendStream[Envelope]] = []
+        self._pending: dict[int, _Pending] = {}
+        self._syncs: dict[int, _Sync] = {}
+        self._ids = itertools.count(1)
+        self._dest_cache: dict[str, bytes] = {}
+        self._ready_event = anyio.Event()
+        self._goodbye_event = anyio.Event()
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._closed = False
+        self._dealer: zmq.asyncio.Socket
+        self._sub: zmq.asyncio.Socket
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> BusClient:
+        if self._stack is not None or self._closed:
+            raise BusError(f"client {self.name!r}: already opened")
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            dealer = self._ctx.socket(zmq.DEALER)
+            stack.callback(dealer.close, 0)
+            set_common_options(dealer, self.hwm)
+            dealer.setsockopt(zmq.ROUTING_ID, self._name_b)
+            sub = self._ctx.socket(zmq.SUB)
+            stack.callback(sub.close, 0)
+            set_common_options(sub, self.hwm)
+            for topic in self._topics:
+                sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            try:
+                dealer.connect(self.endpoints.router)
+                sub.connect(self.endpoints.pub)
+            except zmq.ZMQError as exc:
+                raise BusError(f"client {self.name!r}: cannot connect to {self.endpoints}: {exc}") from exc
+            self._dealer, self._sub = dealer, sub
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            feeds = [self._inbox_send.clone(), self._inbox_send.clone()]
+            self._inbox_send.close()
+            self._feeds = feeds
+            tg.start_soon(self._direct_loop, feeds[0])
+            tg.start_soon(self._published_loop, feeds[1])
+            await self._handshake()
+            tg.start_soon(self._heartbeat_loop)
+        except BaseException:
+            self._closed = True
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Say goodbye (waiting briefly for the kernel's acknowledgement) and close the sockets."""
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        try:
+            with anyio.move_on_after(1.0):
+                await self._send_frames(KERNEL_B, b"", Goodbye())
+                await self._goodbye_event.wait()
+        except (zmq.ZMQError, BusError):
+            pass
+        finally:
+            self._closed = True
+            self.stop_receiving()
+            await stack.aclose()
+
+    async def _handshake(self) -> None:
+        retry = 0.05
+        with anyio.move_on_after(self.handshake_timeout) as scope:
+            while self.ready is None:
+                await self._send_frames(KERNEL_B, b"", Hello(self.name))
+                with anyio.move_on_after(retry):
+                    await self._ready_event.wait()
+                retry = min(retry * 2, 1.0)
+        if scope.cancelled_caught:
+            raise BusError(
+                f"client {self.name!r}: no Ready from the kernel at {self.endpoints.router} "
+                f"within {self.handshake_timeout}s"
+            )
+        await self.sync(timeout=self.handshake_timeout)
+
+    async def _heartbeat_loop(self) -> None:
+        assert self.ready is not None
+        for seq in itertools.count():
+            await anyio.sleep(self.ready.heartbeat_interval)
+            with contextlib.suppress(zmq.ZMQError):
+                await self._send_frames(KERNEL_B, b"", Heartbeat(seq))
+
+    def stop_receiving(self) -> None:
+        """Stop putting new messages in the inbox; the inbox iterator ends once it is drained.
+
+        Replies to requests and sync marks are still handled.
+        """
+        self._accepting = False
+        for feed in self._feeds:
+            feed.close()
+
+    # -- sending ------------------------------------------------------------------------------------
+
+    def _dest(self, dest: str) -> bytes:
+        b = self._dest_cache.get(dest)
+        if b is None:
+            b = KERNEL_B if dest == KERNEL else check_name(dest).encode()
+            self._dest_cache[dest] = b
+        return b
+
+    async def _send_frames(self, dest: bytes, corr: bytes, msg: object) -> None:
+        if self._closed:
+            raise BusError(f"client {self.name!r}: closed")
+        tag, body = self.codec.encode(msg)
+        await self._dealer.send_multipart((dest, corr, tag, body))
+        self.stats.sent += 1
+
+    async def send(self, dest: str, msg: object) -> None:
+        """Send ``msg`` to the peer named ``dest`` (or to ``kernel``)."""
+        await self._send_frames(self._dest(dest), b"", msg)
+
+    async def publish(self, msg: object) -> None:
+        """Publish ``msg`` to every subscriber of a prefix of its tag."""
+        await self._send_frames(PUBLISH_B, b"", msg)
+
+    async def request(self, dest: str, msg: object, *, timeout: float = 10.0) -> Any:
+        """Send a request to ``dest`` and return the message of its reply (real-time ``timeout``)."""
+        check_positive(timeout, "timeout")
+        cid = next(self._ids)
+        slot = self._pending[cid] = _Pending()
+        try:
+            await self._send_frames(self._dest(dest), pack_corr(REQUEST_MARK, cid), msg)
+            with anyio.move_on_after(timeout):
+                await slot.event.wait()
+        finally:
+            del self._pending[cid]
+        env = slot.envelope
+        if env is None:
+            raise RequestTimeout(f"request {type(msg).__name__} to {dest!r}: no reply within {timeout}s")
+        if env.source == KERNEL and isinstance(env.msg, ErrorEvent):
+            raise RequestError(f"request {type(msg).__name__} to {dest!r}: {env.msg.reason}")
+        return env.msg
+
+    async def reply(self, env: Envelope, msg: object) -> None:
+        """Answer the request ``env`` with ``msg``."""
+        if env.kind != KIND_REQUEST:
+            raise BusError(f"reply: envelope {env.tag!r} from {env.source!r} is a {env.kind}, not a request")
+        await self._send_frames(self._dest(env.source), pack_corr(REPLY_MARK, env.corr), msg)
+
+    # -- subscriptions and sync ---------------------------------------------------------------------
+
+    async def subscribe(self, prefix: str) -> None:
+        """Receive published messages whose tag starts with ``prefix``; returns once that is live."""
+        self._sub.setsockopt(zmq.SUBSCRIBE, _check_prefix(prefix).encode())
+        self._topics.append(prefix)
+        await self.sync()
+
+    async def unsubscribe(self, prefix: str) -> None:
+        """Undo one ``subscribe(prefix)``."""
+        if prefix not in self._topics:
+            raise BusError(f"unsubscribe: {prefix!r} is not subscribed")
+        self._sub.setsockopt(zmq.UNSUBSCRIBE, prefix.encode())
+        self._topics.remove(prefix)
+        await self.sync()
+
+    @property
+    def subscriptions(self) -> tuple[str, ...]:
+        return tuple(self._topics)
+
+    async def sync(self, timeout: float = 10.0) -> None:
+        """Barrier with the kernel, on both paths.
+
+        On return, the kernel has handled everything this client sent before the call, and this client
+        has received (into its inbox) everything the kernel routed or published to it before that.
+        """
+        token = next(self._ids)
+        topic = self._sync_prefix + str(token).encode()
+        state = self._syncs[token] = _Sync()
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic)
+        retry = 0.02
+        try:
+            with anyio.move_on_after(timeout):
+                while not state.event.is_set():
+                    await self._send_frames(KERNEL_B, b"", SyncRequest(token))
+                    with anyio.move_on_after(retry):
+                        await state.event.wait()
+                    retry = min(retry * 2, 0.5)
+        finally:
+            del self._syncs[token]
+            if not self._closed:
+                self._sub.setsockopt(zmq.UNSUBSCRIBE, topic)
+        if not state.event.is_set():
+            raise BusError(f"client {self.name!r}: sync with the kernel timed out after {timeout}s")
+
+    # -- receiving ----------------------------------------------------------------------------------
+
+    async def receive(self) -> Envelope:
+        """The next message; raises anyio.EndOfStream once receiving stopped and the inbox is drained."""
+        return await self._inbox_recv.receive()
+
+    def __aiter__(self) -> AsyncIterator[Envelope]:
+        return self._inbox_recv.__aiter__()
+
+    @property
+    def backlog(self) -> int:
+        """Messages waiting in the inbox (including a reader blocked on a full inbox)."""
+        st = self._inbox_recv.statistics()
+        return st.current_buffer_used + st.tasks_waiting_send
+
+    async def _deliver(self, feed: MemoryObjectSendStream[Envelope], env: Envelope) -> None:
+        if not self._accepting:
+            self.stats.discarded += 1
+            return
+        self.stats.received += 1
+        try:
+            feed.send_nowait(env)
+        except anyio.WouldBlock:
+            await feed.send(env)
+
+    async def _report(self, bad: Malformed) -> None:
+        self.stats.errors += 1
+        with contextlib.suppress(zmq.ZMQError, BusError):
+            await self._send_frames(PUBLISH_B, b"", ErrorEvent(self.name, bad.tag, bad.reason))
+
+    def on_direct(self, frames: list[bytes]) -> Envelope | Malformed | None:
+        """Classify one directed frame list: control replies are consumed (None), the rest returned."""
+        parsed = parse_direct(frames, self.codec)
+        if isinstance(parsed, Malformed):
+            return parsed
+        if parsed.kind == KIND_REPLY:
+            slot = self._pending.get(parsed.corr)
+            if slot is not None and slot.envelope is None:
+                slot.envelope = parsed
+                slot.event.set()
+            return None
+        if parsed.source == KERNEL:
+            msg = parsed.msg
+            if isinstance(msg, Ready):
+                if self.ready is None and msg.name == self.name:
+                    self.ready = msg
+                    self._ready_event.set()
+                return None
+            if isinstance(msg, SyncMark):
+                state = self._syncs.get(msg.token)
+                if state is not None:
+                    state.direct = True
+                    state.check()
+                return None
+            if isinstance(msg, Goodbye):
+                self._goodbye_event.set()
+                return None
+        return parsed
+
+    def on_published(self, frames: list[bytes]) -> Envelope | Malformed | None:
+        """Classify one published frame list: sync marks are consumed (None), the rest returned."""
+        if frames and frames[0].startswith(SYNC_TOPIC):
+            if frames[0].startswith(self._sync_prefix):
+                try:
+                    token = int(frames[0][len(self._sync_prefix) :])
+                except ValueError:
+                    return None
+                state = self._syncs.get(token)
+                if state is not None:
+                    state.published = True
+                    state.check()
+            return None
+        return parse_published(frames, self.codec)
+
+    async def _direct_loop(self, feed: MemoryObjectSendStream[Envelope]) -> None:
+        with feed:
+            while True:
+                item = self.on_direct(await self._dealer.recv_multipart())
+                if isinstance(item, Envelope):
+                    await self._deliver(feed, item)
+                elif item is not None:
+                    await self._report(item)
+
+    async def _published_loop(self, feed: MemoryObjectSendStream[Envelope]) -> None:
+        with feed:
+            while True:
+                item = self.on_published(await self._sub.recv_multipart())
+                if isinstance(item, Envelope):
+                    await self._deliver(feed, item)
+                elif item is not None:
+                    await self._report(item)
+
+
+def _check_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str):
+        raise BusError(f"subscribe: expected a str prefix, got {type(prefix).__name__}")
+    if prefix.startswith("\x00"):
+        raise BusError("subscribe: prefixes starting with NUL are reserved for the kernel")
+    return prefix

@@ -1,0 +1,312 @@
+"""The bus journal: an append-only binary file of every message routed through the kernel.
+
+File format (all integers little-endian)::
+
+    file    := header record*
+    header  := b"CORALJNL" (8 bytes) | version u32 (= 1)                      -- 12 bytes
+    record  := length u32 | crc32 u32 | payload (length bytes)
+    payload := msgpack array [seq, time, kind, source, dest, tag, body, corr]
+
+``length`` counts the payload only and is never 0; ``crc32`` is ``zlib.crc32(payload)``. In the payload,
+``seq`` (int) numbers records from 0 without gaps, also across reopenings; ``time`` (float) is the kernel
+clock's ``now()`` when the kernel routed the message; ``kind`` is ``send``, ``request``, ``reply`` or
+``publish``; ``source`` is the sender's name (``kernel`` for the kernel's own events); ``dest`` is the
+destination name for directed kinds and the topic for ``publish``; ``tag`` is the message tag; ``body``
+(bin) is the msgpack body exactly as it travelled; ``corr`` (int) is the request id for ``request`` and
+``reply``, else 0.
+
+Recovery: a file whose last record is incomplete (the writer died mid-record), or whose tail is all zero
+bytes, is *torn*. ``Journal.open`` truncates it after the last whole record and reports a
+``TornTailWarning`` that says how many bytes were dropped (``journal.torn_tail``, also issued with
+``warnings.warn``). A whole record whose checksum fails, whose payload does not decode, or whose length is
+0 (with non-zero bytes after it) or beyond ``MAX_RECORD`` is corruption: opening or reading raises
+``JournalCorruptError`` naming the byte offset of the bad record. ``read_journal`` never modifies the file: it stops at a torn tail with a
+warning.
+
+Durability (``Fsync``): ``ALWAYS`` fsyncs after each record; ``BATCH`` fsyncs every ``batch`` records and
+on ``sync()``/``close()``; ``NEVER`` leaves it to the OS. ``flush()`` hands buffered records to the OS (they
+survive a crash of the process, not of the machine); the kernel calls it whenever it goes idle.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+import warnings
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+import msgspec
+
+from coral.errors import CoralError
+from coral.kernel.codec import DEFAULT_CODEC, Codec
+
+MAGIC = b"CORALJNL"
+VERSION = 1
+HEADER = MAGIC + struct.pack("<I", VERSION)
+HEADER_SIZE = len(HEADER)
+RECORD_HEAD = struct.Struct("<II")
+MAX_RECORD = 64 * 1024 * 1024
+KINDS = ("send", "request", "reply", "publish")
+
+_Payload = tuple[int, float, str, str, str, str, bytes, int]
+_payload_decoder = msgspec.msgpack.Decoder(_Payload)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class JournalError(CoralError):
+    """A journal file that cannot be opened or written."""
+
+
+class JournalCorruptError(JournalError):
+    """A record in the middle of a journal fails its checksum or does not decode."""
+
+    def __init__(self, path: Path, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"{path}: corrupt record at byte offset {offset}: {reason}")
+
+
+class TornTailWarning(UserWarning):
+    """The journal ended inside a record; the incomplete tail was (or would be) dropped."""
+
+    def __init__(self, path: Path, offset: int, dropped_bytes: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.dropped_bytes = dropped_bytes
+        super().__init__(f"{path}: torn tail at byte offset {offset}: dropped {dropped_bytes} bytes")
+
+
+class Fsync(enum.Enum):
+    """When the journal forces records to stable storage."""
+
+    ALWAYS = "always"
+    BATCH = "batch"
+    NEVER = "never"
+
+
+@attrs.frozen
+class JournalRecord:
+    """One routed message, as stored."""
+
+    seq: int
+    time: float
+    kind: str
+    source: str
+    dest: str
+    tag: str
+    body: bytes
+    corr: int = 0
+
+    def decode(self, codec: Codec = DEFAULT_CODEC) -> Any:
+        """The message this record carries (raises DecodeError if its tag or body is unknown or bad)."""
+        return codec.decode(self.tag.encode(), self.body)
+
+
+class _Walker:
+    """Reads records in order from an open file; after iteration, ``torn_at`` is set if the tail is torn."""
+
+    def __init__(self, path: Path, f: IO[bytes]) -> None:
+        self.path = path
+        self.f = f
+        self.torn_at: int | None = None
+        self.size = 0
+
+    def _torn(self, pos: int) -> None:
+        self.torn_at = pos
+        self.size = self.f.seek(0, os.SEEK_END)
+
+    def __iter__(self) -> Iterator[JournalRecord]:
+        p, f = self.path, self.f
+        f.seek(0)
+        head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
+            if not HEADER.startswith(head):
+                raise JournalError(f"{p}: not a coral journal (bad header)")
+            if head:
+                self._torn(0)
+            return
+        if head[: len(MAGIC)] != MAGIC:
+            raise JournalError(f"{p}: not a coral journal (bad magic {head[: len(MAGIC)]!r})")
+        if head != HEADER:
+            (version,) = struct.unpack_from("<I", head, len(MAGIC))
+            raise JournalError(f"{p}: journal version {version} is not supported (expected {VERSION})")
+        pos = HEADER_SIZE
+        while True:
+            rh = f.read(RECORD_HEAD.size)
+            if not rh:
+                return
+            if len(rh) < RECORD_HEAD.size:
+                self._torn(pos)
+                return
+            length, crc = RECORD_HEAD.unpack(rh)
+            if length == 0:
+                if not any(rh) and _rest_is_zero(f):
+                    self._torn(pos)
+                    return
+                raise JournalCorruptError(p, pos, "zero record length")
+            if length > MAX_RECORD:
+                raise JournalCorruptError(p, pos, f"record length {length} exceeds {MAX_RECORD}")
+            payload = f.read(length)
+            if len(payload) < length:
+                self._torn(pos)
+                return
+            if zlib.crc32(payload) != crc:
+                raise JournalCorruptError(p, pos, "checksum mismatch")
+            yield _decode_payload(p, pos, payload)
+            pos += RECORD_HEAD.size + length
+
+
+def _rest_is_zero(f: IO[bytes]) -> bool:
+    while chunk := f.read(1 << 16):
+        if any(chunk):
+            return False
+    return True
+
+
+def _decode_payload(path: Path, offset: int, payload: bytes) -> JournalRecord:
+    try:
+        seq, t, kind, source, dest, tag, body, corr = _payload_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise JournalCorruptError(path, offset, f"bad payload: {exc}") from None
+    return JournalRecord(seq, t, kind, source, dest, tag, body, corr)
+
+
+class Journal:
+    """An open journal, appending records; create with ``Journal.open(path)``."""
+
+    def __init__(self, path: Path, f: IO[bytes], next_seq: int, fsync: Fsync, batch: int) -> None:
+        self.path = path
+        self._f = f
+        self.next_seq = next_seq
+        self.fsync = fsync
+        self.batch = batch
+        self.torn_tail: TornTailWarning | None = None
+        self._unsynced = 0
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, fsync: Fsync = Fsync.BATCH, batch: int = 1000) -> Journal:
+        """Open (creating if absent) a journal for appending, truncating a torn tail with a warning."""
+        if not isinstance(fsync, Fsync):
+            raise JournalError(f"fsync: expected an Fsync policy, got {fsync!r}")
+        if not isinstance(batch, int) or batch < 1:
+            raise JournalError(f"batch: expected an int >= 1, got {batch!r}")
+        p = Path(path)
+        if p.is_dir():
+            raise JournalError(f"{p}: is a directory, not a journal file")
+        try:
+            f = open(p, "r+b" if p.exists() else "w+b")  # noqa: SIM115 - the Journal owns the file
+        except OSError as exc:
+            raise JournalError(f"{p}: cannot open journal: {exc.strerror}") from exc
+        try:
+            walker = _Walker(p, f)
+            last_seq: int | None = None
+            for rec in walker:
+                last_seq = rec.seq
+            torn: TornTailWarning | None = None
+            end = f.tell()
+            if walker.torn_at is not None:
+                end = walker.torn_at
+                torn = TornTailWarning(p, end, walker.size - end)
+                f.truncate(end)
+            if end == 0:
+                f.seek(0)
+                f.write(HEADER)
+                f.flush()
+                os.fsync(f.fileno())
+            f.seek(0, os.SEEK_END)
+        except BaseException:
+            f.close()
+            raise
+        journal = cls(p, f, 0 if last_seq is None else last_seq + 1, fsync, batch)
+        if torn is not None:
+            journal.torn_tail = torn
+            warnings.warn(torn, stacklevel=2)
+        return journal
+
+    def append(
+        self,
+        time: float,
+        kind: str,
+        source: str,
+        dest: str,
+        tag: str,
+        body: bytes | memoryview,
+        corr: int = 0,
+    ) -> int:
+        """Append one record and return its sequence number."""
+        if self._closed:
+            raise JournalError(f"{self.path}: journal is closed")
+        if kind not in KINDS:
+            raise JournalError(f"kind: expected one of {KINDS}, got {kind!r}")
+        seq = self.next_seq
+        payload = _encoder.encode((seq, time, kind, source, dest, tag, body, corr))
+        if len(payload) > MAX_RECORD:
+            raise JournalError(f"{self.path}: record for {tag!r} is {len(payload)} bytes (max {MAX_RECORD})")
+        self._f.write(RECORD_HEAD.pack(len(payload), zlib.crc32(payload)))
+        self._f.write(payload)
+        self.next_seq = seq + 1
+        if self.fsync is Fsync.ALWAYS:
+            self.sync()
+        elif self.fsync is Fsync.BATCH:
+            self._unsynced += 1
+            if self._unsynced >= self.batch:
+                self.sync()
+        return seq
+
+    def flush(self) -> None:
+        """Hand buffered records to the OS."""
+        if not self._closed:
+            self._f.flush()
+
+    def sync(self) -> None:
+        """Flush and fsync (unless the policy is NEVER)."""
+        if self._closed:
+            return
+        self._f.flush()
+        if self.fsync is not Fsync.NEVER:
+            os.fsync(self._f.fileno())
+        self._unsynced = 0
+
+    def close(self) -> None:
+        """Sync and close; further appends raise."""
+        if self._closed:
+            return
+        self.sync()
+        self._closed = True
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_journal(path: str | os.PathLike[str]) -> Iterator[JournalRecord]:
+    """Iterate the records of a journal file in order, without modifying it.
+
+    Raises JournalCorruptError at a bad record; at a torn tail, warns TornTailWarning and stops.
+    """
+    p = Path(path)
+    try:
+        f = open(p, "rb")  # noqa: SIM115 - closed in the finally below, across yields
+    except OSError as exc:
+        raise JournalError(f"{p}: cannot open journal: {exc.strerror}") from exc
+    try:
+        walker = _Walker(p, f)
+        yield from walker
+        if walker.torn_at is not None:
+            warnings.warn(TornTailWarning(p, walker.torn_at, walker.size - walker.torn_at), stacklevel=2)
+    finally:
+        f.close()

@@ -1,0 +1,335 @@
+"""The Mesh: one kernel (broker, clock, journal, supervisor) and the actors it runs.
+
+::
+
+    async with Mesh(clock=VirtualClock(), journal=tmp_path / "bus.journal") as mesh:
+        await mesh.spawn(Allocator("allocator"))
+        tui = await mesh.client("tui", subscribe=["kernel."])
+        await tui.send("allocator", msg)
+        await mesh.quiesce()           # every actor idle, nothing in flight
+        await mesh.advance_to(60.0)    # virtual clock: wake timers in order, quiescing after each
+
+Everything the mesh starts (broker, actors, clients) runs in the mesh's own task group, so nothing holds a
+task group across a caller's ``yield``. Leaving the ``async with`` block shuts down gracefully (see
+``request_shutdown``); an exception in the block cancels everything instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import anyio.abc
+import zmq.asyncio
+
+from coral.errors import CoralError
+from coral.kernel.actor import Actor, ActorHandle, ActorRuntime, ActorState, RestartPolicy, Supervisor
+from coral.kernel.broker import Broker
+from coral.kernel.client import BusClient
+from coral.kernel.clock import Clock, RealClock, VirtualClock, let_tasks_run
+from coral.kernel.codec import DEFAULT_CODEC, Codec
+from coral.kernel.events import ShutdownRequested
+from coral.kernel.journal import Fsync, Journal
+from coral.kernel.wire import KERNEL, Endpoints, check_name, check_positive
+
+
+class MeshError(CoralError):
+    """A mesh used out of order (spawning after shutdown, a duplicate name, quiesce that never settles)."""
+
+
+class MeshState(enum.Enum):
+    """The mesh's life: running, draining (shutdown requested), stopped."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Mesh:
+    """The kernel and its actors, as an async context manager."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        journal: Journal | str | os.PathLike[str] | None = None,
+        fsync: Fsync = Fsync.BATCH,
+        endpoints: Endpoints | None = None,
+        policy: RestartPolicy | None = None,
+        hwm: int = 10_000,
+        heartbeat_interval: float = 1.0,
+        peer_timeout: float = 10.0,
+        shutdown_timeout: float = 10.0,
+        codec: Codec = DEFAULT_CODEC,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else RealClock()
+        self._journal_arg = journal
+        self._fsync = fsync
+        self.journal: Journal | None = None
+        self.policy = policy if policy is not None else RestartPolicy()
+        self.shutdown_timeout = check_positive(shutdown_timeout, "shutdown_timeout")
+        self.codec = codec
+        self.state = MeshState.STARTING
+        self.shutdown_reason = ""
+        self._broker = Broker(
+            endpoints,
+            clock=self.clock,
+            hwm=hwm,
+            heartbeat_interval=heartbeat_interval,
+            peer_timeout=peer_timeout,
+            codec=codec,
+            context=context,
+            on_shutdown_request=self._on_shutdown_message,
+        )
+        self._context = context
+        self._hwm = hwm
+        self.supervisor = Supervisor(self.clock, self._broker.publish, self.policy)
+        self._runtimes: dict[str, ActorRuntime] = {}
+        self._clients: dict[str, BusClient] = {}
+        self._client_stop = anyio.Event()
+        self._clients_done: list[anyio.Event] = []
+        self._broker_stop = anyio.Event()
+        self._shutdown = anyio.Event()
+        self._changed = anyio.Event()
+        self._activity = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    @property
+    def broker(self) -> Broker:
+        return self._broker
+
+    @property
+    def endpoints(self) -> Endpoints:
+        """Where clients connect (resolved, after entering)."""
+        return self._broker.endpoints
+
+    @property
+    def actors(self) -> dict[str, ActorHandle]:
+        return {name: rt.handle for name, rt in self._runtimes.items()}
+
+    async def __aenter__(self) -> Mesh:
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            if isinstance(self._journal_arg, Journal):
+                self.journal = self._journal_arg
+            elif self._journal_arg is not None:
+                self.journal = Journal.open(Path(self._journal_arg), fsync=self._fsync)
+                stack.callback(self.journal.close)
+            self._broker.journal = self.journal
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            await self._tg.start(self._run_broker)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        self.state = MeshState.RUNNING
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return None
+        tg = self._tg
+        assert tg is not None
+        try:
+            if exc_type is None:
+                self.request_shutdown("mesh exiting")
+                with anyio.move_on_after(self.shutdown_timeout):
+                    for rt in list(self._runtimes.values()):
+                        await rt.handle.done.wait()
+                for rt in self._runtimes.values():
+                    rt.scope.cancel()  # only those still running past the timeout
+                self._client_stop.set()
+                with anyio.move_on_after(self.shutdown_timeout):
+                    for done in list(self._clients_done):
+                        await done.wait()
+                self._broker_stop.set()
+            else:
+                tg.cancel_scope.cancel()
+        finally:
+            self.state = MeshState.STOPPED
+            await stack.__aexit__(exc_type, exc, tb)
+        return None
+
+    async def _run_broker(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._broker:
+            task_status.started()
+            await self._broker_stop.wait()
+
+    def _on_shutdown_message(self, msg: ShutdownRequested) -> None:
+        self.request_shutdown(msg.reason, source=msg.source)
+
+    def request_shutdown(self, reason: str = "", *, source: str = KERNEL) -> None:
+        """Enter the draining state: publish ShutdownRequested, and make every actor stop taking new
+        messages, handle its queued ones, stop its timers, run ``on_stop`` and return. Idempotent."""
+        if self.state is not MeshState.RUNNING:
+            return
+        self.state = MeshState.DRAINING
+        self.shutdown_reason = reason
+        self._broker.publish(ShutdownRequested(source, reason))
+        for rt in self._runtimes.values():
+            if rt._bus is not None:
+                rt._bus.stop_receiving()
+        self._shutdown.set()
+
+    async def wait_shutdown(self) -> str:
+        """Wait until someone requested shutdown (an actor, a client, the kernel); return the reason."""
+        await self._shutdown.wait()
+        return self.shutdown_reason
+
+    # -- actors and clients --------------------------------------------------------------------------
+
+    def _require_running(self, what: str) -> anyio.abc.TaskGroup:
+        if self.state is not MeshState.RUNNING or self._tg is None:
+            raise MeshError(f"{what}: the mesh is {self.state.value}, not running")
+        return self._tg
+
+    def _check_free(self, name: str) -> None:
+        check_name(name)
+        if name in self._runtimes or name in self._clients:
+            raise MeshError(f"name {name!r}: already used in this mesh")
+
+    async def spawn(self, actor: Actor | Callable[[], Actor], *, policy: RestartPolicy | None = None) -> ActorHandle:
+        """Start an actor (or a factory of fresh ones, used again at each restart); return once it runs."""
+        tg = self._require_running("spawn")
+        rt = ActorRuntime(
+            actor,
+            clock=self.clock,
+            supervisor=self.supervisor,
+            policy=policy,
+            make_bus=self._actor_bus,
+            on_change=self._poke,
+            on_activity=self._bump,
+            request_shutdown=self.request_shutdown,
+        )
+        self._check_free(rt.name)
+        self._runtimes[rt.name] = rt
+        try:
+            handle: ActorHandle = await tg.start(rt.run)
+        except BaseException:
+            if rt.handle.state is not ActorState.GAVE_UP:
+                del self._runtimes[rt.name]
+            raise
+        return handle
+
+    def _actor_bus(self, actor: Actor) -> BusClient:
+        return BusClient(
+            actor.name,
+            self.endpoints,
+            subscribe=actor.subscriptions,
+            inbox_size=actor.inbox_size,
+            hwm=self._hwm,
+            codec=self.codec,
+            context=self._context,
+        )
+
+    async def client(self, name: str, *, subscribe: Iterable[str] = (), inbox_size: int = 1024) -> BusClient:
+        """A connected bus client owned by the mesh (closed after the actors stop); quiesce syncs it."""
+        tg = self._require_running("client")
+        self._check_free(name)
+        bus = BusClient(
+            name,
+            self.endpoints,
+            subscribe=subscribe,
+            inbox_size=inbox_size,
+            hwm=self._hwm,
+            codec=self.codec,
+            context=self._context,
+        )
+        self._clients[name] = bus
+        try:
+            await tg.start(self._run_client, bus)
+        except BaseException:
+            del self._clients[name]
+            raise
+        return bus
+
+    async def _run_client(
+        self, bus: BusClient, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        done = anyio.Event()
+        self._clients_done.append(done)
+        try:
+            async with bus:
+                task_status.started()
+                await self._client_stop.wait()
+        finally:
+            done.set()
+
+    # -- kernel-originated traffic -------------------------------------------------------------------
+
+    def publish(self, msg: object) -> None:
+        """Publish a message from the kernel."""
+        self._broker.publish(msg)
+
+    def send(self, dest: str, msg: object) -> bool:
+        """Send a message from the kernel to ``dest``; False if it could not be delivered."""
+        return self._broker.send(dest, msg)
+
+    # -- idleness ------------------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def _bump(self) -> None:
+        self._activity += 1
+
+    def _all_idle(self) -> bool:
+        return all(rt.idle for rt in self._runtimes.values())
+
+    async def _wait_idle(self) -> None:
+        await let_tasks_run()
+        while not self._all_idle():
+            await self._changed.wait()
+            await let_tasks_run()
+
+    async def quiesce(self, timeout: float = 30.0) -> None:
+        """Wait until every actor is idle with an empty inbox and no message is in flight.
+
+        In flight means sent by an actor or by a client from ``mesh.client`` and not yet handled; a client
+        the mesh does not own must ``await client.sync()`` before this to have its sends counted. The
+        timeout is in real seconds.
+        """
+        with anyio.move_on_after(timeout) as scope:
+            while True:
+                await self._wait_idle()
+                mark = self._activity
+                for _ in range(2):  # first flushes every sender into the kernel, then every receiver
+                    async with anyio.create_task_group() as tg:
+                        for bus in self._buses():
+                            tg.start_soon(bus.sync)
+                await self._wait_idle()
+                if self._activity == mark:
+                    return
+        if scope.cancelled_caught:
+            busy = [name for name, rt in self._runtimes.items() if not rt.idle]
+            raise MeshError(f"quiesce: not idle after {timeout}s (busy: {', '.join(busy) or 'none'})")
+
+    def _buses(self) -> list[BusClient]:
+        buses = [rt._bus for rt in self._runtimes.values() if rt._bus is not None]
+        return buses + list(self._clients.values())
+
+    async def advance_to(self, t: float) -> None:
+        """Virtual clock only: quiesce, then move time to ``t``, quiescing after each wake-up."""
+        if not isinstance(self.clock, VirtualClock):
+            raise MeshError(f"advance_to: needs a VirtualClock, the mesh runs on {type(self.clock).__name__}")
+        await self.quiesce()
+        await self.clock.advance_to(t, settle=self.quiesce)
+
+    async def advance(self, dt: float) -> None:
+        """Virtual clock only: ``advance_to(now + dt)``."""
+        await self.advance_to(self.clock.now() + dt)

@@ -1,0 +1,129 @@
+"""Serving templates: the throughput-optimal placement of one model under its SLO on one node multiset."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import attrs
+
+from coral.workload import Slo, WorkloadShape
+
+SOURCE = -1
+SINK = -2
+
+
+@attrs.frozen
+class Stage:
+    """One node of a template, holding layers ``[start, end)`` with TP ``tp`` and batch limit ``batch``."""
+
+    index: int
+    node: str
+    gpu: str
+    tp: int
+    start: int
+    end: int
+    batch: int
+    memory_bytes: float
+    decode_step_s: float
+    prefill_s: float
+
+    @property
+    def layers(self) -> int:
+        return self.end - self.start
+
+
+@attrs.frozen
+class Route:
+    """Flow on one edge: ``src``/``dst`` are stage indices, or SOURCE (-1) and SINK (-2)."""
+
+    src: int
+    dst: int
+    flow: float
+
+
+@attrs.frozen
+class Template:
+    """A solved placement with its capacities at the SLO.
+
+    ``prefill_tok_s`` and ``decode_tok_s`` are the template's capacities; ``ttft_s``/``tpot_s`` are the
+    worst estimates over the paths that carry flow. ``status`` is ``optimal`` only when proven.
+    """
+
+    id: str
+    model: str
+    num_layers: int
+    mode: str
+    slo: Slo
+    shape: WorkloadShape
+    nodes: tuple[str, ...]
+    stages: tuple[Stage, ...]
+    routes: tuple[Route, ...]
+    prefill_tok_s: float
+    decode_tok_s: float
+    ttft_s: float
+    tpot_s: float
+    perf_version: str
+    status: str
+    gap: float
+    bound: float
+    method: str
+    solve_s: float
+    vllm_ok: bool = False
+    vllm_reason: str = ""
+
+    @property
+    def node_counts(self) -> dict[str, int]:
+        return dict(Counter(self.nodes))
+
+    @property
+    def proven(self) -> bool:
+        return self.status == "optimal"
+
+    def requests_per_s(self, mean_in: float, mean_out: float) -> float:
+        """Requests per second at a shape: 1 / (in / P + out / D) for aggregated templates."""
+        if self.prefill_tok_s <= 0 or self.decode_tok_s <= 0:
+            return 0.0
+        return 1.0 / (mean_in / self.prefill_tok_s + mean_out / self.decode_tok_s)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON shape other programs read (see README)."""
+        return {
+            "id": self.id,
+            "model": self.model,
+            "num_layers": self.num_layers,
+            "mode": self.mode,
+            "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s, "attainment": self.slo.attainment},
+            "shape": {"mean_in": self.shape.mean_in, "mean_out": self.shape.mean_out},
+            "nodes": list(self.nodes),
+            "stages": [
+                {
+                    "node": s.node,
+                    "gpu": s.gpu,
+                    "tp": s.tp,
+                    "layers": [s.start, s.end],
+                    "batch": s.batch,
+                    "memory_gb": round(s.memory_bytes / 1e9, 3),
+                    "decode_step_s": s.decode_step_s,
+                    "prefill_s": s.prefill_s,
+                }
+                for s in self.stages
+            ],
+            "routes": [{"src": _end(r.src), "dst": _end(r.dst), "flow": r.flow} for r in self.routes],
+            "prefill_tok_s": self.prefill_tok_s,
+            "decode_tok_s": self.decode_tok_s,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "perf_version": self.perf_version,
+            "status": self.status,
+            "gap": self.gap,
+            "bound": self.bound,
+            "method": self.method,
+            "solve_s": self.solve_s,
+            "vllm_ok": self.vllm_ok,
+            "vllm_reason": self.vllm_reason,
+        }
+
+
+def _end(i: int) -> str | int:
+    return "source" if i == SOURCE else "sink" if i == SINK else i

@@ -1,0 +1,1036 @@
+"""Online allocation: how many instances of which serving templates to run in which region.
+
+Formulation
+-----------
+Sets: models m, regions r, node types g, templates t (exact duplicates merged: same model, mode, node
+counts, capacities and load time), columns j = (t, r) for every template that fits region r's
+availability at least once and uses only node types offered there.
+
+Data per column j: its model m_j, mode, node counts n[j, g]; hourly cost c_j = sum_g n[j, g] price[r, g];
+churn penalty p_j = churn_factor * load_s / 3600 * c_j per started instance; upper bound
+ub_j = min_g floor(avail[r, g] / n[j, g]); current (running) count cur_j. Aggregated columns serve
+a_j = util / (in_m / P_j + out_m / D_j) req/s; prefill columns give util * P_j prompt tok/s and
+B_j = sum_g n[j, g] nic[g] bytes/s of KV transfer; decode columns give util * D_j decode tok/s.
+
+Variables:
+- new_j in Z, 0 <= new_j <= ub_j: instances of column j started;
+- keep_j in Z, 0 <= keep_j <= min(cur_j, ub_j): running instances kept (only where cur_j > 0);
+  the plan is x_j = keep_j + new_j;
+- y[m, r] >= 0: req/s of model m served disaggregated in region r (where r has both prefill and decode
+  columns of m);
+- u_m in [0, d_m]: unmet demand of model m (req/s), for every model with demand d_m > 0.
+
+Constraints:
+- demand (m):   sum_{j aggregated of m} a_j x_j + sum_r y[m, r] + u_m >= d_m;
+- avail (r, g): sum_{j in r} n[j, g] x_j <= avail[r, g];
+- prefill (m, r): in_m y[m, r] - util sum_{j prefill of m in r} P_j x_j <= 0;
+- decode (m, r):  out_m y[m, r] - util sum_{j decode of m in r} D_j x_j <= 0;
+- kv (m, r):      in_m kv_m y[m, r] - sum_{j prefill of m in r} B_j x_j <= 0;
+- service:        sum_m u_m <= U.
+
+Objective, lexicographic in two phases ("serve first"):
+1. serve: minimise sum_m u_m (U = +inf), giving U*;
+2. cost:  minimise sum_j c_j x_j + sum_j p_j new_j with U = U*.
+
+Why two phases and not a weight on u: with integer instances, serving the last epsilon req/s can cost a
+whole instance, so no finite weight is provably large enough (a weight above the largest cost per req/s
+of any template only works for the LP relaxation); a weight large enough for a tolerance is numerically
+ugly and measured 1.5x slower. Phase 1 is skipped (U* proven) when the rounded plan's unmet demand
+already equals the LP relaxation's minimum, which includes the common case of no scarcity.
+
+Solution path, under a hard deadline enforced from outside HiGHS (an interrupt callback counts HiGHS's
+interrupt checks and stops it at the deadline, or at a given count for a deterministic replay):
+build columns and rows from arrays (one addRows and one addCols call) -> LP relaxation (first with
+u fixed to 0; if infeasible, minimise sum u, then minimise cost at that service) -> round down, greedy
+repair (add best served-per-cost instances), greedy prune (drop instances not needed); the same repair
+starting from the current deployment; keep the best -> MIP phase 1 (only when scarcity leaves a gap)
+-> MIP phase 2, each warm-started with the best plan so far. The all-unmet plan (x = 0) is always
+feasible, so a plan is always returned.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import highspy
+import numpy as np
+from highspy import cb
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+
+MODES = ("aggregated", "prefill", "decode")
+_AGG, _PRE, _DEC = 0, 1, 2
+_TOL = 1e-9
+_INTERRUPT_CALLBACKS = (
+    cb.HighsCallbackType.kCallbackSimplexInterrupt,
+    cb.HighsCallbackType.kCallbackIpmInterrupt,
+    cb.HighsCallbackType.kCallbackMipInterrupt,
+)
+
+
+class AllocationInputError(ValueError):
+    """An allocation problem with invalid input; the message names the field and the reason."""
+
+
+def _float_array(value: Any) -> FloatArray:
+    return np.array(value, dtype=np.float64)
+
+
+def _int_array(value: Any) -> IntArray:
+    arr = np.array(value)
+    if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+        return arr.astype(np.int64)
+    if arr.dtype.kind in "iub":
+        return arr.astype(np.int64)
+    return arr  # type: ignore[no-any-return]  # rejected with a clear error by the validators
+
+
+@attrs.frozen(eq=False)
+class AllocTemplate:
+    """A serving template as the allocator sees it.
+
+    ``node_counts[g]`` is how many nodes of node type g one instance needs. Capacities are at the
+    model's SLO: prefill (prompt) and decode tokens per second. ``load_s`` is the time to load the
+    weights, which prices churn. ``key`` is a stable id (it matches the current deployment).
+    """
+
+    m: int
+    mode: str
+    node_counts: IntArray = attrs.field(converter=_int_array)
+    prefill_tok_s: float
+    decode_tok_s: float
+    load_s: float
+    key: str
+
+
+@attrs.frozen(eq=False)
+class AllocationProblem:
+    """One online allocation instance, as numbers.
+
+    ``avail[r, g]`` counts all nodes of type g that a plan may hold in region r, including the nodes
+    of the current deployment. ``price[r, g]`` is USD per node-hour, ``np.inf`` where not offered.
+    ``current`` maps (template key, region index) to the number of running instances.
+    """
+
+    models: tuple[str, ...] = attrs.field(converter=tuple)
+    demand_rps: FloatArray = attrs.field(converter=_float_array)
+    mean_in: FloatArray = attrs.field(converter=_float_array)
+    mean_out: FloatArray = attrs.field(converter=_float_array)
+    kv_bytes_per_token: FloatArray = attrs.field(converter=_float_array)
+    node_types: tuple[str, ...] = attrs.field(converter=tuple)
+    nic_bytes_s: FloatArray = attrs.field(converter=_float_array)
+    regions: tuple[str, ...] = attrs.field(converter=tuple)
+    price: FloatArray = attrs.field(converter=_float_array)
+    avail: IntArray = attrs.field(converter=_int_array)
+    templates: tuple[AllocTemplate, ...] = attrs.field(converter=tuple)
+    current: Mapping[tuple[str, int], int] = attrs.field(factory=dict)
+    churn_factor: float = 1.0
+    utilisation: float = 0.85
+
+    def __attrs_post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def num_models(self) -> int:
+        return len(self.models)
+
+    @property
+    def num_regions(self) -> int:
+        return len(self.regions)
+
+    @property
+    def num_node_types(self) -> int:
+        return len(self.node_types)
+
+
+@attrs.frozen
+class SolverEffort:
+    """Where each solver phase stopped, in HiGHS interrupt checks (single thread, so deterministic).
+
+    ``None``: the phase ran to completion (or was not needed); an int k: the phase was stopped at its
+    k-th interrupt check (0: skipped). Passing a result's effort back to ``solve_allocation`` replays
+    exactly the same solve, whatever the wall clock does.
+    """
+
+    lp: int | None = None
+    serve: int | None = None
+    cost: int | None = None
+
+
+@attrs.frozen
+class AllocationResult:
+    """A plan: instances per (template index, region index), its cost, service and solver status.
+
+    ``status``: ``optimal`` (service proven maximal and cost within ``mip_gap`` of the bound),
+    ``feasible`` (a MIP plan, not proven), ``lp-rounded`` (LP relaxation rounded and repaired),
+    ``greedy`` (greedy repair of the current deployment: the LP did not finish). ``objective`` is cost
+    plus churn (USD/h); ``bound`` a proven lower bound on it at the plan's service level (0 when none
+    was proven); ``gap`` = (objective - bound) / objective. ``unmet_bound`` is a proven lower bound on
+    the total unmet req/s.
+    """
+
+    counts: Mapping[tuple[int, int], int]
+    cost_per_hour: float
+    churn_cost: float
+    served_rps: FloatArray
+    unmet_rps: FloatArray
+    status: str
+    objective: float
+    bound: float
+    gap: float
+    unmet_bound: float
+    service_proven: bool
+    solve_s: float
+    phase_s: Mapping[str, float]
+    effort: SolverEffort
+    simplex_iterations: int
+    mip_nodes: int
+    num_columns: int
+    num_rows: int
+    merged_templates: int
+
+    @property
+    def total_unmet_rps(self) -> float:
+        return float(self.unmet_rps.sum())
+
+
+def _fail(field: str, reason: str) -> AllocationInputError:
+    return AllocationInputError(f"AllocationProblem.{field}: {reason}")
+
+
+def _check_vector(p: AllocationProblem, name: str, n: int, what: str, *, positive: bool = False) -> None:
+    arr = getattr(p, name)
+    if arr.shape != (n,):
+        raise _fail(name, f"shape {arr.shape}, expected ({n},) (one per {what})")
+    if not np.all(np.isfinite(arr)):
+        raise _fail(name, "must be finite")
+    if positive and np.any(arr <= 0):
+        raise _fail(name, f"must be > 0 (index {int(np.argmax(arr <= 0))})")
+    if np.any(arr < 0):
+        raise _fail(name, f"must be >= 0 (index {int(np.argmax(arr < 0))} is {arr[np.argmax(arr < 0)]})")
+
+
+def _validate(p: AllocationProblem) -> None:
+    M, T, R = p.num_models, p.num_node_types, p.num_regions
+    for name in ("models", "node_types", "regions"):
+        names = getattr(p, name)
+        if len(set(names)) != len(names):
+            raise _fail(name, "names must be unique")
+    _check_vector(p, "demand_rps", M, "model")
+    _check_vector(p, "mean_in", M, "model", positive=True)
+    _check_vector(p, "mean_out", M, "model", positive=True)
+    _check_vector(p, "kv_bytes_per_token", M, "model")
+    _check_vector(p, "nic_bytes_s", T, "node type")
+    if p.price.shape != (R, T):
+        raise _fail("price", f"shape {p.price.shape}, expected ({R}, {T}) (regions x node types)")
+    if np.any(np.isnan(p.price)) or np.any(p.price < 0) or np.any(np.isneginf(p.price)):
+        raise _fail("price", "must be >= 0 USD/h, or inf where not offered")
+    if p.avail.shape != (R, T):
+        raise _fail("avail", f"shape {p.avail.shape}, expected ({R}, {T}) (regions x node types)")
+    if p.avail.dtype.kind not in "iu":
+        raise _fail("avail", "must hold integer node counts")
+    if np.any(p.avail < 0):
+        r, g = np.argwhere(p.avail < 0)[0]
+        raise _fail("avail", f"must be >= 0 (region {p.regions[r]!r}, node type {p.node_types[g]!r})")
+    if not (0.0 < p.utilisation <= 1.0):
+        raise _fail("utilisation", f"must be in (0, 1], got {p.utilisation}")
+    if not (math.isfinite(p.churn_factor) and p.churn_factor >= 0):
+        raise _fail("churn_factor", f"must be finite and >= 0, got {p.churn_factor}")
+    keys: set[str] = set()
+    for i, t in enumerate(p.templates):
+        where = f"templates[{i}] ({t.key!r})"
+        if not isinstance(t, AllocTemplate):
+            raise _fail(f"templates[{i}]", "must be an AllocTemplate")
+        if t.key in keys:
+            raise _fail(where, "duplicate key")
+        keys.add(t.key)
+        if not (isinstance(t.m, int | np.integer) and 0 <= t.m < M):
+            raise _fail(f"{where}.m", f"unknown model index {t.m} (there are {M} models)")
+        if t.mode not in MODES:
+            raise _fail(f"{where}.mode", f"{t.mode!r} is not one of {MODES}")
+        nc = t.node_counts
+        if nc.shape != (T,) or nc.dtype.kind not in "iu":
+            raise _fail(f"{where}.node_counts", f"must be {T} integer counts (one per node type)")
+        if np.any(nc < 0) or nc.sum() == 0:
+            raise _fail(f"{where}.node_counts", "counts must be >= 0 with at least one node")
+        for field in ("prefill_tok_s", "decode_tok_s", "load_s"):
+            v = getattr(t, field)
+            if not (math.isfinite(v) and v >= 0):
+                raise _fail(f"{where}.{field}", f"must be finite and >= 0, got {v}")
+        if t.mode in ("aggregated", "prefill") and t.prefill_tok_s <= 0:
+            raise _fail(f"{where}.prefill_tok_s", f"must be > 0 for mode {t.mode!r}")
+        if t.mode in ("aggregated", "decode") and t.decode_tok_s <= 0:
+            raise _fail(f"{where}.decode_tok_s", f"must be > 0 for mode {t.mode!r}")
+    for (key, r), n in p.current.items():
+        if key not in keys:
+            raise _fail("current", f"unknown template key {key!r}")
+        if not (isinstance(r, int | np.integer) and 0 <= r < R):
+            raise _fail("current", f"region index {r} for {key!r} out of range (there are {R} regions)")
+        if not (isinstance(n, int | np.integer) and n >= 0):
+            raise _fail("current", f"count for ({key!r}, {r}) must be an int >= 0, got {n!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Columns
+
+
+@attrs.frozen(eq=False)
+class _Columns:
+    """The availability-filtered (template, region) columns and everything derived from them."""
+
+    M: int
+    R: int
+    T: int
+    demand: FloatArray
+    mean_in: FloatArray
+    mean_out: FloatArray
+    kv: FloatArray
+    avail: IntArray  # (R, T)
+    members: tuple[tuple[int, ...], ...]  # unique template -> original template indices
+    cur_by_member: Mapping[tuple[int, int], int]  # (original index, region) -> running count
+    tu: IntArray  # (J,) unique template
+    r: IntArray
+    m: IntArray
+    mode: IntArray
+    nc: IntArray  # (J, T)
+    cost: FloatArray
+    pen: FloatArray
+    ub: IntArray
+    cur: IntArray
+    rate: FloatArray  # req/s for aggregated columns, else 0
+    pcap: FloatArray  # util * P for prefill columns, else 0
+    dcap: FloatArray  # util * D for decode columns, else 0
+    nic: FloatArray  # bytes/s for prefill columns, else 0
+    group: IntArray  # disaggregated (m, r) group of prefill/decode columns, -1 otherwise
+    group_m: IntArray  # (G,)
+    group_r: IntArray
+    by_model: tuple[IntArray, ...]  # columns of each model
+    by_region: tuple[IntArray, ...]
+    by_group_pre: tuple[IntArray, ...]
+    by_group_dec: tuple[IntArray, ...]
+
+    @property
+    def J(self) -> int:
+        return len(self.tu)
+
+    @property
+    def G(self) -> int:
+        return len(self.group_m)
+
+
+def _columns(p: AllocationProblem) -> _Columns:
+    M, R, T = p.num_models, p.num_regions, p.num_node_types
+    util = p.utilisation
+    # exact-duplicate merging (lossless); templates of models without demand are useless
+    sig_to_u: dict[tuple[Any, ...], int] = {}
+    members: list[list[int]] = []
+    for i, t in enumerate(p.templates):
+        if p.demand_rps[t.m] <= 0:
+            continue
+        sig = (int(t.m), t.mode, t.node_counts.tobytes(), t.prefill_tok_s, t.decode_tok_s, t.load_s)
+        u = sig_to_u.setdefault(sig, len(members))
+        if u == len(members):
+            members.append([])
+        members[u].append(i)
+    reps = [p.templates[ms[0]] for ms in members]
+    U = len(reps)
+    nc_u = np.array([t.node_counts for t in reps], dtype=np.int64).reshape(U, T)
+    offered = np.isfinite(p.price)
+    bad = (nc_u > 0).astype(np.int64) @ (~offered).T.astype(np.int64) > 0  # (U, R)
+    with np.errstate(divide="ignore"):
+        per_g = np.where(nc_u[:, None, :] > 0, p.avail[None, :, :] // np.maximum(nc_u[:, None, :], 1), 1 << 40)
+    ub_ur = per_g.min(axis=2) if U else np.zeros((0, R), dtype=np.int64)
+    fits = (ub_ur >= 1) & ~bad
+    tu, r = np.nonzero(fits)
+    tu = tu.astype(np.int64)
+    r = r.astype(np.int64)
+    nc = nc_u[tu]
+    price0 = np.where(offered, p.price, 0.0)
+    cost = (nc * price0[r]).sum(axis=1)
+    load = np.array([t.load_s for t in reps], dtype=np.float64)[tu] if U else np.zeros(0)
+    pen = p.churn_factor * load / 3600.0 * cost
+    m = np.array([t.m for t in reps], dtype=np.int64)[tu] if U else np.zeros(0, dtype=np.int64)
+    mode = np.array([MODES.index(t.mode) for t in reps], dtype=np.int64)[tu] if U else m.copy()
+    P = np.array([t.prefill_tok_s for t in reps], dtype=np.float64)[tu] if U else np.zeros(0)
+    D = np.array([t.decode_tok_s for t in reps], dtype=np.float64)[tu] if U else np.zeros(0)
+    agg = mode == _AGG
+    rate = np.zeros(len(tu))
+    rate[agg] = util / (p.mean_in[m[agg]] / P[agg] + p.mean_out[m[agg]] / D[agg])
+    pcap = np.where(mode == _PRE, util * P, 0.0)
+    dcap = np.where(mode == _DEC, util * D, 0.0)
+    nic = np.where(mode == _PRE, (nc * p.nic_bytes_s[None, :]).sum(axis=1), 0.0)
+    # disaggregated groups: (m, r) with both prefill and decode columns
+    has_pre = np.zeros((M, R), dtype=bool)
+    has_dec = np.zeros((M, R), dtype=bool)
+    has_pre[m[mode == _PRE], r[mode == _PRE]] = True
+    has_dec[m[mode == _DEC], r[mode == _DEC]] = True
+    gm, gr = np.nonzero(has_pre & has_dec)
+    gid = np.full((M, R), -1, dtype=np.int64)
+    gid[gm, gr] = np.arange(len(gm))
+    group = np.where(agg, -1, gid[m, r])
+    # a prefill (decode) column in a region without decode (prefill) columns of its model serves nothing
+    keep_cols = agg | (group >= 0)
+    tu, r, nc, cost, pen, m, mode = tu[keep_cols], r[keep_cols], nc[keep_cols], cost[keep_cols], pen[keep_cols], m[keep_cols], mode[keep_cols]
+    rate, pcap, dcap, nic, group = rate[keep_cols], pcap[keep_cols], dcap[keep_cols], nic[keep_cols], group[keep_cols]
+    # current deployment -> merged columns
+    col_of = np.full((U, R), -1, dtype=np.int64)
+    col_of[tu, r] = np.arange(len(tu))
+    u_of = {i: u for u, ms in enumerate(members) for i in ms}
+    key_to_i = {t.key: i for i, t in enumerate(p.templates)}
+    cur = np.zeros(len(tu), dtype=np.int64)
+    cur_by_member: dict[tuple[int, int], int] = {}
+    for (key, reg), n in p.current.items():
+        i = key_to_i[key]
+        if n <= 0 or i not in u_of:
+            continue
+        cur_by_member[(i, int(reg))] = int(n)
+        j = col_of[u_of[i], reg]
+        if j >= 0:
+            cur[j] += int(n)
+    order = np.argsort(m, kind="stable")
+    by_model = tuple(np.split(order, np.searchsorted(m[order], np.arange(1, M))))
+    order_r = np.argsort(r, kind="stable")
+    by_region = tuple(np.split(order_r, np.searchsorted(r[order_r], np.arange(1, R))))
+    G = len(gm)
+    by_group_pre = tuple(np.nonzero((group == g) & (mode == _PRE))[0] for g in range(G))
+    by_group_dec = tuple(np.nonzero((group == g) & (mode == _DEC))[0] for g in range(G))
+    return _Columns(
+        M=M,
+        R=R,
+        T=T,
+        demand=p.demand_rps,
+        mean_in=p.mean_in,
+        mean_out=p.mean_out,
+        kv=p.kv_bytes_per_token,
+        avail=p.avail,
+        members=tuple(tuple(ms) for ms in members),
+        cur_by_member=cur_by_member,
+        tu=tu,
+        r=r,
+        m=m,
+        mode=mode,
+        nc=nc,
+        cost=cost,
+        pen=pen,
+        ub=ub_ur[tu, r] if U else np.zeros(0, dtype=np.int64),
+        cur=np.minimum(cur, ub_ur[tu, r]) if U else cur,
+        rate=rate,
+        pcap=pcap,
+        dcap=dcap,
+        nic=nic,
+        group=group,
+        group_m=gm.astype(np.int64),
+        group_r=gr.astype(np.int64),
+        by_model=by_model,
+        by_region=by_region,
+        by_group_pre=by_group_pre,
+        by_group_dec=by_group_dec,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation and greedy repair (pure numpy, deterministic)
+
+
+def _flow(c: _Columns, g: IntArray | int, gp: Any, gd: Any, gn: Any) -> Any:
+    """Disaggregated req/s of group(s) g from their prefill, decode and NIC capacity sums."""
+    m = c.group_m[g]
+    y = np.minimum(gp / c.mean_in[m], gd / c.mean_out[m])
+    kvb = c.mean_in[m] * c.kv[m]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ykv = np.where(kvb > 0, gn / np.where(kvb > 0, kvb, 1.0), np.inf)
+    return np.minimum(y, ykv)
+
+
+class _State:
+    """A plan x over the columns with incremental capacity sums, node usage and per-column room."""
+
+    def __init__(self, c: _Columns, x: IntArray) -> None:
+        self.c = c
+        self.x = x.astype(np.int64).copy()
+        xf = self.x.astype(np.float64)
+        self.agg = np.bincount(c.m, weights=c.rate * xf, minlength=c.M)
+        gi = np.maximum(c.group, 0)
+        ing = c.group >= 0
+        self.gp = np.bincount(gi[ing], weights=(c.pcap * xf)[ing], minlength=c.G)
+        self.gd = np.bincount(gi[ing], weights=(c.dcap * xf)[ing], minlength=c.G)
+        self.gn = np.bincount(gi[ing], weights=(c.nic * xf)[ing], minlength=c.G)
+        self.used = np.zeros((c.R, c.T), dtype=np.int64)
+        for g in range(c.T):
+            self.used[:, g] = np.bincount(c.r, weights=c.nc[:, g] * xf, minlength=c.R).round().astype(np.int64)
+        self.room = np.zeros(c.J, dtype=np.int64)
+        for reg in range(c.R):
+            self._update_room(reg)
+
+    def _update_room(self, reg: int) -> None:
+        idx = self.c.by_region[reg]
+        if len(idx) == 0:
+            return
+        free = self.c.avail[reg] - self.used[reg]
+        nc = self.c.nc[idx]
+        q = np.where(nc > 0, free[None, :] // np.maximum(nc, 1), 1 << 40).min(axis=1)
+        self.room[idx] = np.maximum(q, 0)
+
+    def flows(self) -> FloatArray:
+        if self.c.G == 0:
+            return np.zeros(0)
+        return np.asarray(_flow(self.c, np.arange(self.c.G), self.gp, self.gd, self.gn), dtype=np.float64)
+
+    def capacity(self) -> FloatArray:
+        """Servable req/s per model (may exceed demand)."""
+        return self.agg + np.bincount(self.c.group_m, weights=self.flows(), minlength=self.c.M)
+
+    def unmet(self) -> FloatArray:
+        return np.maximum(self.c.demand - self.capacity(), 0.0)
+
+    def change(self, j: int, k: int) -> None:
+        c = self.c
+        self.x[j] += k
+        self.agg[c.m[j]] += k * c.rate[j]
+        g = c.group[j]
+        if g >= 0:
+            self.gp[g] += k * c.pcap[j]
+            self.gd[g] += k * c.dcap[j]
+            self.gn[g] += k * c.nic[j]
+        self.used[c.r[j]] += k * c.nc[j]
+        self._update_room(int(c.r[j]))
+
+    def fits_together(self, a: int, b: int) -> bool:
+        c = self.c
+        reg = c.r[a]
+        return bool(np.all(self.used[reg] + c.nc[a] + c.nc[b] <= c.avail[reg]))
+
+
+def _objective(c: _Columns, x: IntArray) -> tuple[float, float]:
+    """(hourly cost, churn penalty) of plan x."""
+    return float(c.cost @ x), float(c.pen @ np.maximum(x - c.cur, 0))
+
+
+def _marginal_cost(c: _Columns, x: IntArray, idx: IntArray) -> FloatArray:
+    return c.cost[idx] + np.where(x[idx] >= c.cur[idx], c.pen[idx], 0.0)
+
+
+def _repair(c: _Columns, x0: IntArray) -> IntArray:
+    """Greedy repair: add the instance (or prefill+decode pair) with the most req/s of unmet demand
+    per USD/h until no addition serves more; then drop instances that serve nothing needed."""
+    s = _State(c, x0)
+    tol = _TOL * np.maximum(c.demand, 1.0)
+    while True:
+        unmet = s.unmet()
+        active = np.nonzero(unmet > tol)[0]
+        if len(active) == 0:
+            break
+        best_ratio = 0.0
+        best: tuple[int, ...] = ()
+        cand = np.concatenate([c.by_model[a] for a in active])
+        cand = cand[s.room[cand] >= 1]
+        if len(cand):
+            gain = np.zeros(len(cand))
+            mo = c.mode[cand]
+            agg = mo == _AGG
+            gain[agg] = c.rate[cand[agg]]
+            dis = ~agg
+            if np.any(dis):
+                jd = cand[dis]
+                g = c.group[jd]
+                y0 = _flow(c, g, s.gp[g], s.gd[g], s.gn[g])
+                y1 = _flow(c, g, s.gp[g] + c.pcap[jd], s.gd[g] + c.dcap[jd], s.gn[g] + c.nic[jd])
+                gain[dis] = np.maximum(y1 - y0, 0.0)
+            gain = np.minimum(gain, unmet[c.m[cand]])
+            ratio = np.where(gain > tol[c.m[cand]], gain / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
+            k = int(np.argmax(ratio))
+            if ratio[k] > best_ratio:
+                best_ratio, best = float(ratio[k]), (int(cand[k]),)
+        for g in np.nonzero(np.isin(c.group_m, active) & (s.gp <= 0) & (s.gd <= 0))[0]:
+            pre, dec = c.by_group_pre[g], c.by_group_dec[g]
+            pre, dec = pre[s.room[pre] >= 1], dec[s.room[dec] >= 1]
+            if len(pre) == 0 or len(dec) == 0:
+                continue
+            cp, cd = _marginal_cost(c, s.x, pre), _marginal_cost(c, s.x, dec)
+            a = int(pre[np.argmin(cp / c.pcap[pre])])
+            b = int(dec[np.argmin(cd / c.dcap[dec])])
+            if not s.fits_together(a, b):
+                continue
+            gain_pair = min(float(_flow(c, g, c.pcap[a], c.dcap[b], c.nic[a])), float(unmet[c.group_m[g]]))
+            ratio_pair = gain_pair / max(float(_marginal_cost(c, s.x, np.array([a, b])).sum()), 1e-12)
+            if gain_pair > tol[c.group_m[g]] and ratio_pair > best_ratio:
+                best_ratio, best = ratio_pair, (a, b)
+        if not best:
+            break
+        for j in best:
+            s.change(j, 1)
+    _prune(c, s)
+    return s.x
+
+
+def _prune(c: _Columns, s: _State) -> None:
+    """Drop instances, largest saving first, while the served demand of their model does not fall."""
+    tol = _TOL * np.maximum(c.demand, 1.0)
+    pos = np.nonzero(s.x > 0)[0]
+    saving = c.cost[pos] + np.where(s.x[pos] > c.cur[pos], c.pen[pos], 0.0)
+    for j in pos[np.argsort(-saving, kind="stable")]:
+        m = c.m[j]
+        while s.x[j] > 0:
+            before = min(float(s.capacity()[m]), float(c.demand[m]))
+            s.change(int(j), -1)
+            if min(float(s.capacity()[m]), float(c.demand[m])) < before - tol[m]:
+                s.change(int(j), 1)
+                break
+
+
+def _fit_current(c: _Columns) -> IntArray:
+    """The current deployment, cut to what fits the availability now (columns in order)."""
+    s = _State(c, np.zeros(c.J, dtype=np.int64))
+    for j in np.nonzero(c.cur > 0)[0]:
+        k = min(int(c.cur[j]), int(s.room[j]))
+        if k > 0:
+            s.change(int(j), k)
+    return s.x
+
+
+def _unmet_total(c: _Columns, x: IntArray) -> float:
+    return float(_State(c, x).unmet().sum())
+
+
+# --------------------------------------------------------------------------------------------------
+# HiGHS model
+
+
+@attrs.frozen(eq=False)
+class _Matrix:
+    """The program in column-wise form: variables [new (J), keep (K), y (G), u (Md)]."""
+
+    num_rows: int
+    row_lo: FloatArray
+    row_hi: FloatArray
+    service_row: int
+    col_lo: FloatArray
+    col_hi: FloatArray
+    start: NDArray[np.int32]
+    index: NDArray[np.int32]
+    value: FloatArray
+    keep_cols: IntArray  # column j of each keep variable
+    dem_models: IntArray  # model of each u variable
+    cost_obj: FloatArray
+    serve_obj: FloatArray
+    integer: NDArray[np.int32]
+
+    @property
+    def num_cols(self) -> int:
+        return len(self.col_lo)
+
+
+def _matrix(c: _Columns) -> _Matrix:
+    J, G, M = c.J, c.G, c.M
+    dem_models = np.nonzero(c.demand > 0)[0].astype(np.int64)
+    row_dem = np.full(M, -1, dtype=np.int64)
+    row_dem[dem_models] = np.arange(len(dem_models))
+    n = len(dem_models)
+    jj, gg = np.nonzero(c.nc > 0)
+    av_used = np.zeros((c.R, c.T), dtype=bool)
+    av_used[c.r[jj], gg] = True
+    av_r, av_g = np.nonzero(av_used)
+    row_av = np.full((c.R, c.T), -1, dtype=np.int64)
+    row_av[av_r, av_g] = n + np.arange(len(av_r))
+    n += len(av_r)
+    row_pre = n + np.arange(G)
+    row_dec = n + G + np.arange(G)
+    n += 2 * G
+    has_kv = c.kv[c.group_m] > 0
+    row_kv = np.full(G, -1, dtype=np.int64)
+    row_kv[has_kv] = n + np.arange(int(has_kv.sum()))
+    n += int(has_kv.sum())
+    service_row = n
+    n += 1
+    row_lo = np.full(n, -np.inf)
+    row_hi = np.zeros(n)
+    row_lo[: len(dem_models)] = c.demand[dem_models]
+    row_hi[: len(dem_models)] = np.inf
+    row_hi[row_av[av_r, av_g]] = c.avail[av_r, av_g]
+    row_hi[service_row] = np.inf
+
+    # entries of the x columns (new_j; keep copies them); rows scaled so that y has coefficient 1
+    cols: list[IntArray] = []
+    rows: list[IntArray] = []
+    vals: list[FloatArray] = []
+    agg = np.nonzero(c.mode == _AGG)[0]
+    cols.append(agg)
+    rows.append(row_dem[c.m[agg]])
+    vals.append(c.rate[agg])
+    cols.append(jj)
+    rows.append(row_av[c.r[jj], gg])
+    vals.append(c.nc[jj, gg].astype(np.float64))
+    pre = np.nonzero(c.mode == _PRE)[0]
+    dec = np.nonzero(c.mode == _DEC)[0]
+    cols.append(pre)
+    rows.append(row_pre[c.group[pre]])
+    vals.append(-c.pcap[pre] / c.mean_in[c.m[pre]])
+    cols.append(dec)
+    rows.append(row_dec[c.group[dec]])
+    vals.append(-c.dcap[dec] / c.mean_out[c.m[dec]])
+    pkv = pre[has_kv[c.group[pre]]]
+    cols.append(pkv)
+    rows.append(row_kv[c.group[pkv]])
+    vals.append(-c.nic[pkv] / (c.mean_in[c.m[pkv]] * c.kv[c.m[pkv]]))
+    xc, xr, xv = np.concatenate(cols), np.concatenate(rows), np.concatenate(vals)
+    keep_cols = np.nonzero(c.cur > 0)[0].astype(np.int64)
+    K = len(keep_cols)
+    keep_of = np.full(J, -1, dtype=np.int64)
+    keep_of[keep_cols] = J + np.arange(K)
+    kmask = keep_of[xc] >= 0
+    # y and u columns
+    gidx = np.arange(G)
+    y_c = np.concatenate([gidx, gidx, gidx, gidx[has_kv]]) + J + K
+    y_r = np.concatenate([row_dem[c.group_m], row_pre, row_dec, row_kv[has_kv]])
+    y_v = np.ones(len(y_c))
+    u_ids = J + K + G + np.arange(len(dem_models))
+    u_c = np.concatenate([u_ids, u_ids])
+    u_r = np.concatenate([row_dem[dem_models], np.full(len(dem_models), service_row)])
+    u_v = np.ones(len(u_c))
+    all_c = np.concatenate([xc, keep_of[xc[kmask]], y_c, u_c])
+    all_r = np.concatenate([xr, xr[kmask], y_r, u_r])
+    all_v = np.concatenate([xv, xv[kmask], y_v, u_v])
+    order = np.lexsort((all_r, all_c))
+    ncols = J + K + G + len(dem_models)
+    start = np.zeros(ncols + 1, dtype=np.int64)
+    start[1:] = np.cumsum(np.bincount(all_c, minlength=ncols))
+    col_lo = np.zeros(ncols)
+    col_hi = np.concatenate(
+        [c.ub.astype(np.float64), np.minimum(c.cur, c.ub)[keep_cols].astype(np.float64), np.full(G, np.inf), c.demand[dem_models]]
+    )
+    cost_obj = np.concatenate([c.cost + c.pen, c.cost[keep_cols], np.zeros(G + len(dem_models))])
+    serve_obj = np.concatenate([np.zeros(J + K + G), np.ones(len(dem_models))])
+    return _Matrix(
+        num_rows=n,
+        row_lo=row_lo,
+        row_hi=row_hi,
+        service_row=service_row,
+        col_lo=col_lo,
+        col_hi=col_hi,
+        start=start[:-1].astype(np.int32),
+        index=all_r[order].astype(np.int32),
+        value=all_v[order],
+        keep_cols=keep_cols,
+        dem_models=dem_models,
+        cost_obj=cost_obj,
+        serve_obj=serve_obj,
+        integer=np.arange(J + K, dtype=np.int32),
+    )
+
+
+class _Stopper:
+    """HiGHS interrupt callback: counts interrupt checks; stops at a count or at a wall-clock deadline.
+
+    Single-threaded HiGHS reaches its interrupt checks in the same order every run, so the count at
+    which a deadline stopped a solve reproduces that solve exactly when used as the limit.
+    """
+
+    def __init__(self, limit: int | None, deadline_at: float | None) -> None:
+        self.limit = limit
+        self.deadline_at = deadline_at
+        self.checks = 0
+        self.stopped_at: int | None = None
+
+    def __call__(self, kind: int, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
+        if data_in is None:
+            return
+        if self.stopped_at is not None:
+            data_in.user_interrupt = True
+            return
+        self.checks += 1
+        if (self.limit is not None and self.checks >= self.limit) or (
+            self.deadline_at is not None and time.perf_counter() >= self.deadline_at
+        ):
+            self.stopped_at = self.checks
+            data_in.user_interrupt = True
+
+
+def _highs(
+    mat: _Matrix, objective: FloatArray, service_hi: float, stopper: _Stopper, mip_gap: float, *, mip: bool
+) -> highspy.Highs:
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    h.setOptionValue("mip_rel_gap", mip_gap)
+    h.setCallback(stopper, None)
+    for kind in _INTERRUPT_CALLBACKS:
+        h.startCallback(kind)
+    row_hi = mat.row_hi.copy()
+    row_hi[mat.service_row] = service_hi
+    empty = np.zeros(0, dtype=np.int32)
+    h.addRows(mat.num_rows, mat.row_lo, row_hi, 0, empty, empty, np.zeros(0))
+    h.addCols(mat.num_cols, objective, mat.col_lo, mat.col_hi, len(mat.value), mat.start, mat.index, mat.value)
+    if mip:
+        kinds = np.full(len(mat.integer), int(highspy.HighsVarType.kInteger), dtype=np.uint8)
+        h.changeColsIntegrality(len(mat.integer), mat.integer, kinds)
+    return h
+
+
+def _set_objective(h: highspy.Highs, objective: FloatArray) -> None:
+    h.changeColsCost(len(objective), np.arange(len(objective), dtype=np.int32), objective)
+
+
+def _set_service(h: highspy.Highs, mat: _Matrix, hi: float) -> None:
+    h.changeRowBounds(mat.service_row, -np.inf, hi)
+
+
+def _service_hi(c: _Columns, unmet: float) -> float:
+    return unmet * (1 + 1e-9) + 1e-7 * max(1.0, float(c.demand.sum()))
+
+
+def _plan_vector(c: _Columns, mat: _Matrix, x: IntArray) -> FloatArray:
+    s = _State(c, x)
+    new = np.maximum(x - c.cur, 0)
+    keep = np.minimum(x, c.cur)[mat.keep_cols]
+    y = s.flows()
+    u = np.maximum(c.demand - s.capacity(), 0.0)[mat.dem_models]
+    return np.concatenate([new.astype(np.float64), keep.astype(np.float64), y, u])
+
+
+def _x_of(c: _Columns, mat: _Matrix, values: Sequence[float]) -> IntArray:
+    v = np.asarray(values, dtype=np.float64)
+    x = np.round(v[: c.J]).astype(np.int64)
+    x[mat.keep_cols] += np.round(v[c.J : c.J + len(mat.keep_cols)]).astype(np.int64)
+    return x
+
+
+@attrs.define
+class _Run:
+    """Outcome of one HiGHS run."""
+
+    status: highspy.HighsModelStatus
+    objective: float
+    dual_bound: float
+    values: FloatArray | None
+    iterations: int
+    nodes: int
+
+
+def _run(h: highspy.Highs, mip: bool) -> _Run:
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    values = None
+    if info.primal_solution_status == 2:
+        values = np.asarray(h.getSolution().col_value, dtype=np.float64)
+    if mip:
+        bound = float(info.mip_dual_bound)
+        iters = int(info.simplex_iteration_count)
+        nodes = int(info.mip_node_count)
+    else:
+        bound = float(info.objective_function_value) if status == highspy.HighsModelStatus.kOptimal else -np.inf
+        iters = int(info.simplex_iteration_count)
+        nodes = 0
+    return _Run(status, float(info.objective_function_value), bound, values, max(iters, 0), max(nodes, 0))
+
+
+# --------------------------------------------------------------------------------------------------
+# The solve
+
+
+def _better(c: _Columns, a: IntArray, b: IntArray) -> bool:
+    """Whether plan a beats plan b: less unmet demand, then lower cost plus churn."""
+    tol = 1e-7 * max(1.0, float(c.demand.sum()))
+    ua, ub = _unmet_total(c, a), _unmet_total(c, b)
+    if ua < ub - tol:
+        return True
+    if ua > ub + tol:
+        return False
+    return sum(_objective(c, a)) < sum(_objective(c, b)) - 1e-9 * max(1.0, sum(_objective(c, b)))
+
+
+def _counts(c: _Columns, x: IntArray) -> dict[tuple[int, int], int]:
+    """Map column counts back to original template indices: kept instances to the templates that
+    run them, started ones to the first of the merged duplicates."""
+    out: dict[tuple[int, int], int] = {}
+    for j in np.nonzero(x > 0)[0]:
+        reg = int(c.r[j])
+        members = c.members[int(c.tu[j])]
+        keep = min(int(x[j]), int(c.cur[j]))
+        rest = int(x[j])
+        for i in members:
+            k = min(keep, c.cur_by_member.get((i, reg), 0))
+            if k > 0:
+                out[(i, reg)] = k
+                keep -= k
+                rest -= k
+        if rest > 0:
+            out[(members[0], reg)] = out.get((members[0], reg), 0) + rest
+    return out
+
+
+def solve_allocation(
+    problem: AllocationProblem,
+    *,
+    deadline_s: float = 1.0,
+    mip_gap: float = 1e-4,
+    effort: SolverEffort | None = None,
+) -> AllocationResult:
+    """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
+
+    Returns within about ``deadline_s`` (wall clock, enforced by interrupting HiGHS), always with a
+    feasible plan. With ``effort`` the wall clock is ignored: each phase stops at the given count of
+    HiGHS interrupt checks (``None``: runs to completion), which makes the solve deterministic; pass
+    a result's ``effort`` to replay it exactly.
+    """
+    if not (deadline_s > 0 and math.isfinite(deadline_s)):
+        raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
+    if not (0 <= mip_gap < 1):
+        raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
+    t0 = time.perf_counter()
+    deadline_at = None if effort is not None else t0 + deadline_s
+    limits = effort if effort is not None else SolverEffort()
+    phase_s: dict[str, float] = {}
+    c = _columns(problem)
+    mat = _matrix(c)
+    t1 = time.perf_counter()
+    phase_s["build"] = t1 - t0
+    svc_tol = 1e-7 * max(1.0, float(c.demand.sum()))
+    iters = nodes = 0
+
+    def remaining() -> float:
+        return math.inf if deadline_at is None else deadline_at - time.perf_counter()
+
+    # LP relaxation: first with every demand served; if infeasible, max service, then min cost at it
+    lp_stop = _Stopper(limits.lp, deadline_at)
+    lp_done = False
+    lp_values: FloatArray | None = None
+    lp_bound = -math.inf
+    unmet_lp = 0.0
+    if c.J > 0 and limits.lp != 0 and remaining() > 0:
+        h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), lp_stop, mip_gap, mip=False)
+        run = _run(h, mip=False)
+        iters += run.iterations
+        infeasible = (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible)
+        if run.status == highspy.HighsModelStatus.kOptimal:
+            lp_done = True
+        elif run.status in infeasible and lp_stop.stopped_at is None:
+            _set_objective(h, mat.serve_obj)
+            _set_service(h, mat, math.inf)
+            run = _run(h, mip=False)
+            iters += run.iterations
+            if run.status == highspy.HighsModelStatus.kOptimal:
+                unmet_lp = max(run.objective, 0.0)
+                _set_objective(h, mat.cost_obj)
+                _set_service(h, mat, _service_hi(c, unmet_lp))
+                run = _run(h, mip=False)
+                iters += run.iterations
+                lp_done = run.status == highspy.HighsModelStatus.kOptimal
+        if lp_done:
+            lp_values, lp_bound = run.values, run.objective
+    elif c.J > 0 and limits.lp != 0:
+        lp_stop.stopped_at = 0
+    t2 = time.perf_counter()
+    phase_s["lp"] = t2 - t1
+
+    # rounding and greedy repair, from the LP and from the current deployment
+    best = _repair(c, _fit_current(c))
+    source = "greedy"
+    if lp_values is not None:
+        v = lp_values[: c.J].copy()
+        v[mat.keep_cols] += lp_values[c.J : c.J + len(mat.keep_cols)]
+        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64))
+        if not _better(c, best, rounded):
+            best, source = rounded, "lp-rounded"
+    t3 = time.perf_counter()
+    phase_s["heuristic"] = t3 - t2
+
+    # MIP phase 1 (serve), only when the LP bound does not already prove the service level
+    unmet_bound = unmet_lp if lp_done else 0.0
+    serve_stop = _Stopper(limits.serve, None)
+    if c.J > 0 and _unmet_total(c, best) > unmet_bound + svc_tol:
+        left = remaining()
+        serve_stop.deadline_at = None if deadline_at is None else time.perf_counter() + 0.5 * left
+        if limits.serve == 0 or left <= 0:
+            serve_stop.stopped_at = 0
+        else:
+            h = _highs(mat, mat.serve_obj, math.inf, serve_stop, mip_gap, mip=True)
+            h.setSolution(_highs_solution(_plan_vector(c, mat, best)))
+            run = _run(h, mip=True)
+            iters, nodes = iters + run.iterations, nodes + run.nodes
+            if run.values is not None:
+                x = _x_of(c, mat, run.values)
+                if _better(c, x, best):
+                    best, source = x, "mip"
+            if math.isfinite(run.dual_bound):
+                unmet_bound = max(unmet_bound, run.dual_bound)
+            if run.status == highspy.HighsModelStatus.kOptimal:
+                unmet_bound = max(unmet_bound, _unmet_total(c, best) - svc_tol)
+    unmet_best = _unmet_total(c, best)
+    service_proven = unmet_best <= unmet_bound + svc_tol
+    t4 = time.perf_counter()
+    phase_s["serve"] = t4 - t3
+
+    # MIP phase 2 (cost) at the best service level found
+    cost_stop = _Stopper(limits.cost, deadline_at)
+    cost_bound = -math.inf
+    cost_optimal = False
+    if c.J > 0:
+        if limits.cost == 0 or remaining() <= 0:
+            cost_stop.stopped_at = 0
+        else:
+            h = _highs(mat, mat.cost_obj, _service_hi(c, unmet_best), cost_stop, mip_gap, mip=True)
+            h.setSolution(_highs_solution(_plan_vector(c, mat, best)))
+            run = _run(h, mip=True)
+            iters, nodes = iters + run.iterations, nodes + run.nodes
+            if run.values is not None:
+                x = _x_of(c, mat, run.values)
+                if _unmet_total(c, x) <= unmet_best + svc_tol and sum(_objective(c, x)) < sum(
+                    _objective(c, best)
+                ) - 1e-9 * max(1.0, sum(_objective(c, best))):
+                    best, source = x, "mip"
+            cost_bound = run.dual_bound
+            cost_optimal = run.status == highspy.HighsModelStatus.kOptimal
+    t5 = time.perf_counter()
+    phase_s["cost"] = t5 - t4
+
+    cost, churn = _objective(c, best)
+    objective = cost + churn
+    bounds = [0.0]
+    if math.isfinite(cost_bound):
+        bounds.append(cost_bound)
+    if lp_done and unmet_best <= unmet_lp + svc_tol:
+        bounds.append(lp_bound)
+    bound = min(max(bounds), objective)
+    gap = (objective - bound) / objective if objective > 0 else 0.0
+    if c.J == 0 or (service_proven and (cost_optimal or gap <= mip_gap)):
+        status = "optimal"
+    else:
+        status = "feasible" if source == "mip" else source
+    served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
+    return AllocationResult(
+        counts=_counts(c, best),
+        cost_per_hour=cost,
+        churn_cost=churn,
+        served_rps=served,
+        unmet_rps=c.demand - served,
+        status=status,
+        objective=objective,
+        bound=bound,
+        gap=gap,
+        unmet_bound=unmet_bound,
+        service_proven=service_proven,
+        solve_s=time.perf_counter() - t0,
+        phase_s=phase_s,
+        effort=SolverEffort(lp=lp_stop.stopped_at, serve=serve_stop.stopped_at, cost=cost_stop.stopped_at),
+        simplex_iterations=iters,
+        mip_nodes=nodes,
+        num_columns=mat.num_cols,
+        num_rows=mat.num_rows,
+        merged_templates=sum(len(ms) - 1 for ms in c.members),
+    )
+
+
+def _highs_solution(values: FloatArray) -> highspy.HighsSolution:
+    sol = highspy.HighsSolution()
+    sol.col_value = values.tolist()
+    sol.value_valid = True
+    return sol

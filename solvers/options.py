@@ -1,0 +1,94 @@
+"""Turn (model, node multiset, mode, SLO, workload shape) into a numeric PlacementProblem.
+
+Per node, the option menu is every (k layers, batch limit b) on the grid ``k = 1..K_b``,
+``b in BATCH_GRID`` whose memory fits: k * layer weights + KV for b sequences at the shape's maximum
+context <= usable memory (``coral.perf``). For each option the perf model gives:
+
+- ``tau``: decode step time of the stage at batch b and the mean context;
+- ``pre``: prompt time of the stage (batch 1 for aggregated; batch b for prefill instances);
+- capacity in flow units/s: aggregated = requests/s at the reference shape,
+  ``1 / (pre + out * tau / b)``; prefill = prompt tokens/s, ``b * in / pre_b``; decode = tokens/s, ``b / tau``.
+
+Latency metrics: aggregated has TPOT (sum of tau) and TTFT (sum of pre); prefill has TTFT; decode TPOT.
+Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
+at most NIC bandwidth / activation bytes per flow unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from coral.perf import PerfModel
+from coral.perf.roofline import activation_bytes_per_token
+from coral.workload import MODES, Slo, WorkloadShape
+from solvers.problem import NodeMenu, PlacementProblem
+
+BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def node_menu(perf: PerfModel, model: str, node: str, mode: str, shape: WorkloadShape) -> NodeMenu:
+    """Every memory-feasible (k, b) option of one node, with its capacity and latencies."""
+    ks: list[np.ndarray] = []
+    bs: list[np.ndarray] = []
+    for batch in BATCH_GRID:
+        kmax = perf.max_layers(model, node, batch=batch, context=shape.max_context)
+        if kmax >= 1:
+            ks.append(np.arange(1, kmax + 1, dtype=np.int64))
+            bs.append(np.full(kmax, batch, dtype=np.int64))
+    if not ks:
+        empty = np.zeros(0)
+        return NodeMenu(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, np.zeros((_metrics(mode), 0)), empty)
+    k = np.concatenate(ks)
+    b = np.concatenate(bs)
+    mem = perf.stage_bytes(model, layers=k, batch=b, context=shape.max_context)
+    if mode == "prefill":
+        pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
+        return NodeMenu(k, b, b * shape.mean_in / pre_b, pre_b[None, :], mem)
+    tau = perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)
+    if mode == "decode":
+        return NodeMenu(k, b, b / tau, tau[None, :], mem)
+    pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=shape.mean_in)
+    cap = 1.0 / (pre1 + shape.mean_out * tau / b)
+    return NodeMenu(k, b, cap, np.vstack([tau, pre1]), mem)
+
+
+def _metrics(mode: str) -> int:
+    return 2 if mode == "aggregated" else 1
+
+
+def build_problem(
+    perf: PerfModel, model: str, nodes: Sequence[str], mode: str, slo: Slo, shape: WorkloadShape
+) -> PlacementProblem:
+    """The placement problem of ``model`` on the node multiset ``nodes`` (sorted for symmetry)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    kinds = tuple(sorted(nodes))
+    n = len(kinds)
+    menus = tuple(node_menu(perf, model, nd, mode, shape) for nd in kinds)
+    m = perf.catalog.models[model]
+    act = activation_bytes_per_token(m)
+    per_unit = {"aggregated": (shape.mean_in + shape.mean_out) * act, "prefill": act, "decode": act}[mode]
+    metric_tokens = {"aggregated": (1.0, shape.mean_in), "prefill": (shape.mean_in,), "decode": (1.0,)}[mode]
+    limits = {"aggregated": (slo.tpot_s, slo.ttft_s), "prefill": (slo.ttft_s,), "decode": (slo.tpot_s,)}[mode]
+    nm = len(limits)
+    link_lat = np.zeros((nm, n + 1, n + 1))
+    link_cap = np.full((n + 1, n + 1), np.inf)
+    nodes_cat = perf.catalog.nodes
+    for i, a in enumerate(kinds):
+        for j, bnode in enumerate(kinds):
+            if i == j:
+                continue
+            bw = min(nodes_cat[a].nic_bytes_per_s, nodes_cat[bnode].nic_bytes_per_s)
+            link_cap[i, j] = bw / per_unit
+            for mi, tok in enumerate(metric_tokens):
+                link_lat[mi, i, j] = float(perf.transfer_s(model, a, bnode, tok))
+    return PlacementProblem(
+        num_layers=m.num_layers,
+        kinds=kinds,
+        menus=menus,
+        link_lat=link_lat,
+        link_cap=link_cap,
+        lat_limit=np.asarray(limits, dtype=np.float64),
+    )

@@ -1,0 +1,114 @@
+"""Seeded random placement problems: tiny ones for brute-force cross-checks, and a hand-made branching one.
+
+``random_tiny_problem`` mixes two menu styles: "perf-like" (capacity falls and latency grows with the
+layers held; both grow with the batch) and "integer" (small random integers, so that ties and exact
+latency equalities are common). Nodes of the same kind share their menu and their links, so symmetry
+breaking can be exercised. Latency limits range from loose to infeasible, link capacities from unlimited
+to binding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solvers.problem import NodeMenu, PlacementProblem
+
+
+def random_tiny_problem(
+    rng: np.random.Generator,
+    *,
+    num_layers: int | None = None,
+    n: int | None = None,
+    num_metrics: int | None = None,
+    max_options: int = 5,
+    style: str | None = None,
+) -> PlacementProblem:
+    """A random problem with L in 2..8 layers and n in 1..3 nodes (unless given), small enough for brute."""
+    L = int(rng.integers(2, 9)) if num_layers is None else num_layers
+    n = int(rng.integers(1, 4)) if n is None else n
+    nm = int(rng.integers(1, 3)) if num_metrics is None else num_metrics
+    style = str(rng.choice(["perf", "integer"])) if style is None else style
+    num_kinds = int(rng.integers(1, n + 1))
+    kind_of = sorted(int(rng.integers(0, num_kinds)) for _ in range(n))
+    used = sorted(set(kind_of))
+    kind_of = [used.index(x) for x in kind_of]
+    num_kinds = len(used)
+
+    menus_by_kind = [_menu(rng, L, n, nm, max_options, style) for _ in range(num_kinds)]
+    menus = tuple(menus_by_kind[x] for x in kind_of)
+    kinds = tuple(f"kind{x}" for x in kind_of)
+
+    # Links depend only on the kinds at both ends (index num_kinds stands for the source and the sink).
+    scale = 0.05 if style == "perf" else 1.0
+    kl = rng.integers(0, 3, size=(nm, num_kinds + 1, num_kinds + 1)).astype(np.float64) * scale
+    kl[:, num_kinds, :] *= rng.random() < 0.5
+    kc = np.full((num_kinds + 1, num_kinds + 1), np.inf)
+    if rng.random() < 0.35:
+        finite = rng.random(kc.shape) < 0.5
+        kc[finite] = rng.integers(1, 8, size=int(finite.sum())).astype(np.float64)
+    ext = [*kind_of, num_kinds]
+    idx = np.asarray(ext)
+    link_lat = kl[:, idx[:, None], idx[None, :]].copy()
+    link_cap = kc[idx[:, None], idx[None, :]].copy()
+    for i in range(n + 1):
+        link_lat[:, i, i] = 0.0
+        link_cap[i, i] = np.inf
+
+    # Latency limits: a random multiple of a typical pipeline's latency; sometimes unconstrained.
+    per_layer = np.array([np.mean(m.lat[mm] / np.maximum(m.k, 1)) for mm in range(nm) for m in menus])
+    per_layer = per_layer.reshape(nm, n).mean(axis=1)
+    typical = per_layer * L + link_lat.mean(axis=(1, 2)) * 2
+    limit = typical * rng.uniform(0.5, 2.5, size=nm)
+    if style == "integer":
+        limit = np.maximum(np.round(limit), 1.0)
+    limit[rng.random(nm) < 0.1] = np.inf
+    return PlacementProblem(
+        num_layers=L, kinds=kinds, menus=menus, link_lat=link_lat, link_cap=link_cap, lat_limit=limit
+    )
+
+
+def _menu(rng: np.random.Generator, L: int, n: int, nm: int, max_options: int, style: str) -> NodeMenu:
+    size = int(rng.integers(1, max_options + 1))
+    # Bias k towards values that tile L with n nodes, so that feasible placements are common.
+    tiles = [L, max(1, L // 2), L - L // 2, max(1, L // 3), max(1, L - 2 * (L // 3))]
+    pool = np.concatenate([np.arange(1, L + 1), tiles[: 1 + 2 * (n - 1)] * 2])
+    k = rng.choice(pool, size=size).astype(np.int64)
+    k[0] = tiles[min(2 * (n - 1), len(tiles) - 1)] if rng.random() < 0.6 else k[0]
+    b = rng.choice(np.array([1, 2, 4]), size=size).astype(np.int64)
+    if style == "perf":
+        power = rng.uniform(0.5, 3.0)
+        tau = (k * (0.1 + 0.04 * b) + 0.05) / power
+        cap = b / tau
+        lat = np.vstack([tau, (k * 0.3 + 0.02) / power][:nm])
+    else:
+        cap = rng.integers(0, 10, size=size).astype(np.float64)
+        lat = rng.integers(0, 4, size=(nm, size)).astype(np.float64)
+    mem = k.astype(np.float64) * b
+    return NodeMenu(k=k, b=b, cap=np.asarray(cap, np.float64), lat=np.asarray(lat, np.float64), mem=mem)
+
+
+def branching_problem() -> PlacementProblem:
+    """L = 8 on three nodes where one node holding layers 0..3 feeding two nodes holding 4..7 is optimal.
+
+    Node 0 ("big") holds 4 layers at capacity 10 or all 8 at capacity 3; nodes 1 and 2 ("small") hold 4
+    layers at capacity 5, and a small node sends at most 2 units/s into the big one. Every node must
+    carry flow, so the candidates are: the fork big[0..3] -> {small, small}[4..7] with min(10, 5 + 5) =
+    10; the join {small, small}[0..3] -> big[4..7] with min(10, 2 + 2) = 4; the big replica (3) beside
+    the small chain (5), 8 in all. The fork is the unique optimum, 10.
+    """
+    big = NodeMenu(
+        k=np.array([4, 8]), b=np.array([8, 8]), cap=np.array([10.0, 3.0]),
+        lat=np.array([[1.0, 2.0]]), mem=np.array([4.0, 8.0]),
+    )
+    small = NodeMenu(k=np.array([4]), b=np.array([4]), cap=np.array([5.0]), lat=np.array([[1.0]]), mem=np.array([4.0]))
+    n = 3
+    link_cap = np.full((n + 1, n + 1), np.inf)
+    link_cap[1, 0] = link_cap[2, 0] = 2.0
+    return PlacementProblem(
+        num_layers=8,
+        kinds=("big", "small", "small"),
+        menus=(big, small, small),
+        link_lat=np.full((1, n + 1, n + 1), 0.1),
+        link_cap=link_cap,
+        lat_limit=np.array([3.0]),
+    )
