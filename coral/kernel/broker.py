@@ -240,11 +240,15 @@ class Broker:
 
     def _on_frames(self, frames: list[bytes]) -> None:
         try:
-            self._handle(frames)
-        except Exception as exc:  # a bug here must not take the kernel down; report it on the bus
+            self.handle_frames(frames)
+        except Exception as exc:  # a bug in handle_frames must not take the kernel down; report it
             self._error("", f"broker failed on a frame: {type(exc).__name__}: {exc}")
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def handle_frames(self, frames: list[bytes]) -> None:
+        """Route, publish or answer one frame list read from the ROUTER (identity first).
+
+        Total: any malformed input becomes a published ErrorEvent, never an exception.
+        """
         if len(frames) != 5:
             sender = text(frames[0]) if frames else "?"
             self._error("", f"malformed envelope from {sender}: expected 4 frames, got {len(frames) - 1}")
@@ -293,9 +297,7 @@ class Broker:
             return False
         self.stats.routed += 1
         if self.journal is not None:
-            self.journal.append(
-                self.clock.now(), kc[0], text(source), text(dest), tag.decode(), body, kc[1]
-            )
+            self.journal.append(self.clock.now(), kc[0], text(source), text(dest), tag.decode(), body, kc[1])
         return True
 
     def _publish(self, topic: bytes, source: bytes, tag: bytes, body: bytes) -> None:

@@ -309,7 +309,7 @@ class BusClient:
         topic = self._sync_prefix + str(token).encode()
         state = self._syncs[token] = _Sync()
         self._sub.setsockopt(zmq.SUBSCRIBE, topic)
-        retry = 0.02
+        retry = 0.005
         try:
             with anyio.move_on_after(timeout):
                 while not state.event.is_set():

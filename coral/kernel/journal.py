@@ -20,8 +20,8 @@ bytes, is *torn*. ``Journal.open`` truncates it after the last whole record and 
 ``TornTailWarning`` that says how many bytes were dropped (``journal.torn_tail``, also issued with
 ``warnings.warn``). A whole record whose checksum fails, whose payload does not decode, or whose length is
 0 (with non-zero bytes after it) or beyond ``MAX_RECORD`` is corruption: opening or reading raises
-``JournalCorruptError`` naming the byte offset of the bad record. ``read_journal`` never modifies the file: it stops at a torn tail with a
-warning.
+``JournalCorruptError`` naming the byte offset of the bad record. ``read_journal`` never modifies the file:
+it stops at a torn tail with a warning.
 
 Durability (``Fsync``): ``ALWAYS`` fsyncs after each record; ``BATCH`` fsyncs every ``batch`` records and
 on ``sync()``/``close()``; ``NEVER`` leaves it to the OS. ``flush()`` hands buffered records to the OS (they

@@ -63,8 +63,8 @@ def test_moe_reads_fewer_bytes_than_dense_of_same_size(catalog: Catalog) -> None
 
 
 def test_tensor_parallel_speeds_up_and_pays_allreduce(perf: PerfModel) -> None:
-    t1 = perf.decode_step_s("llama-3.1-8b", "p5.48xlarge", layers=32, batch=8, context=1024, tp=1)
-    t8 = perf.decode_step_s("llama-3.1-8b", "p5.48xlarge", layers=32, batch=8, context=1024, tp=8)
+    t1 = perf.decode_step_s("qwen3-32b", "p5.48xlarge", layers=64, batch=8, context=1024, tp=1)
+    t8 = perf.decode_step_s("qwen3-32b", "p5.48xlarge", layers=64, batch=8, context=1024, tp=8)
     assert t8 < t1
     assert t8 > t1 / 8  # all-reduce and overhead do not shrink
 
