@@ -50,7 +50,9 @@ feasible, so a plan is always returned.
 
 from __future__ import annotations
 
+import atexit
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -725,44 +727,80 @@ def _matrix(c: _Columns) -> _Matrix:
     )
 
 
-class _Stopper:
-    """HiGHS interrupt callback: counts interrupt checks; stops at a count or at a wall-clock deadline.
+_LIVE_THREADS: set[threading.Thread] = set()
 
-    Single-threaded HiGHS reaches its interrupt checks in the same order every run, so the count at
-    which a deadline stopped a solve reproduces that solve exactly when used as the limit.
+
+@atexit.register
+def _join_abandoned() -> None:  # pragma: no cover - interpreter shutdown
+    for t in list(_LIVE_THREADS):
+        t.join()
+
+
+class _Worker:
+    """One HiGHS job in a worker thread that the caller can abandon at a deadline.
+
+    The callback records improving MIP solutions and the dual bound, and interrupts HiGHS at its next
+    interrupt check once ``stop`` is set: by the caller at the deadline, or here once ``limit``
+    improving solutions were taken. HiGHS runs single-threaded, so its sequence of improving solutions
+    is the same every run: the count taken identifies the plan, which makes a deadline-cut solve
+    replayable. HiGHS's interrupt checks can be a second apart at the root, so at the deadline the
+    caller does not wait: the thread stops by itself at the next check.
     """
 
-    def __init__(self, limit: int | None, deadline_at: float | None) -> None:
+    def __init__(self, h: highspy.Highs, limit: int | None) -> None:
+        self.h = h
         self.limit = limit
-        self.deadline_at = deadline_at
-        self.checks = 0
-        self.stopped_at: int | None = None
+        self.stop = False
+        self.solutions: list[FloatArray] = []
+        self.dual_bound = -math.inf
+        self.status: highspy.HighsModelStatus | None = None
+        h.setCallback(self._callback, None)
+        for kind in (*_INTERRUPT_CALLBACKS, cb.HighsCallbackType.kCallbackMipImprovingSolution):
+            h.startCallback(kind)
 
-    def __call__(self, kind: int, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
-        if data_in is None:
+    def _callback(self, kind: int, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
+        if kind == cb.HighsCallbackType.kCallbackMipImprovingSolution:
+            if not self.stop:
+                self.solutions.append(np.array(data_out.mip_solution, dtype=np.float64))
+                if self.limit is not None and len(self.solutions) >= self.limit:
+                    self.stop = True
             return
-        if self.stopped_at is not None:
-            data_in.user_interrupt = True
-            return
-        self.checks += 1
-        if (self.limit is not None and self.checks >= self.limit) or (
-            self.deadline_at is not None and time.perf_counter() >= self.deadline_at
-        ):
-            self.stopped_at = self.checks
+        if kind == cb.HighsCallbackType.kCallbackMipInterrupt and math.isfinite(data_out.mip_dual_bound):
+            self.dual_bound = float(data_out.mip_dual_bound)
+        if data_in is not None and self.stop:
             data_in.user_interrupt = True
 
+    def run(self, job: Any, deadline_at: float | None) -> bool:
+        """Run ``job()`` in a thread; True if it finished before the deadline."""
+        if self.limit == 0:
+            return False
 
-def _highs(
-    mat: _Matrix, objective: FloatArray, service_hi: float, stopper: _Stopper, mip_gap: float, *, mip: bool
-) -> highspy.Highs:
+        def target() -> None:
+            try:
+                job()
+            finally:
+                _LIVE_THREADS.discard(thread)
+
+        thread = threading.Thread(target=target, daemon=True)
+        _LIVE_THREADS.add(thread)
+        thread.start()
+        thread.join(None if deadline_at is None else max(deadline_at - time.perf_counter(), 0.0))
+        if thread.is_alive():
+            self.stop = True
+            self.limit = len(self.solutions)
+            return False
+        return True
+
+    def taken(self) -> list[FloatArray]:
+        return self.solutions if self.limit is None else self.solutions[: self.limit]
+
+
+def _highs(mat: _Matrix, objective: FloatArray, service_hi: float, mip_gap: float, *, mip: bool) -> highspy.Highs:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
     h.setOptionValue("random_seed", 0)
     h.setOptionValue("mip_rel_gap", mip_gap)
-    h.setCallback(stopper, None)
-    for kind in _INTERRUPT_CALLBACKS:
-        h.startCallback(kind)
     row_hi = mat.row_hi.copy()
     row_hi[mat.service_row] = service_hi
     empty = np.zeros(0, dtype=np.int32)
@@ -772,14 +810,6 @@ def _highs(
         kinds = np.full(len(mat.integer), int(highspy.HighsVarType.kInteger), dtype=np.uint8)
         h.changeColsIntegrality(len(mat.integer), mat.integer, kinds)
     return h
-
-
-def _set_objective(h: highspy.Highs, objective: FloatArray) -> None:
-    h.changeColsCost(len(objective), np.arange(len(objective), dtype=np.int32), objective)
-
-
-def _set_service(h: highspy.Highs, mat: _Matrix, hi: float) -> None:
-    h.changeRowBounds(mat.service_row, -np.inf, hi)
 
 
 def _service_hi(c: _Columns, unmet: float) -> float:
@@ -795,41 +825,58 @@ def _plan_vector(c: _Columns, mat: _Matrix, x: IntArray) -> FloatArray:
     return np.concatenate([new.astype(np.float64), keep.astype(np.float64), y, u])
 
 
-def _x_of(c: _Columns, mat: _Matrix, values: Sequence[float]) -> IntArray:
-    v = np.asarray(values, dtype=np.float64)
-    x = np.round(v[: c.J]).astype(np.int64)
-    x[mat.keep_cols] += np.round(v[c.J : c.J + len(mat.keep_cols)]).astype(np.int64)
+def _x_of(c: _Columns, mat: _Matrix, values: FloatArray) -> IntArray:
+    x = np.round(values[: c.J]).astype(np.int64)
+    x[mat.keep_cols] += np.round(values[c.J : c.J + len(mat.keep_cols)]).astype(np.int64)
     return x
 
 
-@attrs.define
-class _Run:
-    """Outcome of one HiGHS run."""
-
-    status: highspy.HighsModelStatus
-    objective: float
-    dual_bound: float
-    values: FloatArray | None
-    iterations: int
-    nodes: int
-
-
-def _run(h: highspy.Highs, mip: bool) -> _Run:
-    h.run()
-    status = h.getModelStatus()
+def _iterations(h: highspy.Highs) -> tuple[int, int]:
     info = h.getInfo()
-    values = None
-    if info.primal_solution_status == 2:
-        values = np.asarray(h.getSolution().col_value, dtype=np.float64)
-    if mip:
-        bound = float(info.mip_dual_bound)
-        iters = int(info.simplex_iteration_count)
-        nodes = int(info.mip_node_count)
-    else:
-        bound = float(info.objective_function_value) if status == highspy.HighsModelStatus.kOptimal else -np.inf
-        iters = int(info.simplex_iteration_count)
-        nodes = 0
-    return _Run(status, float(info.objective_function_value), bound, values, max(iters, 0), max(nodes, 0))
+    return max(int(info.simplex_iteration_count), 0), max(int(info.mip_node_count), 0)
+
+
+@attrs.define
+class _LpOutcome:
+    done: bool = False
+    values: FloatArray | None = None
+    bound: float = -math.inf
+    unmet: float = 0.0
+    iterations: int = 0
+
+
+def _lp_job(h: highspy.Highs, c: _Columns, mat: _Matrix, out: _LpOutcome) -> None:
+    """LP relaxation: min cost with all demand served; if infeasible, min unmet, then min cost at it."""
+    ok = highspy.HighsModelStatus.kOptimal
+    h.run()
+    out.iterations += _iterations(h)[0]
+    status = h.getModelStatus()
+    if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible):
+        n = mat.num_cols
+        idx = np.arange(n, dtype=np.int32)
+        h.changeColsCost(n, idx, mat.serve_obj)
+        h.changeRowBounds(mat.service_row, -np.inf, np.inf)
+        h.run()
+        out.iterations += _iterations(h)[0]
+        if h.getModelStatus() != ok:
+            return
+        out.unmet = max(float(h.getInfo().objective_function_value), 0.0)
+        h.changeColsCost(n, idx, mat.cost_obj)
+        h.changeRowBounds(mat.service_row, -np.inf, _service_hi(c, out.unmet))
+        h.run()
+        out.iterations += _iterations(h)[0]
+        status = h.getModelStatus()
+    if status == ok:
+        out.done = True
+        out.values = np.asarray(h.getSolution().col_value, dtype=np.float64)
+        out.bound = float(h.getInfo().objective_function_value)
+
+
+def _highs_solution(values: FloatArray) -> highspy.HighsSolution:
+    sol = highspy.HighsSolution()
+    sol.col_value = values.tolist()
+    sol.value_valid = True
+    return sol
 
 
 # --------------------------------------------------------------------------------------------------
@@ -844,7 +891,8 @@ def _better(c: _Columns, a: IntArray, b: IntArray) -> bool:
         return True
     if ua > ub + tol:
         return False
-    return sum(_objective(c, a)) < sum(_objective(c, b)) - 1e-9 * max(1.0, sum(_objective(c, b)))
+    oa, ob = sum(_objective(c, a)), sum(_objective(c, b))
+    return oa < ob - 1e-9 * max(1.0, ob)
 
 
 def _counts(c: _Columns, x: IntArray) -> dict[tuple[int, int], int]:
@@ -867,6 +915,31 @@ def _counts(c: _Columns, x: IntArray) -> dict[tuple[int, int], int]:
     return out
 
 
+def _mip_phase(
+    c: _Columns,
+    mat: _Matrix,
+    objective: FloatArray,
+    service_hi: float,
+    start: IntArray,
+    limit: int | None,
+    deadline_at: float | None,
+    mip_gap: float,
+) -> tuple[_Worker, bool, int, int]:
+    """One warm-started MIP in a worker: (worker, finished, simplex iterations, nodes)."""
+    h = _highs(mat, objective, service_hi, mip_gap, mip=True)
+    h.setSolution(_highs_solution(_plan_vector(c, mat, start)))
+    worker = _Worker(h, limit)
+    finished = worker.run(h.run, deadline_at)
+    iters = nodes = 0
+    if finished:
+        iters, nodes = _iterations(h)
+        worker.status = h.getModelStatus()
+        bound = float(h.getInfo().mip_dual_bound)
+        if math.isfinite(bound):
+            worker.dual_bound = bound
+    return worker, finished, iters, nodes
+
+
 def solve_allocation(
     problem: AllocationProblem,
     *,
@@ -876,10 +949,10 @@ def solve_allocation(
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
-    Returns within about ``deadline_s`` (wall clock, enforced by interrupting HiGHS), always with a
-    feasible plan. With ``effort`` the wall clock is ignored: each phase stops at the given count of
-    HiGHS interrupt checks (``None``: runs to completion), which makes the solve deterministic; pass
-    a result's ``effort`` to replay it exactly.
+    Returns within about ``deadline_s`` (wall clock; HiGHS runs in a worker thread that is abandoned
+    and interrupted at the deadline), always with a feasible plan. With ``effort`` the wall clock is
+    ignored and each phase stops where ``effort`` says, which makes the solve deterministic: pass a
+    result's ``effort`` back to replay exactly its plan.
     """
     if not (deadline_s > 0 and math.isfinite(deadline_s)):
         raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
@@ -895,110 +968,91 @@ def solve_allocation(
     phase_s["build"] = t1 - t0
     svc_tol = 1e-7 * max(1.0, float(c.demand.sum()))
     iters = nodes = 0
+    used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None}
 
-    def remaining() -> float:
-        return math.inf if deadline_at is None else deadline_at - time.perf_counter()
+    def out_of_time() -> bool:
+        return deadline_at is not None and time.perf_counter() >= deadline_at
 
-    # LP relaxation: first with every demand served; if infeasible, max service, then min cost at it
-    lp_stop = _Stopper(limits.lp, deadline_at)
-    lp_done = False
-    lp_values: FloatArray | None = None
-    lp_bound = -math.inf
-    unmet_lp = 0.0
-    if c.J > 0 and limits.lp != 0 and remaining() > 0:
-        h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), lp_stop, mip_gap, mip=False)
-        run = _run(h, mip=False)
-        iters += run.iterations
-        infeasible = (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible)
-        if run.status == highspy.HighsModelStatus.kOptimal:
-            lp_done = True
-        elif run.status in infeasible and lp_stop.stopped_at is None:
-            _set_objective(h, mat.serve_obj)
-            _set_service(h, mat, math.inf)
-            run = _run(h, mip=False)
-            iters += run.iterations
-            if run.status == highspy.HighsModelStatus.kOptimal:
-                unmet_lp = max(run.objective, 0.0)
-                _set_objective(h, mat.cost_obj)
-                _set_service(h, mat, _service_hi(c, unmet_lp))
-                run = _run(h, mip=False)
-                iters += run.iterations
-                lp_done = run.status == highspy.HighsModelStatus.kOptimal
-        if lp_done:
-            lp_values, lp_bound = run.values, run.objective
-    elif c.J > 0 and limits.lp != 0:
-        lp_stop.stopped_at = 0
+    # LP relaxation
+    lp = _LpOutcome()
+    if c.J > 0:
+        if limits.lp == 0 or out_of_time():
+            used["lp"] = 0
+        else:
+            h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), mip_gap, mip=False)
+            worker = _Worker(h, None)
+            if worker.run(lambda: _lp_job(h, c, mat, lp), deadline_at):
+                iters += lp.iterations
+            else:
+                lp = _LpOutcome()
+                used["lp"] = 0
     t2 = time.perf_counter()
     phase_s["lp"] = t2 - t1
 
-    # rounding and greedy repair, from the LP and from the current deployment
-    best = _repair(c, _fit_current(c))
+    # rounding and greedy repair: from the LP, and from the current deployment
+    best = np.zeros(c.J, dtype=np.int64)
     source = "greedy"
-    if lp_values is not None:
-        v = lp_values[: c.J].copy()
-        v[mat.keep_cols] += lp_values[c.J : c.J + len(mat.keep_cols)]
-        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64))
-        if not _better(c, best, rounded):
-            best, source = rounded, "lp-rounded"
+    if c.J > 0:
+        if not lp.done or np.any(c.cur > 0):
+            best = _repair(c, _fit_current(c))
+        if lp.values is not None:
+            v = lp.values[: c.J].copy()
+            v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
+            rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64))
+            if not _better(c, best, rounded):
+                best, source = rounded, "lp-rounded"
     t3 = time.perf_counter()
     phase_s["heuristic"] = t3 - t2
 
     # MIP phase 1 (serve), only when the LP bound does not already prove the service level
-    unmet_bound = unmet_lp if lp_done else 0.0
-    serve_stop = _Stopper(limits.serve, None)
+    unmet_bound = lp.unmet if lp.done else 0.0
+    if c.J == 0:
+        unmet_bound = float(c.demand.sum())
     if c.J > 0 and _unmet_total(c, best) > unmet_bound + svc_tol:
-        left = remaining()
-        serve_stop.deadline_at = None if deadline_at is None else time.perf_counter() + 0.5 * left
-        if limits.serve == 0 or left <= 0:
-            serve_stop.stopped_at = 0
+        if limits.serve == 0 or out_of_time():
+            used["serve"] = 0
         else:
-            h = _highs(mat, mat.serve_obj, math.inf, serve_stop, mip_gap, mip=True)
-            h.setSolution(_highs_solution(_plan_vector(c, mat, best)))
-            run = _run(h, mip=True)
-            iters, nodes = iters + run.iterations, nodes + run.nodes
-            if run.values is not None:
-                x = _x_of(c, mat, run.values)
+            half = None if deadline_at is None else t3 + 0.5 * (deadline_at - t3)
+            worker, finished, it, nd = _mip_phase(c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap)
+            iters, nodes = iters + it, nodes + nd
+            used["serve"] = None if finished else worker.limit
+            for sol in worker.taken():
+                x = _x_of(c, mat, sol)
                 if _better(c, x, best):
                     best, source = x, "mip"
-            if math.isfinite(run.dual_bound):
-                unmet_bound = max(unmet_bound, run.dual_bound)
-            if run.status == highspy.HighsModelStatus.kOptimal:
-                unmet_bound = max(unmet_bound, _unmet_total(c, best) - svc_tol)
+            unmet_bound = max(unmet_bound, worker.dual_bound)
+            if worker.status == highspy.HighsModelStatus.kOptimal:
+                unmet_bound = max(unmet_bound, _unmet_total(c, best) * (1 - mip_gap))
     unmet_best = _unmet_total(c, best)
-    service_proven = unmet_best <= unmet_bound + svc_tol
+    service_proven = unmet_best <= unmet_bound + svc_tol or unmet_best * (1 - mip_gap) <= unmet_bound
     t4 = time.perf_counter()
     phase_s["serve"] = t4 - t3
 
     # MIP phase 2 (cost) at the best service level found
-    cost_stop = _Stopper(limits.cost, deadline_at)
     cost_bound = -math.inf
     cost_optimal = False
     if c.J > 0:
-        if limits.cost == 0 or remaining() <= 0:
-            cost_stop.stopped_at = 0
+        if limits.cost == 0 or out_of_time():
+            used["cost"] = 0
         else:
-            h = _highs(mat, mat.cost_obj, _service_hi(c, unmet_best), cost_stop, mip_gap, mip=True)
-            h.setSolution(_highs_solution(_plan_vector(c, mat, best)))
-            run = _run(h, mip=True)
-            iters, nodes = iters + run.iterations, nodes + run.nodes
-            if run.values is not None:
-                x = _x_of(c, mat, run.values)
-                if _unmet_total(c, x) <= unmet_best + svc_tol and sum(_objective(c, x)) < sum(
-                    _objective(c, best)
-                ) - 1e-9 * max(1.0, sum(_objective(c, best))):
+            hi = _service_hi(c, unmet_best)
+            worker, finished, it, nd = _mip_phase(c, mat, mat.cost_obj, hi, best, limits.cost, deadline_at, mip_gap)
+            iters, nodes = iters + it, nodes + nd
+            used["cost"] = None if finished else worker.limit
+            for sol in worker.taken():
+                x = _x_of(c, mat, sol)
+                if _unmet_total(c, x) <= unmet_best + svc_tol and _better(c, x, best):
                     best, source = x, "mip"
-            cost_bound = run.dual_bound
-            cost_optimal = run.status == highspy.HighsModelStatus.kOptimal
+            cost_bound = worker.dual_bound
+            cost_optimal = worker.status == highspy.HighsModelStatus.kOptimal
     t5 = time.perf_counter()
     phase_s["cost"] = t5 - t4
 
     cost, churn = _objective(c, best)
     objective = cost + churn
-    bounds = [0.0]
-    if math.isfinite(cost_bound):
-        bounds.append(cost_bound)
-    if lp_done and unmet_best <= unmet_lp + svc_tol:
-        bounds.append(lp_bound)
+    bounds = [0.0, cost_bound]
+    if lp.done and unmet_best <= lp.unmet + svc_tol:
+        bounds.append(lp.bound)
     bound = min(max(bounds), objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
     if c.J == 0 or (service_proven and (cost_optimal or gap <= mip_gap)):
@@ -1020,17 +1074,10 @@ def solve_allocation(
         service_proven=service_proven,
         solve_s=time.perf_counter() - t0,
         phase_s=phase_s,
-        effort=SolverEffort(lp=lp_stop.stopped_at, serve=serve_stop.stopped_at, cost=cost_stop.stopped_at),
+        effort=SolverEffort(lp=used["lp"], serve=used["serve"], cost=used["cost"]),
         simplex_iterations=iters,
         mip_nodes=nodes,
         num_columns=mat.num_cols,
         num_rows=mat.num_rows,
         merged_templates=sum(len(ms) - 1 for ms in c.members),
     )
-
-
-def _highs_solution(values: FloatArray) -> highspy.HighsSolution:
-    sol = highspy.HighsSolution()
-    sol.col_value = values.tolist()
-    sol.value_valid = True
-    return sol

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import attrs
 
 from coral.catalog.types import Catalog, GpuType, ModelArch, NodeType, Offer, Region
+from coral.errors import CoralError
 
 __all__ = ["BUILTIN_FILES", "DATA_DIR", "CatalogError", "catalog_to_dict", "load_catalog"]
 
@@ -38,7 +39,7 @@ BUILTIN_FILES: tuple[Path, ...] = tuple(
 INTRA_LINKS = ("nvlink", "pcie", "infinity-fabric")
 
 
-class CatalogError(ValueError):
+class CatalogError(CoralError):
     """A catalog file is unreadable or holds a bad entry; the message names file, entry, field, reason."""
 
 

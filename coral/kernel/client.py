@@ -330,6 +330,10 @@ class BusClient:
         """The next message; raises anyio.EndOfStream once receiving stopped and the inbox is drained."""
         return await self._inbox_recv.receive()
 
+    def receive_nowait(self) -> Envelope:
+        """The next message if one is queued; raises anyio.WouldBlock otherwise."""
+        return self._inbox_recv.receive_nowait()
+
     def __aiter__(self) -> AsyncIterator[Envelope]:
         return self._inbox_recv.__aiter__()
 
