@@ -51,6 +51,8 @@ feasible, so a plan is always returned.
 from __future__ import annotations
 
 import atexit
+import functools
+import itertools
 import math
 import threading
 import time
@@ -317,6 +319,8 @@ class _Columns:
     by_region: tuple[IntArray, ...]
     by_group_pre: tuple[IntArray, ...]
     by_group_dec: tuple[IntArray, ...]
+    nz_type: IntArray  # (J, K): node types each column uses, padded with T
+    nz_count: IntArray  # (J, K): how many of each, padded with 1
 
     @property
     def J(self) -> int:
@@ -325,6 +329,9 @@ class _Columns:
     @property
     def G(self) -> int:
         return len(self.group_m)
+
+
+_COLUMN_FIELDS = ("tu", "r", "m", "mode", "nc", "cost", "pen", "ub", "cur", "rate", "pcap", "dcap", "nic")
 
 
 def _columns(p: AllocationProblem) -> _Columns:
@@ -346,41 +353,24 @@ def _columns(p: AllocationProblem) -> _Columns:
     nc_u = np.array([t.node_counts for t in reps], dtype=np.int64).reshape(U, T)
     offered = np.isfinite(p.price)
     bad = (nc_u > 0).astype(np.int64) @ (~offered).T.astype(np.int64) > 0  # (U, R)
-    with np.errstate(divide="ignore"):
-        per_g = np.where(nc_u[:, None, :] > 0, p.avail[None, :, :] // np.maximum(nc_u[:, None, :], 1), 1 << 40)
-    ub_ur = per_g.min(axis=2) if U else np.zeros((0, R), dtype=np.int64)
-    fits = (ub_ur >= 1) & ~bad
-    tu, r = np.nonzero(fits)
+    per_g = np.where(nc_u[:, None, :] > 0, p.avail[None, :, :] // np.maximum(nc_u[:, None, :], 1), 1 << 40)
+    ub_ur = per_g.min(axis=2) if T else np.zeros((U, R), dtype=np.int64)
+    tu, r = np.nonzero((ub_ur >= 1) & ~bad)
     tu = tu.astype(np.int64)
     r = r.astype(np.int64)
     nc = nc_u[tu]
-    price0 = np.where(offered, p.price, 0.0)
-    cost = (nc * price0[r]).sum(axis=1)
-    load = np.array([t.load_s for t in reps], dtype=np.float64)[tu] if U else np.zeros(0)
-    pen = p.churn_factor * load / 3600.0 * cost
-    m = np.array([t.m for t in reps], dtype=np.int64)[tu] if U else np.zeros(0, dtype=np.int64)
-    mode = np.array([MODES.index(t.mode) for t in reps], dtype=np.int64)[tu] if U else m.copy()
-    P = np.array([t.prefill_tok_s for t in reps], dtype=np.float64)[tu] if U else np.zeros(0)
-    D = np.array([t.decode_tok_s for t in reps], dtype=np.float64)[tu] if U else np.zeros(0)
+    cost = (nc * np.where(offered, p.price, 0.0)[r]).sum(axis=1)
+    per_u = {
+        "load": np.array([t.load_s for t in reps], dtype=np.float64),
+        "m": np.array([t.m for t in reps], dtype=np.int64),
+        "mode": np.array([MODES.index(t.mode) for t in reps], dtype=np.int64),
+        "P": np.array([t.prefill_tok_s for t in reps], dtype=np.float64),
+        "D": np.array([t.decode_tok_s for t in reps], dtype=np.float64),
+    }
+    load, m, mode, P, D = (per_u[k][tu] for k in ("load", "m", "mode", "P", "D"))
     agg = mode == _AGG
     rate = np.zeros(len(tu))
     rate[agg] = util / (p.mean_in[m[agg]] / P[agg] + p.mean_out[m[agg]] / D[agg])
-    pcap = np.where(mode == _PRE, util * P, 0.0)
-    dcap = np.where(mode == _DEC, util * D, 0.0)
-    nic = np.where(mode == _PRE, (nc * p.nic_bytes_s[None, :]).sum(axis=1), 0.0)
-    # disaggregated groups: (m, r) with both prefill and decode columns
-    has_pre = np.zeros((M, R), dtype=bool)
-    has_dec = np.zeros((M, R), dtype=bool)
-    has_pre[m[mode == _PRE], r[mode == _PRE]] = True
-    has_dec[m[mode == _DEC], r[mode == _DEC]] = True
-    gm, gr = np.nonzero(has_pre & has_dec)
-    gid = np.full((M, R), -1, dtype=np.int64)
-    gid[gm, gr] = np.arange(len(gm))
-    group = np.where(agg, -1, gid[m, r])
-    # a prefill (decode) column in a region without decode (prefill) columns of its model serves nothing
-    keep_cols = agg | (group >= 0)
-    tu, r, nc, cost, pen, m, mode = tu[keep_cols], r[keep_cols], nc[keep_cols], cost[keep_cols], pen[keep_cols], m[keep_cols], mode[keep_cols]
-    rate, pcap, dcap, nic, group = rate[keep_cols], pcap[keep_cols], dcap[keep_cols], nic[keep_cols], group[keep_cols]
     # current deployment -> merged columns
     col_of = np.full((U, R), -1, dtype=np.int64)
     col_of[tu, r] = np.arange(len(tu))
@@ -396,45 +386,94 @@ def _columns(p: AllocationProblem) -> _Columns:
         j = col_of[u_of[i], reg]
         if j >= 0:
             cur[j] += int(n)
+    ub = ub_ur[tu, r]
+    arrays = {
+        "tu": tu,
+        "r": r,
+        "m": m,
+        "mode": mode,
+        "nc": nc,
+        "cost": cost,
+        "pen": p.churn_factor * load / 3600.0 * cost,
+        "ub": ub,
+        "cur": np.minimum(cur, ub),
+        "rate": rate,
+        "pcap": np.where(mode == _PRE, util * P, 0.0),
+        "dcap": np.where(mode == _DEC, util * D, 0.0),
+        "nic": np.where(mode == _PRE, (nc * p.nic_bytes_s[None, :]).sum(axis=1), 0.0),
+    }
+    base = {
+        "M": M,
+        "R": R,
+        "T": T,
+        "demand": p.demand_rps,
+        "mean_in": p.mean_in,
+        "mean_out": p.mean_out,
+        "kv": p.kv_bytes_per_token,
+        "avail": p.avail,
+        "members": tuple(tuple(ms) for ms in members),
+        "cur_by_member": cur_by_member,
+    }
+    return _assemble(base, arrays)
+
+
+def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
+    """Columns from per-column arrays: drop prefill (decode) columns in a region without decode
+    (prefill) columns of their model (they serve nothing), then index groups, models and regions."""
+    M, R = base["M"], base["R"]
+    m, r, mode = arrays["m"], arrays["r"], arrays["mode"]
+    has_pre = np.zeros((M, R), dtype=bool)
+    has_dec = np.zeros((M, R), dtype=bool)
+    has_pre[m[mode == _PRE], r[mode == _PRE]] = True
+    has_dec[m[mode == _DEC], r[mode == _DEC]] = True
+    gm, gr = np.nonzero(has_pre & has_dec)
+    gid = np.full((M, R), -1, dtype=np.int64)
+    gid[gm, gr] = np.arange(len(gm))
+    group = np.where(mode == _AGG, -1, gid[m, r])
+    keep = (mode == _AGG) | (group >= 0)
+    arrays = {k: v[keep] for k, v in arrays.items()}
+    group = group[keep]
+    m, r, mode = arrays["m"], arrays["r"], arrays["mode"]
     order = np.argsort(m, kind="stable")
     by_model = tuple(np.split(order, np.searchsorted(m[order], np.arange(1, M))))
     order_r = np.argsort(r, kind="stable")
     by_region = tuple(np.split(order_r, np.searchsorted(r[order_r], np.arange(1, R))))
     G = len(gm)
-    by_group_pre = tuple(np.nonzero((group == g) & (mode == _PRE))[0] for g in range(G))
-    by_group_dec = tuple(np.nonzero((group == g) & (mode == _DEC))[0] for g in range(G))
+    nc = arrays["nc"]
+    K = max(int((nc > 0).sum(axis=1).max()), 1) if len(nc) else 1
+    order_t = np.argsort(nc <= 0, axis=1, kind="stable")[:, :K]
+    nz_count = np.take_along_axis(nc, order_t, axis=1)
+    nz_type = np.where(nz_count > 0, order_t, base["T"])
     return _Columns(
-        M=M,
-        R=R,
-        T=T,
-        demand=p.demand_rps,
-        mean_in=p.mean_in,
-        mean_out=p.mean_out,
-        kv=p.kv_bytes_per_token,
-        avail=p.avail,
-        members=tuple(tuple(ms) for ms in members),
-        cur_by_member=cur_by_member,
-        tu=tu,
-        r=r,
-        m=m,
-        mode=mode,
-        nc=nc,
-        cost=cost,
-        pen=pen,
-        ub=ub_ur[tu, r] if U else np.zeros(0, dtype=np.int64),
-        cur=np.minimum(cur, ub_ur[tu, r]) if U else cur,
-        rate=rate,
-        pcap=pcap,
-        dcap=dcap,
-        nic=nic,
+        **base,
+        nz_type=nz_type.astype(np.int64),
+        nz_count=np.maximum(nz_count, 1),
+        **arrays,
         group=group,
         group_m=gm.astype(np.int64),
         group_r=gr.astype(np.int64),
         by_model=by_model,
         by_region=by_region,
-        by_group_pre=by_group_pre,
-        by_group_dec=by_group_dec,
+        by_group_pre=tuple(np.nonzero((group == g) & (mode == _PRE))[0] for g in range(G)),
+        by_group_dec=tuple(np.nonzero((group == g) & (mode == _DEC))[0] for g in range(G)),
     )
+
+
+def _restrict(c: _Columns, cols: IntArray, *, avail: IntArray | None = None, demand: FloatArray | None = None) -> _Columns:
+    """The columns ``cols`` of c (in order), optionally with other availability and demand."""
+    base = {
+        "M": c.M,
+        "R": c.R,
+        "T": c.T,
+        "demand": c.demand if demand is None else demand,
+        "mean_in": c.mean_in,
+        "mean_out": c.mean_out,
+        "kv": c.kv,
+        "avail": c.avail if avail is None else avail,
+        "members": c.members,
+        "cur_by_member": c.cur_by_member,
+    }
+    return _assemble(base, {k: getattr(c, k)[cols] for k in _COLUMN_FIELDS})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -454,7 +493,7 @@ def _flow(c: _Columns, g: IntArray | int, gp: Any, gd: Any, gn: Any) -> Any:
 class _State:
     """A plan x over the columns with incremental capacity sums, node usage and per-column room."""
 
-    def __init__(self, c: _Columns, x: IntArray) -> None:
+    def __init__(self, c: _Columns, x: IntArray, *, room: bool = True) -> None:
         self.c = c
         self.x = x.astype(np.int64).copy()
         xf = self.x.astype(np.float64)
@@ -468,16 +507,17 @@ class _State:
         for g in range(c.T):
             self.used[:, g] = np.bincount(c.r, weights=c.nc[:, g] * xf, minlength=c.R).round().astype(np.int64)
         self.room = np.zeros(c.J, dtype=np.int64)
-        for reg in range(c.R):
-            self._update_room(reg)
+        self.track_room = room
+        if room:
+            for reg in range(c.R):
+                self._update_room(reg, c.by_region[reg])
 
-    def _update_room(self, reg: int) -> None:
-        idx = self.c.by_region[reg]
+    def _update_room(self, reg: int, idx: IntArray) -> None:
+        """Recompute how many more instances of columns ``idx`` (all in region reg) fit."""
         if len(idx) == 0:
             return
-        free = self.c.avail[reg] - self.used[reg]
-        nc = self.c.nc[idx]
-        q = np.where(nc > 0, free[None, :] // np.maximum(nc, 1), 1 << 40).min(axis=1)
+        free = np.append(self.c.avail[reg] - self.used[reg], 1 << 40)
+        q = (free[self.c.nz_type[idx]] // self.c.nz_count[idx]).min(axis=1)
         self.room[idx] = np.maximum(q, 0)
 
     def flows(self) -> FloatArray:
@@ -501,8 +541,12 @@ class _State:
             self.gp[g] += k * c.pcap[j]
             self.gd[g] += k * c.dcap[j]
             self.gn[g] += k * c.nic[j]
-        self.used[c.r[j]] += k * c.nc[j]
-        self._update_room(int(c.r[j]))
+        reg = int(c.r[j])
+        self.used[reg] += k * c.nc[j]
+        if self.track_room:
+            idx = c.by_region[reg]
+            types = c.nz_type[j][c.nz_type[j] < c.T]
+            self._update_room(reg, idx[(c.nc[np.ix_(idx, types)] > 0).any(axis=1)])
 
     def fits_together(self, a: int, b: int) -> bool:
         c = self.c
@@ -519,14 +563,79 @@ def _marginal_cost(c: _Columns, x: IntArray, idx: IntArray) -> FloatArray:
     return c.cost[idx] + np.where(x[idx] >= c.cur[idx], c.pen[idx], 0.0)
 
 
-def _repair(c: _Columns, x0: IntArray) -> IntArray:
-    """Greedy repair: add the instance (or prefill+decode pair) with the most req/s of unmet demand
-    per USD/h until no addition serves more; then drop instances that serve nothing needed."""
+_TAIL = 3  # instances dropped and added per tail move
+_FRONTIER = 24  # most columns on a model's cost/rate frontier used for tail covers
+_DROP_POOL = 8  # least efficient used columns of a model considered for dropping
+
+
+@functools.cache
+def _multisets(n: int, k_max: int) -> IntArray:
+    """All count vectors over n items with total at most k_max, as rows (the first is all zero)."""
+    rows = [np.bincount(np.array(cmb, dtype=np.int64), minlength=n) for k in range(k_max + 1)
+            for cmb in itertools.combinations_with_replacement(range(n), k)]
+    return np.array(rows, dtype=np.int64).reshape(len(rows), n)
+
+
+def _frontier(c: _Columns, s: _State, cols: IntArray) -> IntArray:
+    """Columns of ``cols`` on the frontier of marginal cost (ascending) versus rate (increasing)."""
+    if len(cols) == 0:
+        return cols
+    mc = _marginal_cost(c, s.x, cols)
+    order = np.lexsort((-c.rate[cols], mc))
+    rates = c.rate[cols[order]]
+    prev_max = np.maximum.accumulate(np.concatenate([[-1.0], rates[:-1]]))
+    front = cols[order[rates > prev_max + 1e-12]]
+    return front[-_FRONTIER:] if len(front) > _FRONTIER else front
+
+
+def _cover_table(c: _Columns, s: _State, front: IntArray) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+    """Every multiset of up to _TAIL frontier instances, sorted by rate, with the index of the cheapest
+    multiset of at least that rate: (rates, costs, cheapest-from-here, count rows)."""
+    counts = _multisets(len(front), _TAIL)
+    rates = counts @ c.rate[front]
+    costs = counts @ _marginal_cost(c, s.x, front)
+    order = np.argsort(rates, kind="stable")
+    rates, costs, counts = rates[order], costs[order], counts[order]
+    cheapest = np.zeros(len(rates), dtype=np.int64)
+    best = len(rates) - 1
+    for i in range(len(rates) - 1, -1, -1):
+        if costs[i] <= costs[best]:
+            best = i
+        cheapest[i] = best
+    return rates, costs, cheapest, counts
+
+
+def _repair(c: _Columns, x0: IntArray, frac: FloatArray | None = None) -> IntArray:
+    """Greedy repair, then local search.
+
+    With an LP solution ``frac`` (x0 its floor), first round up its fractional columns, most
+    fractional first, while they serve unmet demand. Then add, best first, an aggregated instance
+    fully used by the unmet demand (most req/s per USD/h), or a prefill or decode instance or pair
+    (most req/s of unmet demand per USD/h). Cover what remains of each model with the cheapest
+    multiset of up to three instances; drop instances that serve nothing needed; then local search
+    on each model's tail.
+    """
     s = _State(c, x0)
     tol = _TOL * np.maximum(c.demand, 1.0)
+    if frac is not None:
+        part = frac - x0
+        for j in np.nonzero(part > 1e-6)[0][np.argsort(-part[part > 1e-6], kind="stable")]:
+            if s.room[j] >= 1 and s.unmet()[c.m[j]] > tol[c.m[j]]:
+                s.change(int(j), 1)
+    _fill(c, s, np.arange(c.M))
+    _prune(c, s)
+    _tail_search(c, s)
+    return s.x
+
+
+def _fill(c: _Columns, s: _State, models: IntArray) -> None:
+    """Serve the unmet demand of ``models``: best-ratio greedy, tail covers, then plain greedy."""
+    tol = _TOL * np.maximum(c.demand, 1.0)
+    is_model = np.zeros(c.M, dtype=bool)
+    is_model[models] = True
     while True:
         unmet = s.unmet()
-        active = np.nonzero(unmet > tol)[0]
+        active = np.nonzero((unmet > tol) & is_model)[0]
         if len(active) == 0:
             break
         best_ratio = 0.0
@@ -535,47 +644,115 @@ def _repair(c: _Columns, x0: IntArray) -> IntArray:
         cand = cand[s.room[cand] >= 1]
         if len(cand):
             gain = np.zeros(len(cand))
-            mo = c.mode[cand]
-            agg = mo == _AGG
-            gain[agg] = c.rate[cand[agg]]
+            agg = c.mode[cand] == _AGG
+            full = agg & (c.rate[cand] <= unmet[c.m[cand]] + tol[c.m[cand]])
+            gain[full] = c.rate[cand[full]]
             dis = ~agg
             if np.any(dis):
                 jd = cand[dis]
                 g = c.group[jd]
                 y0 = _flow(c, g, s.gp[g], s.gd[g], s.gn[g])
                 y1 = _flow(c, g, s.gp[g] + c.pcap[jd], s.gd[g] + c.dcap[jd], s.gn[g] + c.nic[jd])
-                gain[dis] = np.maximum(y1 - y0, 0.0)
-            gain = np.minimum(gain, unmet[c.m[cand]])
+                gain[dis] = np.minimum(np.maximum(y1 - y0, 0.0), unmet[c.m[jd]])
             ratio = np.where(gain > tol[c.m[cand]], gain / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
             k = int(np.argmax(ratio))
             if ratio[k] > best_ratio:
                 best_ratio, best = float(ratio[k]), (int(cand[k]),)
         for g in np.nonzero(np.isin(c.group_m, active) & (s.gp <= 0) & (s.gd <= 0))[0]:
-            pre, dec = c.by_group_pre[g], c.by_group_dec[g]
-            pre, dec = pre[s.room[pre] >= 1], dec[s.room[dec] >= 1]
-            if len(pre) == 0 or len(dec) == 0:
-                continue
-            cp, cd = _marginal_cost(c, s.x, pre), _marginal_cost(c, s.x, dec)
-            a = int(pre[np.argmin(cp / c.pcap[pre])])
-            b = int(dec[np.argmin(cd / c.dcap[dec])])
-            if not s.fits_together(a, b):
-                continue
-            gain_pair = min(float(_flow(c, g, c.pcap[a], c.dcap[b], c.nic[a])), float(unmet[c.group_m[g]]))
-            ratio_pair = gain_pair / max(float(_marginal_cost(c, s.x, np.array([a, b])).sum()), 1e-12)
-            if gain_pair > tol[c.group_m[g]] and ratio_pair > best_ratio:
-                best_ratio, best = ratio_pair, (a, b)
+            pair = _best_pair(c, s, int(g), float(unmet[c.group_m[g]]))
+            if pair is not None and pair[0] > best_ratio:
+                best_ratio, best = pair
         if not best:
             break
         for j in best:
             s.change(j, 1)
-    _prune(c, s)
-    return s.x
+    for m in models:
+        _cover_tail(c, s, int(m))
+    _fallback_greedy(c, s, is_model)
 
 
-def _prune(c: _Columns, s: _State) -> None:
-    """Drop instances, largest saving first, while the served demand of their model does not fall."""
+def _best_pair(c: _Columns, s: _State, g: int, unmet: float) -> tuple[float, tuple[int, ...]] | None:
+    """The cheapest-per-capacity prefill and decode instances for an empty group, as (ratio, pair)."""
+    pre, dec = c.by_group_pre[g], c.by_group_dec[g]
+    pre, dec = pre[s.room[pre] >= 1], dec[s.room[dec] >= 1]
+    if len(pre) == 0 or len(dec) == 0:
+        return None
+    cp, cd = _marginal_cost(c, s.x, pre), _marginal_cost(c, s.x, dec)
+    a = int(pre[np.argmin(cp / c.pcap[pre])])
+    b = int(dec[np.argmin(cd / c.dcap[dec])])
+    if not s.fits_together(a, b):
+        return None
+    gain = min(float(_flow(c, g, c.pcap[a], c.dcap[b], c.nic[a])), unmet)
+    if gain <= _TOL * max(float(c.demand[c.group_m[g]]), 1.0):
+        return None
+    return gain / max(float(_marginal_cost(c, s.x, np.array([a, b])).sum()), 1e-12), (a, b)
+
+
+def _cover_tail(c: _Columns, s: _State, m: int) -> None:
+    """Cover model m's unmet demand with the cheapest multiset of up to _TAIL aggregated instances."""
+    unmet = float(s.unmet()[m])
+    if unmet <= _TOL * max(float(c.demand[m]), 1.0):
+        return
+    cols = c.by_model[m]
+    front = _frontier(c, s, cols[(c.mode[cols] == _AGG) & (s.room[cols] >= 1)])
+    if len(front) == 0:
+        return
+    rates, costs, cheapest, counts = _cover_table(c, s, front)
+    pos = int(np.searchsorted(rates, unmet * (1 - 1e-12), side="left"))
+    if pos < len(rates):
+        _apply(s, front, counts[cheapest[pos]])
+
+
+def _apply(s: _State, front: IntArray, counts: IntArray) -> bool:
+    """Add counts[i] instances of front[i] while they fit; True if all fitted."""
+    for j, k in zip(front, counts, strict=True):
+        for _ in range(int(k)):
+            if s.room[j] < 1:
+                return False
+            s.change(int(j), 1)
+    return True
+
+
+def _fallback_greedy(c: _Columns, s: _State, is_model: BoolArray) -> None:
+    """Where availability blocks the covers above: add the most req/s of unmet demand per USD/h."""
     tol = _TOL * np.maximum(c.demand, 1.0)
-    pos = np.nonzero(s.x > 0)[0]
+    while True:
+        unmet = s.unmet()
+        active = np.nonzero((unmet > tol) & is_model)[0]
+        if len(active) == 0:
+            return
+        cand = np.concatenate([c.by_model[a] for a in active])
+        cand = cand[s.room[cand] >= 1]
+        if len(cand) == 0:
+            return
+        gain = np.where(c.mode[cand] == _AGG, c.rate[cand], 0.0)
+        dis = c.mode[cand] != _AGG
+        if np.any(dis):
+            jd = cand[dis]
+            g = c.group[jd]
+            y0 = _flow(c, g, s.gp[g], s.gd[g], s.gn[g])
+            y1 = _flow(c, g, s.gp[g] + c.pcap[jd], s.gd[g] + c.dcap[jd], s.gn[g] + c.nic[jd])
+            gain[dis] = np.maximum(y1 - y0, 0.0)
+        gain = np.minimum(gain, unmet[c.m[cand]])
+        ratio = np.where(gain > tol[c.m[cand]], gain / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
+        best_ratio, best = 0.0, ()
+        k = int(np.argmax(ratio))
+        if ratio[k] > 0:
+            best_ratio, best = float(ratio[k]), (int(cand[k]),)
+        for g in np.nonzero(np.isin(c.group_m, active) & (s.gp <= 0) & (s.gd <= 0))[0]:
+            pair = _best_pair(c, s, int(g), float(unmet[c.group_m[g]]))
+            if pair is not None and pair[0] > best_ratio:
+                best_ratio, best = pair
+        if not best:
+            return
+        for j in best:
+            s.change(j, 1)
+
+
+def _prune(c: _Columns, s: _State, cols: IntArray | None = None) -> None:
+    """Drop instances (of ``cols``), largest saving first, while their model's service does not fall."""
+    tol = _TOL * np.maximum(c.demand, 1.0)
+    pos = np.nonzero(s.x > 0)[0] if cols is None else cols[s.x[cols] > 0]
     saving = c.cost[pos] + np.where(s.x[pos] > c.cur[pos], c.pen[pos], 0.0)
     for j in pos[np.argsort(-saving, kind="stable")]:
         m = c.m[j]
@@ -585,6 +762,107 @@ def _prune(c: _Columns, s: _State) -> None:
             if min(float(s.capacity()[m]), float(c.demand[m])) < before - tol[m]:
                 s.change(int(j), 1)
                 break
+
+
+def _tail_search(c: _Columns, s: _State, max_moves: int = 100) -> None:
+    """Local search on each model's aggregated tail: drop up to three instances (of its least
+    efficient columns) and cover what they served with up to three others, while that pays."""
+    for _ in range(max_moves):
+        if not any([_rebuild_model(c, s, m) or _improve_model(c, s, m) for m in range(c.M)]):
+            return
+
+
+def _rebuild_model(c: _Columns, s: _State, m: int) -> bool:
+    """Remove all of model m's instances and serve it again from scratch; keep that if it is cheaper
+    and serves as much."""
+    cols = c.by_model[m]
+    old = s.x[cols].copy()
+    if not old.any():
+        return False
+    tol = _TOL * max(float(c.demand[m]), 1.0)
+    served = min(float(s.capacity()[m]), float(c.demand[m]))
+    before = sum(_objective(c, s.x))
+    for j, k in zip(cols, old, strict=True):
+        if k:
+            s.change(int(j), -int(k))
+    _fill(c, s, np.array([m]))
+    _prune(c, s, cols)
+    if min(float(s.capacity()[m]), float(c.demand[m])) >= served - tol and sum(_objective(c, s.x)) < before - 1e-9 * max(before, 1.0):
+        return True
+    for j, k in zip(cols, s.x[cols].copy(), strict=True):
+        if k:
+            s.change(int(j), -int(k))
+    for j, k in zip(cols, old, strict=True):
+        if k:
+            s.change(int(j), int(k))
+    return False
+
+
+def _improve_model(c: _Columns, s: _State, m: int) -> bool:
+    cols = c.by_model[m]
+    agg = cols[c.mode[cols] == _AGG]
+    used = agg[s.x[agg] > 0]
+    if len(used) == 0:
+        return False
+    tol = _TOL * max(float(c.demand[m]), 1.0)
+    other = float(s.capacity()[m] - s.agg[m])
+    served = min(float(s.capacity()[m]), float(c.demand[m]))
+    used = used[np.argsort(c.rate[used] / _marginal_cost(c, s.x, used), kind="stable")][:_DROP_POOL]
+    drops = _multisets(len(used), _TAIL)
+    drops = drops[np.all(drops <= s.x[used][None, :], axis=1)]
+    over = np.maximum(s.x[used] - c.cur[used], 0)
+    saving = drops * c.cost[used][None, :] + c.pen[used][None, :] * (over - np.maximum(over - drops, 0))
+    drop_save = saving.sum(axis=1)
+    need = served - other - (s.agg[m] - drops @ c.rate[used])
+    front = _frontier(c, s, agg[(s.room[agg] >= 1) | (s.x[agg] > 0)])
+    rates, costs, cheapest, counts = _cover_table(c, s, front)
+    pos = np.searchsorted(rates, need - tol, side="left")
+    ok = pos < len(rates)
+    choice = np.where(ok, cheapest[np.minimum(pos, len(rates) - 1)], 0)
+    delta = np.where(ok, costs[choice], np.inf) - drop_save
+    before = sum(_objective(c, s.x))
+    for d in np.argsort(delta, kind="stable")[:4]:
+        if not delta[d] < -1e-9 * max(before, 1.0):
+            break
+        if _try_move(c, s, m, used, drops[d], front, counts[choice[d]], served - tol, before):
+            return True
+    return False
+
+
+def _try_move(
+    c: _Columns,
+    s: _State,
+    m: int,
+    used: IntArray,
+    drop: IntArray,
+    front: IntArray,
+    add: IntArray,
+    served_min: float,
+    before: float,
+) -> bool:
+    """Drop and add instances if the plan then fits, still serves ``served_min`` of model m and costs
+    less; otherwise leave s as it was."""
+    for j, k in zip(used, drop, strict=True):
+        if k:
+            s.change(int(j), -int(k))
+    added: list[int] = []
+    ok = True
+    for j, k in zip(front, add, strict=True):
+        for _ in range(int(k)):
+            if s.room[j] < 1:
+                ok = False
+                break
+            s.change(int(j), 1)
+            added.append(int(j))
+    if ok and min(float(s.capacity()[m]), float(c.demand[m])) >= served_min:
+        if sum(_objective(c, s.x)) < before - 1e-9 * max(before, 1.0):
+            return True
+    for j in added:
+        s.change(j, -1)
+    for j, k in zip(used, drop, strict=True):
+        if k:
+            s.change(int(j), int(k))
+    return False
 
 
 def _fit_current(c: _Columns) -> IntArray:
@@ -598,7 +876,7 @@ def _fit_current(c: _Columns) -> IntArray:
 
 
 def _unmet_total(c: _Columns, x: IntArray) -> float:
-    return float(_State(c, x).unmet().sum())
+    return float(_State(c, x, room=False).unmet().sum())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -761,7 +1039,7 @@ class _Worker:
     def _callback(self, kind: int, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
         if kind == cb.HighsCallbackType.kCallbackMipImprovingSolution:
             if not self.stop:
-                self.solutions.append(np.array(data_out.mip_solution, dtype=np.float64))
+                self.solutions.append(np.array(data_out.mip_solution, dtype=np.float64)); self.times = getattr(self, "times", []) + [time.perf_counter()]
                 if self.limit is not None and len(self.solutions) >= self.limit:
                     self.stop = True
             return
@@ -817,7 +1095,7 @@ def _service_hi(c: _Columns, unmet: float) -> float:
 
 
 def _plan_vector(c: _Columns, mat: _Matrix, x: IntArray) -> FloatArray:
-    s = _State(c, x)
+    s = _State(c, x, room=False)
     new = np.maximum(x - c.cur, 0)
     keep = np.minimum(x, c.cur)[mat.keep_cols]
     y = s.flows()
@@ -998,7 +1276,7 @@ def solve_allocation(
         if lp.values is not None:
             v = lp.values[: c.J].copy()
             v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
-            rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64))
+            rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
             if not _better(c, best, rounded):
                 best, source = rounded, "lp-rounded"
     t3 = time.perf_counter()
@@ -1059,7 +1337,7 @@ def solve_allocation(
         status = "optimal"
     else:
         status = "feasible" if source == "mip" else source
-    served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
+    served = np.minimum(_State(c, best, room=False).capacity(), c.demand) if c.J else np.zeros(c.M)
     return AllocationResult(
         counts=_counts(c, best),
         cost_per_hour=cost,

@@ -158,7 +158,7 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     t = Table(title=f"{len(tpls)} templates")
     for c in ("id", "model", "mode", "nodes", "stages", "prefill tok/s", "decode tok/s", "TTFT", "TPOT", "status"):
-        t.add_column(c, justify="right" if "tok" in c else "left")
+        t.add_column(c, justify="right" if "tok" in c else "left", no_wrap=c in ("id", "stages"))
     for tpl in tpls:
         t.add_row(
             tpl.id[:10],
@@ -181,11 +181,22 @@ def _nodes_text(tpl: Template) -> str:
 
 
 def stage_bar(tpl: Template, width: int) -> Text:
-    """One row per stage would not fit a list: draw each stage's share of the layers in its GPU colour."""
-    txt = Text()
-    for s in sorted(tpl.stages, key=lambda s: (s.start, s.index)):
-        n = max(1, round(width * s.layers / tpl.num_layers))
-        txt.append("█" * n, style=gpu_colour(s.gpu))
+    """The layer ranges of a template as one bar, each range in its GPU's colour.
+
+    Stages that hold the same range in parallel share one segment; consecutive segments alternate
+    between two glyphs so that boundaries show even between stages of the same GPU type.
+    """
+    groups: dict[tuple[int, int], list[str]] = {}
+    for s in sorted(tpl.stages, key=lambda s: (s.start, s.end, s.index)):
+        groups.setdefault((s.start, s.end), []).append(s.gpu)
+    spans = sorted(groups)
+    cuts = [round(width * end / tpl.num_layers) for _start, end in spans]
+    txt = Text(no_wrap=True, overflow="crop")
+    prev = 0
+    for i, ((_start, _end), cut) in enumerate(zip(spans, cuts, strict=True)):
+        n = max(1, cut - prev)
+        prev = prev + n
+        txt.append(("█" if i % 2 == 0 else "▓") * n, style=gpu_colour(groups[spans[i]][0]))
     return txt
 
 

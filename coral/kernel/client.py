@@ -126,9 +126,7 @@ class BusClient:
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._name_b = name.encode()
         self._sync_prefix = SYNC_TOPIC + self._name_b + b"."
-        self._inbox_send: MemoryObjectSendStream[Envelope]
-        self._inbox_recv: MemoryObjectReceiveStream[Envelope]
-        self._inbox_send, self._inbox_recv = anyio.create_memory_object_stream[Envelope](inbox_size)
+        self._inbox_recv: MemoryObjectReceiveStream[Envelope] | None = None
         self._accepting = True
         self._feeds: list[MemoryObjectSendStream[Envelope]] = []
         self._pending: dict[int, _Pending] = {}
@@ -165,11 +163,14 @@ class BusClient:
             except zmq.ZMQError as exc:
                 raise BusError(f"client {self.name!r}: cannot connect to {self.endpoints}: {exc}") from exc
             self._dealer, self._sub = dealer, sub
+            send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size)
+            self._inbox_recv = recv
+            stack.callback(recv.close)
+            with send:
+                feeds = [send.clone(), send.clone()]
+            self._feeds = feeds
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
-            feeds = [self._inbox_send.clone(), self._inbox_send.clone()]
-            self._inbox_send.close()
-            self._feeds = feeds
             tg.start_soon(self._direct_loop, feeds[0])
             tg.start_soon(self._published_loop, feeds[1])
             await self._handshake()
@@ -326,20 +327,28 @@ class BusClient:
 
     # -- receiving ----------------------------------------------------------------------------------
 
+    @property
+    def _inbox(self) -> MemoryObjectReceiveStream[Envelope]:
+        if self._inbox_recv is None:
+            raise BusError(f"client {self.name!r}: not connected (use 'async with BusClient(...)')")
+        return self._inbox_recv
+
     async def receive(self) -> Envelope:
         """The next message; raises anyio.EndOfStream once receiving stopped and the inbox is drained."""
-        return await self._inbox_recv.receive()
+        return await self._inbox.receive()
 
     def receive_nowait(self) -> Envelope:
         """The next message if one is queued; raises anyio.WouldBlock otherwise."""
-        return self._inbox_recv.receive_nowait()
+        return self._inbox.receive_nowait()
 
     def __aiter__(self) -> AsyncIterator[Envelope]:
-        return self._inbox_recv.__aiter__()
+        return self._inbox.__aiter__()
 
     @property
     def backlog(self) -> int:
         """Messages waiting in the inbox (including a reader blocked on a full inbox)."""
+        if self._inbox_recv is None:
+            return 0
         st = self._inbox_recv.statistics()
         return st.current_buffer_used + st.tasks_waiting_send
 
@@ -347,11 +356,15 @@ class BusClient:
         if not self._accepting:
             self.stats.discarded += 1
             return
-        self.stats.received += 1
         try:
-            feed.send_nowait(env)
-        except anyio.WouldBlock:
-            await feed.send(env)
+            try:
+                feed.send_nowait(env)
+            except anyio.WouldBlock:
+                await feed.send(env)
+        except anyio.ClosedResourceError:  # receiving stopped while this one waited for room
+            self.stats.discarded += 1
+            return
+        self.stats.received += 1
 
     async def _report(self, bad: Malformed) -> None:
         self.stats.errors += 1

@@ -84,6 +84,15 @@ async def next_of(bus: BusClient, cls: type, timeout: float = 10.0) -> Envelope:
                 return env
 
 
+async def next_match(bus: BusClient, cls: type, timeout: float = 10.0, **fields: object) -> Envelope:
+    """The next envelope carrying a ``cls`` message whose attributes equal ``fields``."""
+    with anyio.fail_after(timeout):
+        while True:
+            env = await next_of(bus, cls)
+            if all(getattr(env.msg, k) == v for k, v in fields.items()):
+                return env
+
+
 def drain(bus: BusClient) -> list[Envelope]:
     """Everything already in the client's inbox, without waiting."""
     out: list[Envelope] = []

@@ -1,0 +1,539 @@
+"""The production placer: exact on the option grid, and fast on the common cases.
+
+``place`` runs, in order, stopping at the first step that proves the optimum:
+
+1. Exact menu reductions (``reduce_problem``); each keeps the optimum value and some optimal placement:
+   - drop options with k > L;
+   - drop an option whose latency, plus the least latency with which the other nodes could cover the
+     remaining L - k layers (a knapsack over the other nodes, each used at most once), plus the least
+     link latencies into and out of the node, exceeds a limit: no path through it can meet the limit;
+   - clip capacities at an upper bound UB on the total flow (no node carries more than the total), where
+     UB is the least of the layer-work bound sum_i max_o k_o c_o / L (every unit of flow crosses L
+     layers) and the capacity out of the source and into the sink;
+   - drop an option dominated by another of the same node with the same k: capacity >= and latency
+     <= in every metric (memory does not matter: every option already fits);
+   repeated until nothing changes. A node left without options proves the problem infeasible.
+2. The chain family (``pipeline_dp``): the best placement whose weakly connected components are chains,
+   i.e. pure pipelines and data-parallel replicas of them. For a chain, the node latencies add up
+   whatever the order, and the order only decides the link latencies and link capacities. So a
+   subset U of nodes in order pi is worth min(lc(pi), B_U(T - ll(pi))), where B_U(beta) is the largest
+   bottleneck capacity c such that a knapsack over U (each node one option with capacity >= c, the k
+   summing to L) fits in the latency budget beta. B_U is found by bisection over the capacities; the
+   knapsack is a min-plus convolution per node, in numpy. With one latency metric this is exact for
+   the family; with two it minimises each metric in turn (and their normalised sum), which can miss
+   a chain that is feasible only as a compromise (the later steps still catch it). A set-partition
+   DP over the subsets then adds replicas.
+3. Exact enumeration for n <= 2 nodes, where every placement is a single node, a two-node chain or two
+   replicas: all option pairs whose k add up to L, in numpy (method "shapes").
+4. A proof by bound: when the chain answer reaches UB, it is optimal ("dp-proven").
+5. Otherwise the reference MILP (``solvers.placement.milp_place``) on the reduced problem, warm-started
+   with the step 2 answer ("milp").
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from solvers.placement import LAT_RTOL, evaluate_placement, milp_place, usable_edges
+from solvers.problem import Edge, NodeMenu, PlacementProblem, PlacementResult, check_problem
+
+FloatArray = np.ndarray
+
+
+@attrs.frozen(eq=False)
+class Reduced:
+    """A reduced copy of a problem: ``index[i][o']`` is the original index of reduced option o'."""
+
+    problem: PlacementProblem
+    index: tuple[np.ndarray, ...]
+    ub: float
+
+
+def _tol(limit: np.ndarray) -> np.ndarray:
+    return np.asarray(LAT_RTOL * np.where(np.isfinite(limit), np.maximum(limit, 1.0), 0.0))
+
+
+_TOEPLITZ: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _toeplitz(L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index q - p for q, p in 0..L, and the mask q >= p."""
+    if L not in _TOEPLITZ:
+        q = np.arange(L + 1)[:, None]
+        p = np.arange(L + 1)[None, :]
+        _TOEPLITZ[L] = (np.clip(q - p, 0, L), q >= p)
+    return _TOEPLITZ[L]
+
+
+def minplus(a: FloatArray, b: FloatArray) -> tuple[FloatArray, np.ndarray]:
+    """out[q] = min_p a[p] + b[q - p] over p <= q, and the minimising p (vectors of length L + 1)."""
+    L = a.shape[0] - 1
+    idx, ok = _toeplitz(L)
+    cand = np.where(ok, a[None, :] + b[idx], np.inf)
+    arg = np.argmin(cand, axis=1)
+    return cand[np.arange(L + 1), arg], arg
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reductions
+
+
+def _gmin(problem: PlacementProblem) -> np.ndarray:
+    """g[i, m, k]: the least latency of metric m over node i's options with k layers (inf if none)."""
+    n, L, nm = problem.n, int(problem.num_layers), problem.num_metrics
+    g = np.full((n, nm, L + 1), np.inf)
+    for i, menu in enumerate(problem.menus):
+        k = np.asarray(menu.k)
+        sel = k <= L
+        for m in range(nm):
+            np.minimum.at(g[i, m], k[sel], np.asarray(menu.lat[m], dtype=np.float64)[sel])
+    return g
+
+
+def _upper_bound(problem: PlacementProblem, edges: Sequence[Edge]) -> float:
+    n, L = problem.n, int(problem.num_layers)
+    lc = np.asarray(problem.link_cap, dtype=np.float64)
+    work = 0.0
+    src = 0.0
+    snk = 0.0
+    for i, menu in enumerate(problem.menus):
+        if menu.size == 0:
+            return 0.0
+        cap = np.asarray(menu.cap, dtype=np.float64)
+        k = np.asarray(menu.k)
+        work += float(np.max(k * cap))
+        src += min(lc[n, i], float(np.max(cap))) if (n, i) in edges else 0.0
+        snk += min(lc[i, n], float(np.max(cap))) if (i, n) in edges else 0.0
+    return min(work / L, src, snk)
+
+
+def _subset_menu(menu: NodeMenu, keep: np.ndarray, cap: FloatArray | None = None) -> NodeMenu:
+    return NodeMenu(
+        k=np.asarray(menu.k)[keep],
+        b=np.asarray(menu.b)[keep],
+        cap=(np.asarray(menu.cap, dtype=np.float64) if cap is None else cap)[keep],
+        lat=np.asarray(menu.lat, dtype=np.float64)[:, keep],
+        mem=np.asarray(menu.mem, dtype=np.float64)[keep],
+    )
+
+
+def _dominated(k: np.ndarray, cap: FloatArray, lat: FloatArray) -> np.ndarray:
+    """Options dominated by another with the same k (ties: the lower index survives)."""
+    out = np.zeros(k.shape[0], dtype=bool)
+    order = np.argsort(k, kind="stable")
+    ks = k[order]
+    bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
+    for a, b in itertools.pairwise(bounds):
+        grp = order[a:b]
+        if grp.size < 2:
+            continue
+        c = cap[grp]
+        la = lat[:, grp]
+        ge = c[None, :] >= c[:, None]  # [x, y]: y has cap >= x's
+        le = np.all(la[:, None, :] <= la[:, :, None], axis=0)  # y's latency <= x's
+        strict = (c[None, :] > c[:, None]) | np.any(la[:, None, :] < la[:, :, None], axis=0)
+        tie = grp[None, :] < grp[:, None]
+        dom = ge & le & (strict | tie)
+        np.fill_diagonal(dom, False)
+        out[grp] = dom.any(axis=1)
+    return out
+
+
+def reduce_problem(problem: PlacementProblem) -> Reduced | None:
+    """The exact reductions of the module docstring; None when they prove the problem infeasible."""
+    n, L = problem.n, int(problem.num_layers)
+    limit = np.asarray(problem.lat_limit, dtype=np.float64)
+    tol = _tol(limit)
+    ll = np.asarray(problem.link_lat, dtype=np.float64)
+    index = [np.arange(m.size) for m in problem.menus]
+    cur = problem
+    for _ in range(20):
+        changed = False
+        edges = usable_edges(cur)
+        g = _gmin(cur)
+        menus = list(cur.menus)
+        for i in range(n):
+            menu = menus[i]
+            k = np.asarray(menu.k)
+            keep = k <= L
+            if not keep.all():
+                changed = True
+            # least latency of the other nodes covering r layers (each node optional, used once)
+            cover = np.full((cur.num_metrics, L + 1), np.inf)
+            cover[:, 0] = 0.0
+            for j in range(n):
+                if j != i:
+                    for m in range(cur.num_metrics):
+                        gj = g[j, m].copy()
+                        gj[0] = 0.0
+                        cover[m] = minplus(cover[m], gj)[0]
+            ins = [u for u, v in edges if v == i]
+            outs = [v for u, v in edges if u == i]
+            if not ins or not outs:
+                return None
+            link_lb = ll[:, ins, i].min(axis=1) + ll[:, i, outs].min(axis=1)
+            full = ll[:, n, i] + ll[:, i, n] if ((n, i) in edges and (i, n) in edges) else np.full(len(limit), np.inf)
+            lat = np.asarray(menu.lat, dtype=np.float64)
+            kk = np.clip(k, 0, L)
+            rest = np.where(kk[None, :] == L, full[:, None], cover[:, L - kk] + link_lb[:, None])
+            fits = np.all(lat + rest <= limit[:, None] + tol[:, None], axis=0)
+            keep &= fits
+            if not keep.all():
+                changed = True
+                menus[i] = _subset_menu(menu, keep)
+                index[i] = index[i][keep]
+            if menus[i].size == 0:
+                return None
+        cur = attrs.evolve(cur, menus=tuple(menus))
+        edges = usable_edges(cur)
+        ub = _upper_bound(cur, edges)
+        menus = list(cur.menus)
+        for i in range(n):
+            menu = menus[i]
+            cap = np.minimum(np.asarray(menu.cap, dtype=np.float64), ub)
+            clipped = bool((cap < menu.cap).any())
+            drop = _dominated(np.asarray(menu.k), cap, np.asarray(menu.lat, dtype=np.float64))
+            if clipped or drop.any():
+                changed = changed or bool(drop.any())
+                menus[i] = _subset_menu(menu, ~drop, cap)
+                index[i] = index[i][~drop]
+        cur = attrs.evolve(cur, menus=tuple(menus))
+        if not changed:
+            break
+    return Reduced(cur, tuple(index), _upper_bound(cur, usable_edges(cur)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The chain family
+
+
+@attrs.frozen
+class _Chain:
+    value: float
+    order: tuple[int, ...]
+    options: tuple[int, ...]  # per node of ``order``
+    ks: tuple[int, ...]
+
+
+def _orders(problem: PlacementProblem, nodes: Sequence[int], edges: set[Edge]) -> list[tuple[np.ndarray, float, tuple[int, ...]]]:
+    """Pareto-best orders of ``nodes`` as chains: (link latency per metric, link capacity, order)."""
+    n = problem.n
+    ll = np.asarray(problem.link_lat, dtype=np.float64)
+    lc = np.asarray(problem.link_cap, dtype=np.float64)
+    seen: dict[tuple[tuple[float, ...], float], tuple[int, ...]] = {}
+    for perm in itertools.permutations(nodes):
+        seq = (n, *perm, n)
+        pairs = list(itertools.pairwise(seq))
+        if any(e not in edges for e in pairs):
+            continue
+        lat = tuple(float(x) for x in sum(ll[:, u, v] for u, v in pairs))
+        cap = min(float(lc[u, v]) for u, v in pairs)
+        seen.setdefault((lat, cap), perm)
+    items = [(np.array(lat), cap, perm) for (lat, cap), perm in seen.items()]
+    out = []
+    for a in items:
+        dominated = any(
+            (b[1] >= a[1] and np.all(b[0] <= a[0]) and (b[1] > a[1] or np.any(b[0] < a[0])))
+            for b in items
+        )
+        if not dominated:
+            out.append(a)
+    return out
+
+
+class _Knapsack:
+    """Per node: options sorted by (k, scalar latency), for thresholded least-latency tables."""
+
+    def __init__(self, problem: PlacementProblem, weight: np.ndarray) -> None:
+        self.p = problem
+        self.L = int(problem.num_layers)
+        limit = np.asarray(problem.lat_limit, dtype=np.float64)
+        scale = np.where(np.isfinite(limit), limit, 1.0)
+        self.w = weight / scale
+        self.nodes = []
+        for menu in problem.menus:
+            lat = np.asarray(menu.lat, dtype=np.float64)
+            s = self.w @ lat
+            k = np.asarray(menu.k)
+            order = np.lexsort((s, k))
+            self.nodes.append((k[order], s[order], lat[:, order], np.asarray(menu.cap, dtype=np.float64)[order], order))
+
+    def table(self, i: int, c: float) -> tuple[FloatArray, FloatArray, np.ndarray]:
+        """g[k] (scalar), gv[:, k] (latency vector) and option per k, over options with cap >= c."""
+        k, s, lat, cap, order = self.nodes[i]
+        mask = cap >= c
+        km = k[mask]
+        first = np.flatnonzero(np.r_[True, km[1:] != km[:-1]]) if km.size else np.zeros(0, np.int64)
+        g = np.full(self.L + 1, np.inf)
+        gv = np.full((lat.shape[0], self.L + 1), np.inf)
+        gi = np.full(self.L + 1, -1, dtype=np.int64)
+        sel = np.flatnonzero(mask)[first]
+        ksel = k[sel]
+        ok = ksel <= self.L
+        g[ksel[ok]] = s[sel[ok]]
+        gv[:, ksel[ok]] = lat[:, sel[ok]]
+        gi[ksel[ok]] = order[sel[ok]]
+        return g, gv, gi
+
+    def solve(self, nodes: Sequence[int], c: float, budget: FloatArray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Options (and k) of ``nodes`` with caps >= c, k summing to L, least scalar latency; None unless
+        that latency vector fits ``budget``."""
+        L = self.L
+        D = np.full(L + 1, np.inf)
+        D[0] = 0.0
+        Dv = np.zeros((self.w.shape[0], L + 1))
+        steps = []
+        for i in nodes:
+            g, gv, gi = self.table(i, c)
+            D_new, arg = minplus(D, g)
+            q = np.arange(L + 1)
+            Dv = Dv[:, arg] + gv[:, q - arg]
+            steps.append((arg, gi))
+            D = D_new
+        if not math.isfinite(D[L]):
+            return None
+        if not np.all(Dv[:, L] <= budget):
+            return None
+        q = L
+        opts: list[int] = []
+        ks: list[int] = []
+        for arg, gi in reversed(steps):
+            p = int(arg[q])
+            ks.append(q - p)
+            opts.append(int(gi[q - p]))
+            q = p
+        return tuple(reversed(opts)), tuple(reversed(ks))
+
+
+def _best_chain(problem: PlacementProblem, nodes: tuple[int, ...], edges: set[Edge], knaps: list[_Knapsack]) -> _Chain | None:
+    limit = np.asarray(problem.lat_limit, dtype=np.float64)
+    tol = _tol(limit)
+    caps = np.unique(np.concatenate([np.asarray(problem.menus[i].cap, dtype=np.float64) for i in nodes]))
+    best: _Chain | None = None
+    for lat_links, lcap, perm in _orders(problem, nodes, edges):
+        budget = limit - lat_links + tol
+        if np.any(budget < 0):
+            continue
+        for ks in knaps:
+            cand = caps[caps <= lcap] if math.isfinite(lcap) else caps
+            cand = np.unique(np.r_[cand, min(lcap, float(caps.max()))])
+            if best is not None:
+                cand = cand[cand > best.value]
+            if cand.size == 0:
+                continue
+            lo, hi = -1, cand.size - 1  # find the largest feasible index
+            found = None
+            if (sol := ks.solve(perm, float(cand[0]), budget)) is None:
+                continue
+            found = (0, sol)
+            lo = 0
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                sol = ks.solve(perm, float(cand[mid]), budget)
+                if sol is None:
+                    hi = mid - 1
+                else:
+                    lo, found = mid, (mid, sol)
+            opts, kk = found[1]
+            value = min(lcap, min(float(problem.menus[i].cap[o]) for i, o in zip(perm, opts, strict=True)))
+            if best is None or value > best.value:
+                best = _Chain(value, perm, opts, kk)
+    return best
+
+
+def _chain_family(problem: PlacementProblem) -> PlacementResult | None:
+    n = problem.n
+    edges = set(usable_edges(problem))
+    nm = problem.num_metrics
+    weights = [np.eye(nm)[m] for m in range(nm)] + ([np.ones(nm)] if nm > 1 else [])
+    knaps = [_Knapsack(problem, w) for w in weights]
+    chains: dict[int, _Chain] = {}
+    memo: dict[tuple[object, ...], _Chain | None] = {}
+    for mask in range(1, 1 << n):
+        nodes = tuple(i for i in range(n) if mask >> i & 1)
+        key = _subset_key(problem, nodes)
+        if key not in memo:
+            memo[key] = _best_chain(problem, nodes, edges, knaps)
+            ch = memo[key]
+        else:
+            ch = _relabel(memo[key], key, nodes, problem)
+        if ch is not None:
+            chains[mask] = ch
+    # set partition into chains
+    best: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for mask in range(1, 1 << n):
+        low = mask & -mask
+        rest = mask ^ low
+        cand: tuple[float, tuple[int, ...]] | None = None
+        sub = rest
+        while True:
+            part = sub | low
+            if part in chains and (mask ^ part) in best:
+                v = chains[part].value + best[mask ^ part][0]
+                if cand is None or v > cand[0]:
+                    cand = (v, (part, *best[mask ^ part][1]))
+            if sub == 0:
+                break
+            sub = (sub - 1) & rest
+        if cand is not None:
+            best[mask] = cand
+    full = (1 << n) - 1
+    if full not in best:
+        return None
+    option = [0] * n
+    start = [0] * n
+    flows: dict[Edge, float] = {}
+    for part in best[full][1]:
+        ch = chains[part]
+        pos = 0
+        prev = n
+        for i, o, k in zip(ch.order, ch.options, ch.ks, strict=True):
+            option[i], start[i] = o, pos
+            flows[(prev, i)] = ch.value
+            pos += k
+            prev = i
+        flows[(prev, n)] = ch.value
+    return PlacementResult(best[full][0], "feasible", math.inf, "dp", tuple(option), tuple(start), flows)
+
+
+def _subset_key(problem: PlacementProblem, nodes: tuple[int, ...]) -> tuple[object, ...]:
+    return (nodes,)
+
+
+def _relabel(ch: _Chain | None, key: tuple[object, ...], nodes: tuple[int, ...], problem: PlacementProblem) -> _Chain | None:
+    return ch
+
+
+def pipeline_dp(problem: PlacementProblem) -> PlacementResult:
+    """The best chain-family placement (pipelines and replicas of pipelines); see the module docstring.
+
+    ``status`` is ``feasible`` (``bound`` inf) when one is found, else ``unknown``; ``method`` "dp".
+    """
+    t0 = time.perf_counter()
+    check_problem(problem)
+    res = _chain_family(problem)
+    dt = time.perf_counter() - t0
+    if res is None:
+        return PlacementResult(0.0, "unknown", math.inf, "dp", solve_s=dt)
+    ev = evaluate_placement(problem, res.option, res.start, res.flows.keys())
+    if ev is None:  # cannot happen: the chain was checked against the limits with their tolerance
+        return PlacementResult(0.0, "unknown", math.inf, "dp", solve_s=dt)
+    return attrs.evolve(res, value=ev[0], flows=ev[1], solve_s=dt)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Exact enumeration for n <= 2
+
+
+def _pairs_exact(problem: PlacementProblem) -> PlacementResult | None:
+    """Every placement of one or two nodes; None if there is none."""
+    n, L = problem.n, int(problem.num_layers)
+    limit = np.asarray(problem.lat_limit, dtype=np.float64)
+    tol = _tol(limit)
+    ll = np.asarray(problem.link_lat, dtype=np.float64)
+    lc = np.asarray(problem.link_cap, dtype=np.float64)
+    edges = set(usable_edges(problem))
+    menus = problem.menus
+
+    def single(i: int) -> tuple[float, int] | None:
+        if (n, i) not in edges or (i, n) not in edges:
+            return None
+        k = np.asarray(menus[i].k)
+        lat = np.asarray(menus[i].lat, dtype=np.float64) + (ll[:, n, i] + ll[:, i, n])[:, None]
+        ok = (k == L) & np.all(lat <= (limit + tol)[:, None], axis=0)
+        if not ok.any():
+            return None
+        cap = np.where(ok, np.minimum(np.asarray(menus[i].cap, dtype=np.float64), min(lc[n, i], lc[i, n])), -1.0)
+        o = int(np.argmax(cap))
+        return float(cap[o]), o
+
+    cands: list[tuple[float, tuple[int, ...], tuple[int, ...], dict[Edge, float]]] = []
+    if n == 1:
+        s = single(0)
+        if s is not None:
+            cands.append((s[0], (s[1],), (0,), {(1, 0): s[0], (0, 1): s[0]}))
+    else:
+        a, b = single(0), single(1)
+        if a is not None and b is not None:
+            cands.append((a[0] + b[0], (a[1], b[1]), (0, 0), {(2, 0): a[0], (0, 2): a[0], (2, 1): b[0], (1, 2): b[0]}))
+        for i, j in ((0, 1), (1, 0)):
+            if not {(n, i), (i, j), (j, n)} <= edges:
+                continue
+            ki, kj = np.asarray(menus[i].k), np.asarray(menus[j].k)
+            pi_, pj = np.nonzero(ki[:, None] + kj[None, :] == L)
+            if pi_.size == 0:
+                continue
+            lat = (np.asarray(menus[i].lat, dtype=np.float64)[:, pi_] + np.asarray(menus[j].lat, dtype=np.float64)[:, pj]
+                   + (ll[:, n, i] + ll[:, i, j] + ll[:, j, n])[:, None])
+            ok = np.all(lat <= (limit + tol)[:, None], axis=0)
+            if not ok.any():
+                continue
+            val = np.minimum(np.asarray(menus[i].cap, dtype=np.float64)[pi_], np.asarray(menus[j].cap, dtype=np.float64)[pj])
+            val = np.minimum(val, min(lc[n, i], lc[i, j], lc[j, n]))
+            val = np.where(ok, val, -1.0)
+            t = int(np.argmax(val))
+            opt = [0, 0]
+            st = [0, 0]
+            opt[i], opt[j] = int(pi_[t]), int(pj[t])
+            st[j] = int(ki[pi_[t]])
+            v = float(val[t])
+            cands.append((v, tuple(opt), tuple(st), {(n, i): v, (i, j): v, (j, n): v}))
+    if not cands:
+        return None
+    v, opt, st, fl = max(cands, key=lambda c: c[0])
+    return PlacementResult(v, "optimal", v, "shapes", opt, st, fl)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The placer
+
+
+def _lift(red: Reduced, res: PlacementResult, original: PlacementProblem, dt: float) -> PlacementResult:
+    """Map a result on the reduced problem back to the original option indices, re-checked exactly."""
+    if not res.option:
+        return attrs.evolve(res, solve_s=dt)
+    option = tuple(int(red.index[i][o]) for i, o in enumerate(res.option))
+    ev = evaluate_placement(original, option, res.start, res.flows.keys())
+    if ev is None:  # pragma: no cover - the reduced problem keeps every latency and layer count
+        raise AssertionError("a reduced placement failed its check on the original problem")
+    bound = max(res.bound, ev[0]) if res.status != "optimal" else ev[0]
+    return attrs.evolve(res, value=ev[0], option=option, flows=ev[1], bound=bound, solve_s=dt)
+
+
+def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementResult:
+    """The optimal placement of ``problem`` (see the module docstring for the method).
+
+    ``method`` names the step that settled it: "reduce" (proved infeasible), "shapes", "dp-proven" or
+    "milp". Only the MILP step can end unproven (``feasible`` with a bound, or ``unknown``), when
+    ``time_limit`` runs out.
+    """
+    t0 = time.perf_counter()
+    check_problem(problem)
+    if time_limit <= 0 or math.isnan(time_limit):
+        raise ValueError(f"time_limit must be > 0, got {time_limit}")
+    red = reduce_problem(problem)
+    if red is None:
+        return PlacementResult(0.0, "infeasible", 0.0, "reduce", solve_s=time.perf_counter() - t0)
+    rp = red.problem
+    if rp.n <= 2:
+        res = _pairs_exact(rp)
+        if res is None:
+            return PlacementResult(0.0, "infeasible", 0.0, "shapes", solve_s=time.perf_counter() - t0)
+        return _lift(red, res, problem, time.perf_counter() - t0)
+    dp = _chain_family(rp)
+    if dp is not None:
+        ev = evaluate_placement(rp, dp.option, dp.start, dp.flows.keys())
+        dp = attrs.evolve(dp, value=ev[0], flows=ev[1]) if ev is not None else None
+    if dp is not None and dp.value >= red.ub * (1 - 1e-9):
+        res = attrs.evolve(dp, status="optimal", bound=dp.value, method="dp-proven")
+        return _lift(red, res, problem, time.perf_counter() - t0)
+    res = milp_place(rp, time_limit=time_limit, warm_start=dp is not None, initial=dp)
+    if res.status == "infeasible":
+        return attrs.evolve(res, solve_s=time.perf_counter() - t0)
+    return _lift(red, res, problem, time.perf_counter() - t0)

@@ -1,0 +1,88 @@
+"""Clocks: the virtual clock wakes sleepers in deadline order; bad durations and time travel are errors."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from coral.kernel import ClockError, RealClock, ScaledClock, VirtualClock
+
+
+async def test_virtual_clock_wakes_in_time_order() -> None:
+    clock = VirtualClock(start=100.0)
+    woke: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, dt: float) -> None:
+        await clock.sleep(dt)
+        woke.append((name, clock.now()))
+
+    async with anyio.create_task_group() as tg:
+        for name, dt in [("c", 3.0), ("a", 1.0), ("b1", 2.0), ("b2", 2.0), ("late", 50.0)]:
+            tg.start_soon(sleeper, name, dt)
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleepers == 5 and clock.next_deadline() == 101.0
+        await clock.advance_to(110.0)
+        assert woke == [("a", 101.0), ("b1", 102.0), ("b2", 102.0), ("c", 103.0)]
+        assert clock.now() == 110.0 and clock.sleepers == 1
+        await clock.advance(40.0)
+    assert woke[-1] == ("late", 150.0)
+
+
+async def test_sleeper_that_sleeps_again_is_woken_in_order() -> None:
+    clock = VirtualClock()
+    log: list[tuple[str, float]] = []
+
+    async def ticker(name: str, period: float) -> None:
+        while True:
+            await clock.sleep(period)
+            log.append((name, clock.now()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker, "fast", 2.0)
+        tg.start_soon(ticker, "slow", 3.0)
+        await anyio.wait_all_tasks_blocked()
+        await clock.advance_to(7.0)
+        tg.cancel_scope.cancel()
+    # At 6.0 both are due: "slow" went to sleep (at 3.0) before "fast" (at 4.0), so it wakes first.
+    assert log == [("fast", 2.0), ("slow", 3.0), ("fast", 4.0), ("slow", 6.0), ("fast", 6.0)]
+
+
+async def test_cancelled_sleeper_is_forgotten() -> None:
+    clock = VirtualClock()
+    with anyio.move_on_after(0.01):
+        await clock.sleep(5.0)
+    assert clock.sleepers == 0 and clock.next_deadline() is None
+    await clock.sleep_until(-1.0)  # the past: returns at once
+    await clock.sleep(0)
+
+
+async def test_virtual_clock_rejects_bad_input() -> None:
+    clock = VirtualClock(start=10.0)
+    with pytest.raises(ClockError, match="cannot move the clock back"):
+        await clock.advance_to(5.0)
+    with pytest.raises(ClockError, match="dt"):
+        await clock.sleep(-1.0)
+    with pytest.raises(ClockError, match="dt"):
+        await clock.sleep(float("nan"))
+    with pytest.raises(ClockError, match="start"):
+        VirtualClock(start=float("nan"))
+
+
+def test_scaled_and_real_clocks() -> None:
+    with pytest.raises(ClockError, match="speed"):
+        ScaledClock(0)
+    with pytest.raises(ClockError, match="speed"):
+        ScaledClock(float("inf"))
+    real, fast = RealClock(start=5.0), ScaledClock(100.0, start=5.0)
+    a, b = real.now(), fast.now()
+    assert a >= 5.0 and b >= 5.0
+    assert real.now() >= a and fast.now() >= b
+
+
+async def test_scaled_clock_sleeps_scaled() -> None:
+    clock = ScaledClock(1000.0)
+    t0 = clock.now()
+    await clock.sleep(1.0)  # one millisecond of real time
+    assert clock.now() - t0 >= 1.0
+    with pytest.raises(ClockError):
+        await clock.sleep(-2)

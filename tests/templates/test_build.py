@@ -1,0 +1,113 @@
+"""Template library build: enumeration bounds, lossless pruning, resumable builds, CLI and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coral.catalog import Catalog
+from coral.cli import main
+from coral.cli.build import BuildJob, build_library
+from coral.perf import PerfModel
+from coral.store import TemplateStore
+from coral.workload import Slo, WorkloadShape
+from solvers.combos import best_split, enumerate_multisets, splits, sub_multisets
+
+NODES = ["g6e.xlarge", "g6.xlarge", "p5.4xlarge"]
+JOB = BuildJob("llama-3.1-8b", "aggregated", Slo(2.0, 0.1), WorkloadShape(1155, 211))
+
+
+def test_enumeration_respects_memory_window(perf: PerfModel, catalog: Catalog) -> None:
+    m = catalog.models["qwen3-32b"]
+    levels = enumerate_multisets(perf, "qwen3-32b", NODES, JOB.shape, nmax=3, rho=4.0)
+    for size, sets in levels.items():
+        for s in sets:
+            assert len(s) == size and list(s) == sorted(s)
+            raw = sum(catalog.gpu_of(n).memory_bytes * catalog.nodes[n].gpu_count for n in s)
+            assert raw <= 4.0 * m.weight_bytes
+            assert sum(perf.usable_bytes(n) for n in s) >= m.weight_bytes
+    assert levels[1] == [("p5.4xlarge",)]  # only the 80 GB H100 holds 65 GB of weights plus KV alone
+    with pytest.raises(ValueError, match="nmax"):
+        enumerate_multisets(perf, "qwen3-32b", NODES, JOB.shape, nmax=0)
+    with pytest.raises(ValueError, match="rho"):
+        enumerate_multisets(perf, "qwen3-32b", NODES, JOB.shape, rho=0)
+
+
+def test_split_and_sub_multisets() -> None:
+    s = ("a", "a", "b")
+    assert sorted(sub_multisets(s)) == [("a", "a"), ("a", "b")]
+    assert sorted(splits(s)) == [(("a",), ("a", "b")), (("a", "a"), ("b",))]
+    assert best_split(s, {("a",): 1.0, ("a", "b"): 2.5, ("a", "a"): 1.0, ("b",): 3.0}) == 4.0
+
+
+def test_build_prunes_losslessly_and_resumes(tmp_path: Path, perf: PerfModel) -> None:
+    path = tmp_path / "lib.sqlite"
+    with TemplateStore(path) as store:
+        first = build_library(perf, store, [JOB], NODES, nmax=3, rho=12.0)
+        assert first.enumerated > 0 and first.solved > 0 and first.kept > 0
+        assert first.proven == first.kept  # nothing unproven on this small library
+        rows = store.db.execute("SELECT nodes, outcome, capacity FROM outcomes").fetchall()
+        second = build_library(perf, store, [JOB], NODES, nmax=3, rho=12.0)
+    assert second.solved == 0 and second.reused == first.enumerated
+    caps = {tuple(n.split(",")): c for n, o, c in rows}
+    partition: dict[tuple[str, ...], float] = {}
+    for nodes, outcome, cap in sorted(rows, key=lambda r: (r[0].count(","), r[0])):
+        ms = tuple(nodes.split(","))
+        split = best_split(ms, partition)
+        partition[ms] = max(cap, split)
+        if outcome in ("dominated", "split") and cap > 0:
+            assert split >= cap  # a pruned multiset never offers more than its replacement
+        if outcome == "template":
+            assert cap > split
+    assert any(o == "template" and len(n.split(",")) > 1 for n, o, _ in rows)
+    assert caps
+
+
+def test_cli_build_list_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "cli.sqlite")
+    args = ["templates", "build", "--models", "llama-3.1-8b", "--modes", "aggregated,decode",
+            "--nodes", ",".join(NODES), "--nmax", "2", "--workers", "1", "--store", store, "--json"]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kept"] > 0 and report["unproven"] == 0
+    assert main(["templates", "list", "--store", store, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {t["mode"] for t in listed} == {"aggregated", "decode"}
+    for t in listed:
+        for key in ("id", "model", "num_layers", "mode", "slo", "nodes", "stages", "routes", "prefill_tok_s",
+                    "decode_tok_s", "status", "gap"):  # fmt: skip
+            assert key in t
+        layers = sorted(tuple(s["layers"]) for s in t["stages"])
+        assert layers[0][0] == 0 and max(e for _, e in layers) == t["num_layers"]
+    assert main(["templates", "show", listed[0]["id"][:8], "--store", store]) == 0
+    out = capsys.readouterr().out
+    assert "routes:" in out and "capacity:" in out
+    assert main(["templates", "show", listed[0]["id"], "--store", store, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == listed[0]["id"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--models", "gpt-9"], "unknown model 'gpt-9'"),
+        (["--nodes", "warp.drive"], "unknown node type 'warp.drive'"),
+        (["--nmax", "0"], "--nmax must be at least 1"),
+        (["--rho", "0"], "--rho must be positive"),
+        (["--modes", "turbo"], "unknown mode 'turbo'"),
+        (["--workers", "0"], "--workers must be at least 1"),
+    ],
+)
+def test_cli_build_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
+    store = tmp_path / "bad.sqlite"
+    assert main(["templates", "build", "--store", str(store), *extra]) == 2
+    assert needle in capsys.readouterr().err
+    assert not store.exists()
+
+
+def test_cli_refuses_foreign_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "x.sqlite"
+    p.write_bytes(b"not a database" * 64)
+    assert main(["templates", "list", "--store", str(p)]) == 2
+    assert "not a Coral template store" in capsys.readouterr().err
