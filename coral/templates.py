@@ -15,7 +15,11 @@ SINK = -2
 
 @attrs.frozen
 class Stage:
-    """One node of a template, holding layers ``[start, end)`` with TP ``tp`` and batch limit ``batch``."""
+    """One node of a template, holding layers ``[start, end)`` with TP ``tp`` and batch limit ``batch``.
+
+    ``decode_step_s`` is one decode iteration at ``batch`` sequences and the shape's mean context;
+    ``prefill_s`` one prompt pass of ``batch`` prompts of the shape's mean length.
+    """
 
     index: int
     node: str

@@ -1293,7 +1293,7 @@ def solve_allocation(
             half = None if deadline_at is None else t3 + 0.5 * (deadline_at - t3)
             worker, finished, it, nd = _mip_phase(c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap)
             iters, nodes = iters + it, nodes + nd
-            used["serve"] = None if finished else worker.limit
+            used["serve"] = worker.limit if worker.stop else None
             for sol in worker.taken():
                 x = _x_of(c, mat, sol)
                 if _better(c, x, best):
@@ -1316,7 +1316,7 @@ def solve_allocation(
             hi = _service_hi(c, unmet_best)
             worker, finished, it, nd = _mip_phase(c, mat, mat.cost_obj, hi, best, limits.cost, deadline_at, mip_gap)
             iters, nodes = iters + it, nodes + nd
-            used["cost"] = None if finished else worker.limit
+            used["cost"] = worker.limit if worker.stop else None
             for sol in worker.taken():
                 x = _x_of(c, mat, sol)
                 if _unmet_total(c, x) <= unmet_best + svc_tol and _better(c, x, best):

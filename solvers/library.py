@@ -59,7 +59,7 @@ def template_from_result(
                 batch=b,
                 memory_bytes=float(menu.mem[o]),
                 decode_step_s=float(perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)),
-                prefill_s=float(perf.prefill_s(model, node, layers=k, batch=1, prompt=shape.mean_in)),
+                prefill_s=float(perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)),
             )
         )
     routes = []

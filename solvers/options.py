@@ -5,11 +5,14 @@ Per node, the option menu is every (k layers, batch limit b) on the grid ``k = 1
 context <= usable memory (``coral.perf``). For each option the perf model gives:
 
 - ``tau``: decode step time of the stage at batch b and the mean context;
-- ``pre``: prompt time of the stage (batch 1 for aggregated; batch b for prefill instances);
-- capacity in flow units/s: aggregated = requests/s at the reference shape,
-  ``1 / (pre + out * tau / b)``; prefill = prompt tokens/s, ``b * in / pre_b``; decode = tokens/s, ``b / tau``.
+- ``pre_1`` / ``pre_b``: prompt time of the stage for one prompt / for b prompts batched together;
+- capacity in flow units/s: aggregated = requests/s at the reference shape: b requests take the node
+  ``pre_b + out * tau`` seconds (prompts batched as chunked prefill does, then ``out`` decode steps at
+  batch b), so ``b / (pre_b + out * tau)``; prefill = prompt tokens/s, ``b * in / pre_b``; decode =
+  tokens/s, ``b / tau``.
 
-Latency metrics: aggregated has TPOT (sum of tau) and TTFT (sum of pre); prefill has TTFT; decode TPOT.
+Latency metrics: aggregated has TPOT (sum of tau) and TTFT (sum of ``pre_1 + tau``: a request's own prompt
+plus one decode step of the batch it joins); prefill has TTFT (sum of ``pre_b``); decode has TPOT.
 Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
 at most NIC bandwidth / activation bytes per flow unit.
 """
@@ -50,8 +53,9 @@ def node_menu(perf: PerfModel, model: str, node: str, mode: str, shape: Workload
     if mode == "decode":
         return NodeMenu(k, b, b / tau, tau[None, :], mem)
     pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=shape.mean_in)
-    cap = 1.0 / (pre1 + shape.mean_out * tau / b)
-    return NodeMenu(k, b, cap, np.vstack([tau, pre1]), mem)
+    pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
+    cap = b / (pre_b + shape.mean_out * tau)
+    return NodeMenu(k, b, cap, np.vstack([tau, pre1 + tau]), mem)
 
 
 def _metrics(mode: str) -> int:

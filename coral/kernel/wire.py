@@ -85,9 +85,7 @@ def pack_corr(mark: bytes, corr: int) -> bytes:
 
 
 def unpack_corr(frame: bytes) -> tuple[str, int] | None:
-    """(kind, id) of a correlation frame; None if it is malformed. An empty frame is a plain send."""
-    if not frame:
-        return KIND_SEND, 0
+    """(kind, id) of a correlation frame (``request`` or ``reply``); None if it is malformed."""
     if len(frame) != _CORR.size:
         return None
     mark, corr = _CORR.unpack(frame)
@@ -140,25 +138,30 @@ class Malformed:
 
 
 def parse_direct(frames: list[bytes], codec: Codec) -> Envelope | Malformed:
-    """Parse what a DEALER receives from the kernel: [source, corr, tag, body]."""
-    if len(frames) != 4:
-        return Malformed("", f"malformed directed message: expected 4 frames, got {len(frames)}")
-    source, corr_frame, tag, body = frames
-    corr = unpack_corr(corr_frame)
-    if corr is None:
-        return Malformed(text(tag), f"malformed correlation frame {corr_frame[:16]!r} from {text(source)}")
+    """Parse what a DEALER receives from the kernel: [source, tag, body] or [source, tag, body, corr]."""
+    n = len(frames)
+    if n == 3:
+        kind, corr = KIND_SEND, 0
+    elif n == 4:
+        kc = unpack_corr(frames[3])
+        if kc is None:
+            return Malformed(text(frames[1]), f"malformed correlation frame {frames[3][:16]!r} from {text(frames[0])}")
+        kind, corr = kc
+    else:
+        return Malformed("", f"malformed directed message: expected 3 or 4 frames, got {n}")
+    source, tag, body = frames[0], frames[1], frames[2]
     try:
         msg = codec.decode(tag, body)
     except DecodeError as exc:
         return Malformed(exc.tag, f"from {text(source)}: {exc}")
-    return Envelope(corr[0], text(source), tag.decode(), msg, corr[1])
+    return Envelope(kind, text(source), tag.decode(), msg, corr)
 
 
 def parse_published(frames: list[bytes], codec: Codec) -> Envelope | Malformed:
-    """Parse what a SUB receives from the kernel: [topic, source, tag, body]."""
-    if len(frames) != 4:
-        return Malformed("", f"malformed published message: expected 4 frames, got {len(frames)}")
-    _topic, source, tag, body = frames
+    """Parse what a SUB receives from the kernel: [topic, source, body], where the topic is the tag."""
+    if len(frames) != 3:
+        return Malformed("", f"malformed published message: expected 3 frames, got {len(frames)}")
+    tag, source, body = frames
     try:
         msg = codec.decode(tag, body)
     except DecodeError as exc:
