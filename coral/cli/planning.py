@@ -64,9 +64,11 @@ def deployment_templates(
 
 
 def check_coverage(sc: Scenario, tpls: Mapping[str, Sequence[Template]], policy: str, store_path: str) -> None:
-    """Every deployment with demand needs templates; otherwise name the build command (or the SLO)."""
+    """Every deployment needs templates that can serve it (aggregated, or prefill and decode); otherwise
+    name the build command, or the SLO that no node combination meets. Baselines may leave demand unmet."""
     for d in sc.deployments:
-        if tpls[d.name]:
+        modes = {t.mode for t in tpls[d.name]}
+        if "aggregated" in modes or {"prefill", "decode"} <= modes:
             continue
         if policy == "coral":
             raise CoralError(

@@ -11,15 +11,15 @@ Sockets
     port). A client (``BusClient``) connects a DEALER, whose routing id is its name, to the ROUTER, and a
     SUB to the PUB. High-water marks are bounded on every socket, linger is 0. Frames:
 
-    ========================  ===========================================
-    client DEALER -> kernel   ``[dest, corr, tag, body]``
-    kernel ROUTER -> client   ``[source, corr, tag, body]``
-    kernel PUB -> client SUB  ``[topic, source, tag, body]`` (topic = tag)
-    ========================  ===========================================
+    ========================  ================================================
+    client DEALER -> kernel   ``[dest, tag, body]`` or ``[dest, tag, body, corr]``
+    kernel ROUTER -> client   ``[source, tag, body]`` or ``[source, tag, body, corr]``
+    kernel PUB -> client SUB  ``[topic, source, body]`` (the topic is the tag)
+    ========================  ================================================
 
-    ``dest`` is a peer name, ``*`` (publish) or ``kernel``. ``corr`` is empty for a one-way message, or
-    ``q``/``r`` followed by a big-endian u64 request id for a request/its reply. Subscribers filter by tag
-    prefix: ``kernel.actor.`` gets all supervision events.
+    ``dest`` is a peer name, ``*`` (publish) or ``kernel``. ``corr``, present only on a request and its
+    reply, is ``q`` (request) or ``r`` (reply) followed by a big-endian u64 request id. Subscribers filter
+    by tag prefix: ``kernel.actor.`` gets all supervision events.
 
 Handshake and liveness
     A client sends ``Hello`` and is usable once the kernel's ``Ready`` came back and a sync round trip

@@ -3,17 +3,18 @@
 Every client (an actor, the TUI, a remote stage worker) connects a DEALER, whose routing id is its name, to
 the ROUTER, and a SUB to the PUB. All traffic goes through the broker, which journals it:
 
-- a directed message ``[dest, corr, tag, body]`` from client ``src`` goes out of the ROUTER to ``dest`` as
-  ``[src, corr, tag, body]``;
-- a message to dest ``*`` is published as ``[topic=tag, src, tag, body]``;
+- a directed message ``[dest, tag, body(, corr)]`` from client ``src`` leaves the ROUTER for ``dest`` as
+  ``[src, tag, body(, corr)]``;
+- a message to dest ``*`` is published as ``[tag, src, body]`` (the tag is the topic);
 - a message to dest ``kernel`` is for the broker (``Hello``, ``Heartbeat``, ``SyncRequest``, ``Goodbye``,
   ``ShutdownRequested``).
 
 Directed sends never block the broker: a destination whose queue is at its high-water mark, or that does
-not exist, loses the message and the broker publishes an ``ErrorEvent`` (a request to a missing peer also
-gets that ``ErrorEvent`` back as its reply). Frames that are not a valid envelope become an ``ErrorEvent``;
-the broker never decodes message bodies, receivers do. A peer that is silent for ``peer_timeout`` seconds
-(real time) is dropped and reported as ``PeerLost``.
+not exist, loses the message and the broker publishes an ``ErrorEvent`` (for a full queue, at most one a
+second per destination, with the count; a request to a missing peer also gets the ``ErrorEvent`` back as
+its reply). Frames that are not a valid envelope become an ``ErrorEvent``; the broker never decodes
+message bodies, receivers do. A peer silent for ``peer_timeout`` seconds (real time) is dropped and
+reported as ``PeerLost``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from coral.kernel.wire import (
     KERNEL_B,
     KIND_PUBLISH,
     KIND_REQUEST,
+    KIND_SEND,
     PUBLISH_B,
     REPLY_MARK,
     SYNC_TOPIC,
@@ -67,6 +69,7 @@ from coral.kernel.wire import (
 )
 
 _DRAIN_BATCH = 256
+_DROP_REPORT_S = 1.0
 _TAG_CACHE_MAX = 4096
 _ids = itertools.count()
 
@@ -145,6 +148,7 @@ class Broker:
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._endpoints: Endpoints | None = None
         self._valid_tags: set[bytes] = set()
+        self._drops: dict[bytes, list[Any]] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._router: zmq.asyncio.Socket
         self._router_sync: zmq.Socket[Any]
@@ -207,7 +211,10 @@ class Broker:
     def send(self, dest: str, msg: object) -> bool:
         """Send (and journal) a directed message from the kernel; False if it could not be delivered."""
         tag, body = self.codec.encode(msg)
-        return self._route(KERNEL_B, dest.encode(), b"", tag, body)
+        ok = self._route(KERNEL_B, dest.encode(), tag, body, None)
+        # A send on the shadow socket may swallow the ROUTER's read notification: let pyzmq re-check it.
+        self._router.get(zmq.EVENTS)
+        return ok
 
     # -- the loops -----------------------------------------------------------------------------------
 
@@ -228,13 +235,14 @@ class Broker:
                 await anyio.lowlevel.checkpoint()
 
     async def _liveness_loop(self) -> None:
-        period = min(self.heartbeat_interval, self.peer_timeout / 4)
+        period = min(self.heartbeat_interval, self.peer_timeout / 4, _DROP_REPORT_S)
         while True:
             await anyio.sleep(period)
             now = anyio.current_time()
             for ident, peer in [(i, p) for i, p in self._peers.items() if now - p.last_seen > self.peer_timeout]:
                 del self._peers[ident]
                 self.publish(PeerLost(peer.name, round(now - peer.last_seen, 3)))
+            self._report_drops(now)
 
     # -- frame handling (never raises) ---------------------------------------------------------------
 
@@ -249,11 +257,13 @@ class Broker:
 
         Total: any malformed input becomes a published ErrorEvent, never an exception.
         """
-        if len(frames) != 5:
+        n = len(frames)
+        if n != 4 and n != 5:
             sender = text(frames[0]) if frames else "?"
-            self._error("", f"malformed envelope from {sender}: expected 4 frames, got {len(frames) - 1}")
+            self._error("", f"malformed envelope from {sender}: expected 3 or 4 frames, got {n - 1}")
             return
-        ident, dest, corr, tag, body = frames
+        ident, dest, tag, body = frames[0], frames[1], frames[2], frames[3]
+        corr = frames[4] if n == 5 else None
         peer = self._peers.get(ident)
         if peer is not None:
             peer.last_seen = anyio.current_time()
@@ -266,20 +276,31 @@ class Broker:
         if dest == PUBLISH_B:
             self._publish(tag, ident, tag, body)
         elif dest == KERNEL_B:
-            self._to_kernel(ident, corr, tag, body)
+            self._to_kernel(ident, tag, body, corr)
         else:
-            self._route(ident, dest, corr, tag, body)
+            self._route(ident, dest, tag, body, corr)
 
-    def _route(self, source: bytes, dest: bytes, corr: bytes, tag: bytes, body: bytes) -> bool:
-        kc = unpack_corr(corr)
-        if kc is None:
-            self._error(text(tag), f"malformed correlation frame from {text(source)}")
-            return False
+    def _route(self, source: bytes, dest: bytes, tag: bytes, body: bytes, corr: bytes | None) -> bool:
+        if corr is None:
+            kind, cid = KIND_SEND, 0
+            out = [dest, source, tag, body]
+        else:
+            kc = unpack_corr(corr)
+            if kc is None:
+                self._error(text(tag), f"malformed correlation frame from {text(source)}")
+                return False
+            kind, cid = kc
+            out = [dest, source, tag, body, corr]
         try:
-            self._router_sync.send_multipart([dest, source, corr, tag, body], zmq.NOBLOCK)
+            self._router_sync.send_multipart(out, zmq.NOBLOCK)
         except zmq.Again:
             self.stats.dropped += 1
-            self._error(text(tag), f"dropped {text(source)} -> {text(dest)}: destination over high-water mark")
+            pending = self._drops.get(dest)
+            if pending is None:  # first drop since the last report: say so now, count the rest
+                self._drops[dest] = [0, anyio.current_time(), text(source), text(tag)]
+                self._error(text(tag), f"dropped {text(source)} -> {text(dest)}: destination over high-water mark")
+            else:
+                pending[0] += 1
             return False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
@@ -288,21 +309,29 @@ class Broker:
             event = ErrorEvent(KERNEL, text(tag), f"unknown destination {text(dest)!r} (from {text(source)})")
             self.stats.errors += 1
             self.publish(event)
-            if kc[0] == KIND_REQUEST and source != KERNEL_B:
-                etag, ebody = self.codec.encode(event)
-                with contextlib.suppress(zmq.ZMQError):
-                    self._router_sync.send_multipart(
-                        [source, KERNEL_B, pack_corr(REPLY_MARK, kc[1]), etag, ebody], zmq.NOBLOCK
-                    )
+            if kind == KIND_REQUEST and source != KERNEL_B:
+                self._reply(source, pack_corr(REPLY_MARK, cid), event)
             return False
         self.stats.routed += 1
         if self.journal is not None:
-            self.journal.append(self.clock.now(), kc[0], text(source), text(dest), tag.decode(), body, kc[1])
+            self.journal.append(self.clock.now(), kind, text(source), text(dest), tag.decode(), body, cid)
         return True
+
+    def _report_drops(self, now: float) -> None:
+        for dest, (count, since, source, tag) in list(self._drops.items()):
+            if now - since < _DROP_REPORT_S:
+                continue
+            del self._drops[dest]
+            if count:
+                self._error(
+                    tag,
+                    f"dropped {count} more messages to {text(dest)} (last from {source}) in {now - since:.1f}s: "
+                    "destination over high-water mark",
+                )
 
     def _publish(self, topic: bytes, source: bytes, tag: bytes, body: bytes) -> None:
         with contextlib.suppress(zmq.Again):  # PUB drops at its high-water mark; it never blocks
-            self._pub.send_multipart([topic, source, tag, body], zmq.NOBLOCK)
+            self._pub.send_multipart([topic, source, body], zmq.NOBLOCK)
         self.stats.published += 1
         if self.journal is not None and not topic.startswith(SYNC_TOPIC):
             self.journal.append(self.clock.now(), KIND_PUBLISH, text(source), topic.decode(), tag.decode(), body)
@@ -311,10 +340,11 @@ class Broker:
         self.stats.errors += 1
         self.publish(ErrorEvent(KERNEL, tag, reason))
 
-    def _reply(self, ident: bytes, corr: bytes, msg: object) -> None:
+    def _reply(self, ident: bytes, corr: bytes | None, msg: object) -> None:
         tag, body = self.codec.encode(msg)
+        out = [ident, KERNEL_B, tag, body] if corr is None else [ident, KERNEL_B, tag, body, corr]
         with contextlib.suppress(zmq.ZMQError):
-            self._router_sync.send_multipart([ident, KERNEL_B, corr, tag, body], zmq.NOBLOCK)
+            self._router_sync.send_multipart(out, zmq.NOBLOCK)
 
     def _join(self, ident: bytes) -> str:
         peer = self._peers.get(ident)
@@ -323,7 +353,7 @@ class Broker:
             self.publish(PeerJoined(peer.name))
         return peer.name
 
-    def _to_kernel(self, ident: bytes, corr: bytes, tag: bytes, body: bytes) -> None:
+    def _to_kernel(self, ident: bytes, tag: bytes, body: bytes, corr: bytes | None) -> None:
         if tag == _HEARTBEAT:
             self._join(ident)
             return
@@ -334,7 +364,7 @@ class Broker:
             return
         if tag == _SYNC and isinstance(msg, SyncRequest):
             mark = SyncMark(msg.token)
-            self._reply(ident, corr, mark)
+            self._reply(ident, None, mark)
             mtag, mbody = self.codec.encode(mark)
             self._publish(SYNC_TOPIC + ident + b"." + str(msg.token).encode(), KERNEL_B, mtag, mbody)
         elif tag == _HELLO and isinstance(msg, Hello):
@@ -342,21 +372,22 @@ class Broker:
                 self._error(text(tag), f"{text(ident)} speaks protocol {msg.protocol}, kernel {PROTOCOL}")
                 return
             name = self._join(ident)
-            ready = Ready(name, PROTOCOL, self.heartbeat_interval, self.peer_timeout, self.clock.now())
-            self._reply(ident, corr, ready)
+            self._reply(
+                ident, None, Ready(name, PROTOCOL, self.heartbeat_interval, self.peer_timeout, self.clock.now())
+            )
         elif tag == _GOODBYE and isinstance(msg, Goodbye):
             peer = self._peers.pop(ident, None)
             if peer is not None:
                 self.publish(PeerLeft(peer.name, msg.reason))
-            self._reply(ident, corr, msg)
+            self._reply(ident, None, msg)
         elif tag == _SHUTDOWN and isinstance(msg, ShutdownRequested):
             if self.journal is not None:
-                self.journal.append(self.clock.now(), "send", text(ident), KERNEL, tag.decode(), body)
+                self.journal.append(self.clock.now(), KIND_SEND, text(ident), KERNEL, tag.decode(), body)
             if self.on_shutdown_request is not None:
                 self.on_shutdown_request(msg)
         else:
-            self._error(text(tag), f"the kernel does not handle {text(tag)!r} (from {text(ident)})")
-            kc = unpack_corr(corr)
+            reason = f"the kernel does not handle {text(tag)!r}"
+            self._error(text(tag), f"{reason} (from {text(ident)})")
+            kc = unpack_corr(corr) if corr is not None else None
             if kc is not None and kc[0] == KIND_REQUEST:
-                reason = f"the kernel does not handle {text(tag)!r}"
                 self._reply(ident, pack_corr(REPLY_MARK, kc[1]), ErrorEvent(KERNEL, text(tag), reason))

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import attrs
 import zmq
 import zmq.asyncio
@@ -54,6 +55,9 @@ from coral.kernel.wire import (
     parse_published,
     set_common_options,
 )
+
+_DRAIN_BATCH = 256
+_YIELD_EVERY = 32
 
 
 class RequestError(BusError):
@@ -132,6 +136,7 @@ class BusClient:
         self._pending: dict[int, _Pending] = {}
         self._syncs: dict[int, _Sync] = {}
         self._ids = itertools.count(1)
+        self._unyielded = 0
         self._dest_cache: dict[str, bytes] = {}
         self._ready_event = anyio.Event()
         self._goodbye_event = anyio.Event()
@@ -192,7 +197,7 @@ class BusClient:
             return
         try:
             with anyio.move_on_after(1.0):
-                await self._send_frames(KERNEL_B, b"", Goodbye())
+                await self._send_frames(KERNEL_B, Goodbye())
                 await self._goodbye_event.wait()
         except (zmq.ZMQError, BusError):
             pass
@@ -205,7 +210,7 @@ class BusClient:
         retry = 0.05
         with anyio.move_on_after(self.handshake_timeout) as scope:
             while self.ready is None:
-                await self._send_frames(KERNEL_B, b"", Hello(self.name))
+                await self._send_frames(KERNEL_B, Hello(self.name))
                 with anyio.move_on_after(retry):
                     await self._ready_event.wait()
                 retry = min(retry * 2, 1.0)
@@ -221,7 +226,7 @@ class BusClient:
         for seq in itertools.count():
             await anyio.sleep(self.ready.heartbeat_interval)
             with contextlib.suppress(zmq.ZMQError):
-                await self._send_frames(KERNEL_B, b"", Heartbeat(seq))
+                await self._send_frames(KERNEL_B, Heartbeat(seq))
 
     def stop_receiving(self) -> None:
         """Stop putting new messages in the inbox; the inbox iterator ends once it is drained.
@@ -241,20 +246,24 @@ class BusClient:
             self._dest_cache[dest] = b
         return b
 
-    async def _send_frames(self, dest: bytes, corr: bytes, msg: object) -> None:
+    async def _send_frames(self, dest: bytes, msg: object, corr: bytes | None = None) -> None:
         if self._closed:
             raise BusError(f"client {self.name!r}: closed")
         tag, body = self.codec.encode(msg)
-        await self._dealer.send_multipart((dest, corr, tag, body))
+        await self._dealer.send_multipart((dest, tag, body) if corr is None else (dest, tag, body, corr))
         self.stats.sent += 1
+        self._unyielded += 1
+        if self._unyielded >= _YIELD_EVERY:  # a tight send loop must let the kernel and receivers run
+            self._unyielded = 0
+            await anyio.lowlevel.checkpoint()
 
     async def send(self, dest: str, msg: object) -> None:
         """Send ``msg`` to the peer named ``dest`` (or to ``kernel``)."""
-        await self._send_frames(self._dest(dest), b"", msg)
+        await self._send_frames(self._dest(dest), msg)
 
     async def publish(self, msg: object) -> None:
         """Publish ``msg`` to every subscriber of a prefix of its tag."""
-        await self._send_frames(PUBLISH_B, b"", msg)
+        await self._send_frames(PUBLISH_B, msg)
 
     async def request(self, dest: str, msg: object, *, timeout: float = 10.0) -> Any:
         """Send a request to ``dest`` and return the message of its reply (real-time ``timeout``)."""
@@ -262,7 +271,7 @@ class BusClient:
         cid = next(self._ids)
         slot = self._pending[cid] = _Pending()
         try:
-            await self._send_frames(self._dest(dest), pack_corr(REQUEST_MARK, cid), msg)
+            await self._send_frames(self._dest(dest), msg, pack_corr(REQUEST_MARK, cid))
             with anyio.move_on_after(timeout):
                 await slot.event.wait()
         finally:
@@ -278,13 +287,13 @@ class BusClient:
         """Answer the request ``env`` with ``msg``."""
         if env.kind != KIND_REQUEST:
             raise BusError(f"reply: envelope {env.tag!r} from {env.source!r} is a {env.kind}, not a request")
-        await self._send_frames(self._dest(env.source), pack_corr(REPLY_MARK, env.corr), msg)
+        await self._send_frames(self._dest(env.source), msg, pack_corr(REPLY_MARK, env.corr))
 
     # -- subscriptions and sync ---------------------------------------------------------------------
 
     async def subscribe(self, prefix: str) -> None:
         """Receive published messages whose tag starts with ``prefix``; returns once that is live."""
-        self._sub.setsockopt(zmq.SUBSCRIBE, _check_prefix(prefix).encode())
+        self._set_sub(zmq.SUBSCRIBE, _check_prefix(prefix).encode())
         self._topics.append(prefix)
         await self.sync()
 
@@ -292,9 +301,13 @@ class BusClient:
         """Undo one ``subscribe(prefix)``."""
         if prefix not in self._topics:
             raise BusError(f"unsubscribe: {prefix!r} is not subscribed")
-        self._sub.setsockopt(zmq.UNSUBSCRIBE, prefix.encode())
+        self._set_sub(zmq.UNSUBSCRIBE, prefix.encode())
         self._topics.remove(prefix)
         await self.sync()
+
+    def _set_sub(self, option: int, topic: bytes) -> None:
+        self._sub.setsockopt(option, topic)
+        self._sub.get(zmq.EVENTS)  # let pyzmq re-check readiness in case the option call consumed a wake-up
 
     @property
     def subscriptions(self) -> tuple[str, ...]:
@@ -309,19 +322,19 @@ class BusClient:
         token = next(self._ids)
         topic = self._sync_prefix + str(token).encode()
         state = self._syncs[token] = _Sync()
-        self._sub.setsockopt(zmq.SUBSCRIBE, topic)
+        self._set_sub(zmq.SUBSCRIBE, topic)
         retry = 0.005
         try:
             with anyio.move_on_after(timeout):
                 while not state.event.is_set():
-                    await self._send_frames(KERNEL_B, b"", SyncRequest(token))
+                    await self._send_frames(KERNEL_B, SyncRequest(token))
                     with anyio.move_on_after(retry):
                         await state.event.wait()
                     retry = min(retry * 2, 0.5)
         finally:
             del self._syncs[token]
             if not self._closed:
-                self._sub.setsockopt(zmq.UNSUBSCRIBE, topic)
+                self._set_sub(zmq.UNSUBSCRIBE, topic)
         if not state.event.is_set():
             raise BusError(f"client {self.name!r}: sync with the kernel timed out after {timeout}s")
 
@@ -342,7 +355,7 @@ class BusClient:
         return self._inbox.receive_nowait()
 
     def __aiter__(self) -> AsyncIterator[Envelope]:
-        return self._inbox.__aiter__()
+        return _Inbox(self._inbox)
 
     @property
     def backlog(self) -> int:
@@ -369,7 +382,7 @@ class BusClient:
     async def _report(self, bad: Malformed) -> None:
         self.stats.errors += 1
         with contextlib.suppress(zmq.ZMQError, BusError):
-            await self._send_frames(PUBLISH_B, b"", ErrorEvent(self.name, bad.tag, bad.reason))
+            await self._send_frames(PUBLISH_B, ErrorEvent(self.name, bad.tag, bad.reason))
 
     def on_direct(self, frames: list[bytes]) -> Envelope | Malformed | None:
         """Classify one directed frame list: control replies are consumed (None), the rest returned."""
@@ -402,7 +415,7 @@ class BusClient:
 
     def on_published(self, frames: list[bytes]) -> Envelope | Malformed | None:
         """Classify one published frame list: sync marks are consumed (None), the rest returned."""
-        if frames and frames[0].startswith(SYNC_TOPIC):
+        if frames and frames[0][:1] == b"\x00" and frames[0].startswith(SYNC_TOPIC):
             if frames[0].startswith(self._sync_prefix):
                 try:
                     token = int(frames[0][len(self._sync_prefix) :])
@@ -416,22 +429,69 @@ class BusClient:
         return parse_published(frames, self.codec)
 
     async def _direct_loop(self, feed: MemoryObjectSendStream[Envelope]) -> None:
-        with feed:
-            while True:
-                item = self.on_direct(await self._dealer.recv_multipart())
-                if isinstance(item, Envelope):
-                    await self._deliver(feed, item)
-                elif item is not None:
-                    await self._report(item)
+        await self._read_loop(self._dealer, self.on_direct, feed)
 
     async def _published_loop(self, feed: MemoryObjectSendStream[Envelope]) -> None:
+        await self._read_loop(self._sub, self.on_published, feed)
+
+    async def _read_loop(
+        self,
+        sock: zmq.asyncio.Socket,
+        classify: Callable[[list[bytes]], Envelope | Malformed | None],
+        feed: MemoryObjectSendStream[Envelope],
+    ) -> None:
+        # Await one message, then take what else is already queued without awaiting (much cheaper).
+        # Only this task receives on ``sock``, so reading through the shadow socket is safe: the next
+        # awaited recv re-checks ZMQ_EVENTS before it waits on the file descriptor.
+        shadow: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying)
         with feed:
             while True:
-                item = self.on_published(await self._sub.recv_multipart())
-                if isinstance(item, Envelope):
-                    await self._deliver(feed, item)
-                elif item is not None:
-                    await self._report(item)
+                frames = await sock.recv_multipart()
+                for _ in range(_DRAIN_BATCH):
+                    item = classify(frames)
+                    if isinstance(item, Envelope):
+                        await self._deliver(feed, item)
+                    elif item is not None:
+                        await self._report(item)
+                    try:
+                        frames = shadow.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                else:
+                    item = classify(frames)
+                    if isinstance(item, Envelope):
+                        await self._deliver(feed, item)
+                    elif item is not None:
+                        await self._report(item)
+                    await anyio.lowlevel.checkpoint()
+
+
+class _Inbox:
+    """Iterates the inbox, yielding to the event loop every ``_YIELD_EVERY`` messages, not on every one."""
+
+    __slots__ = ("_n", "_recv")
+
+    def __init__(self, recv: MemoryObjectReceiveStream[Envelope]) -> None:
+        self._recv = recv
+        self._n = 0
+
+    def __aiter__(self) -> _Inbox:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        self._n += 1
+        if self._n < _YIELD_EVERY:
+            try:
+                return self._recv.receive_nowait()
+            except anyio.WouldBlock:
+                pass
+            except anyio.EndOfStream:
+                raise StopAsyncIteration from None
+        self._n = 0
+        try:
+            return await self._recv.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
 
 
 def _check_prefix(prefix: str) -> str:

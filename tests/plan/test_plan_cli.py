@@ -1,0 +1,126 @@
+"""`coral plan` end to end on a small scenario: policies, scarcity, JSON contents and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coral.cli import main
+
+SCENARIO = """
+name = "small"
+regions = ["aws-us-east-1", "gcp-us-central1"]
+node_types = ["g6e.xlarge", "g6.xlarge", "g5.xlarge", "a2-highgpu-1g", "g2-standard-4"]
+[planner]
+nmax = 2
+deadline_s = 2.0
+[[deployment]]
+name = "chat"
+model = "llama-3.1-8b"
+slo = { ttft_s = 2.0, tpot_s = 0.1 }
+shape = { mean_in = 1155, mean_out = 211 }
+demand = 6.0
+[[deployment]]
+name = "code"
+model = "qwen3-14b"
+slo = { ttft_s = 2.0, tpot_s = 0.1 }
+shape = { mean_in = 2048, mean_out = 28 }
+demand = 3.0
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("plan")
+    sc = d / "small.toml"
+    sc.write_text(SCENARIO)
+    store = d / "store.sqlite"
+    assert main(["templates", "build", "--scenario", str(sc), "--store", str(store), "--workers", "1", "--json"]) == 0
+    return sc, store
+
+
+def plan(env: tuple[Path, Path], capsys: pytest.CaptureFixture[str], *extra: str) -> dict:  # type: ignore[type-arg]
+    capsys.readouterr()
+    sc, store = env
+    assert main(["plan", "--scenario", str(sc), "--store", str(store), "--no-build", "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_plan_meets_demand_and_lists_stages(env: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    p = plan(env, capsys)
+    assert p["policy"] == "coral" and p["cost_per_hour"] > 0
+    for s in p["serving"]:
+        assert s["unmet_rps"] <= 1e-6 and s["capacity_rps"] >= s["demand_rps"]
+    assert p["instances"]
+    for inst in p["instances"]:
+        tpl = p["templates"][inst["template_id"]]
+        assert tpl["stages"] and tpl["model"] in ("llama-3.1-8b", "qwen3-14b")
+        assert sorted(inst["nodes"]) == sorted(tpl["nodes"])
+    assert p["status"] in ("optimal", "feasible", "lp-rounded")
+
+
+def test_coral_is_never_costlier_than_baselines(env: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    coral = plan(env, capsys)["cost_per_hour"]
+    for policy in ("homo", "pd-homo"):
+        base = plan(env, capsys, "--policy", policy)
+        assert base["policy"] == policy
+        assert coral <= base["cost_per_hour"] * (1 + 1e-3)
+
+
+def test_unmet_demand_is_reported_not_dropped(
+    env: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sc, store = env
+    scarce = tmp_path / "scarce.toml"
+    text = SCENARIO.replace("demand = 6.0", "demand = 500.0")
+    for r, n in (("aws-us-east-1", "g6e.xlarge"), ("aws-us-east-1", "g6.xlarge"), ("aws-us-east-1", "g5.xlarge")):
+        text += f'\n[[market]]\nat = 0\nregion = "{r}"\nnode = "{n}"\navailability = 1\n'
+    for n in ("a2-highgpu-1g", "g2-standard-4"):
+        text += f'\n[[market]]\nat = 0\nregion = "gcp-us-central1"\nnode = "{n}"\navailability = 1\n'
+    scarce.write_text(text)
+    capsys.readouterr()
+    assert main(["plan", "--scenario", str(scarce), "--store", str(store), "--no-build", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    chat = next(s for s in p["serving"] if s["deployment"] == "chat")
+    assert chat["unmet_rps"] > 400
+    assert chat["capacity_rps"] > 0  # what can be served is served
+    assert len(p["instances"]) <= 5
+
+
+def test_missing_templates_names_the_build_command(
+    env: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sc, _ = env
+    empty = tmp_path / "empty.sqlite"
+    assert main(["plan", "--scenario", str(sc), "--store", str(empty), "--no-build"]) == 2
+    err = capsys.readouterr().err
+    assert "has no templates" in err and "coral templates build --scenario" in err
+
+
+def test_infeasible_slo_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    sc = tmp_path / "tight.toml"
+    sc.write_text(SCENARIO.replace("tpot_s = 0.1 }\nshape = { mean_in = 1155", "tpot_s = 0.0001 }\nshape = { mean_in = 1155"))
+    assert main(["plan", "--scenario", str(sc), "--store", str(tmp_path / "s.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert "'chat'" in err and "meets its SLO" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--at", "-5"], "--at must be >= 0"),
+        (["--deadline", "0"], "--deadline must be positive"),
+        (["--scenario", "nowhere"], "unknown scenario 'nowhere'"),
+    ],
+)
+def test_plan_bad_arguments(
+    env: tuple[Path, Path], capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    sc, store = env
+    base = ["plan", "--store", str(store), "--no-build"]
+    if "--scenario" not in args:
+        base += ["--scenario", str(sc)]
+    assert main(base + args) == 2
+    assert needle in capsys.readouterr().err
