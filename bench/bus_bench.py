@@ -28,7 +28,7 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coral.kernel import Broker, BusClient, Endpoints, encode, inproc_endpoints, message  # noqa: E402
+from coral.kernel import Broker, BusClient, Endpoints, encode, inproc_endpoints, message
 
 
 @message("bench.small")
@@ -68,7 +68,7 @@ def make_plan(seq: int) -> BigPlan:
             cost_per_h=12.5 + i / 7,
             capacity=1000.0 + i,
         )
-        for i in range(420)
+        for i in range(350)
     )
     return BigPlan(seq, time.perf_counter_ns(), instances, {f"model-{k}": k / 3 for k in range(20)})
 

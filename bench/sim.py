@@ -29,12 +29,13 @@ from coral.perf import PerfModel  # noqa: E402
 from coral.scenario import Demand, Deployment, FaultEvent, MarketChange, Planner, Scenario  # noqa: E402
 from coral.sim import simulate  # noqa: E402
 from coral.sim.handmade import DEFAULT_SHAPE, DEFAULT_SLO, GreedyPlanner, single, stage, template  # noqa: E402
+from coral.templates import Template  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "azure-llm-2023-conv.csv"
 EAST, WEST = "aws-us-east-1", "aws-us-west-2"
 
 
-def build(perf: PerfModel, duration: float) -> tuple[Scenario, dict, GreedyPlanner]:  # type: ignore[type-arg]
+def build(perf: PerfModel, duration: float) -> tuple[Scenario, dict[str, Template], GreedyPlanner]:
     l8, q14 = "llama-3.1-8b", "qwen3-14b"
     pipe = template(
         perf,
@@ -91,9 +92,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if prof:
         prof.enable()
-    res = simulate(
-        sc, templates, perf, planner, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale
-    )
+    res = simulate(sc, templates, perf, planner, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
     if prof:
         prof.disable()
     wall = time.perf_counter() - t0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import attrs
@@ -39,15 +39,17 @@ class TraceStats:
 
 
 def _parse_ts(raw: str) -> float:
+    """Seconds, from either a number or an Azure ``YYYY-MM-DD HH:MM:SS[.fffffff]`` timestamp (as UTC)."""
     s = raw.strip()
-    if "." in s:
-        head, frac = s.split(".", 1)
-        s = f"{head}.{frac[:6]}"
-        return datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f").timestamp()
     try:
         return float(s)
     except ValueError:
-        return datetime.strptime(s, "%Y-%m-%d %H:%M:%S").timestamp()
+        pass
+    if "." in s:
+        head, frac = s.split(".", 1)
+        s = f"{head}.{frac[:6]}"
+        return datetime.strptime(s, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC).timestamp()
+    return datetime.strptime(s, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
 
 
 def iter_trace(

@@ -493,7 +493,7 @@ def _flow(c: _Columns, g: IntArray | int, gp: Any, gd: Any, gn: Any) -> Any:
 class _State:
     """A plan x over the columns with incremental capacity sums, node usage and per-column room."""
 
-    def __init__(self, c: _Columns, x: IntArray, *, room: bool = True) -> None:
+    def __init__(self, c: _Columns, x: IntArray) -> None:
         self.c = c
         self.x = x.astype(np.int64).copy()
         xf = self.x.astype(np.float64)
@@ -506,19 +506,14 @@ class _State:
         self.used = np.zeros((c.R, c.T), dtype=np.int64)
         for g in range(c.T):
             self.used[:, g] = np.bincount(c.r, weights=c.nc[:, g] * xf, minlength=c.R).round().astype(np.int64)
-        self.room = np.zeros(c.J, dtype=np.int64)
-        self.track_room = room
-        if room:
-            for reg in range(c.R):
-                self._update_room(reg, c.by_region[reg])
 
-    def _update_room(self, reg: int, idx: IntArray) -> None:
-        """Recompute how many more instances of columns ``idx`` (all in region reg) fit."""
+    def room(self, idx: IntArray) -> IntArray:
+        """How many more instances of each column in ``idx`` fit the availability left."""
         if len(idx) == 0:
-            return
-        free = np.append(self.c.avail[reg] - self.used[reg], 1 << 40)
-        q = (free[self.c.nz_type[idx]] // self.c.nz_count[idx]).min(axis=1)
-        self.room[idx] = np.maximum(q, 0)
+            return np.zeros(0, dtype=np.int64)
+        free = np.concatenate([self.c.avail - self.used, np.full((self.c.R, 1), 1 << 40)], axis=1)
+        q = (free[self.c.r[idx][:, None], self.c.nz_type[idx]] // self.c.nz_count[idx]).min(axis=1)
+        return np.maximum(q, 0)
 
     def flows(self) -> FloatArray:
         if self.c.G == 0:
@@ -541,12 +536,12 @@ class _State:
             self.gp[g] += k * c.pcap[j]
             self.gd[g] += k * c.dcap[j]
             self.gn[g] += k * c.nic[j]
-        reg = int(c.r[j])
-        self.used[reg] += k * c.nc[j]
-        if self.track_room:
-            idx = c.by_region[reg]
-            types = c.nz_type[j][c.nz_type[j] < c.T]
-            self._update_room(reg, idx[(c.nc[np.ix_(idx, types)] > 0).any(axis=1)])
+        self.used[c.r[j]] += k * c.nc[j]
+
+    def fits(self, j: int) -> bool:
+        """Whether one more instance of column j fits."""
+        reg = self.c.r[j]
+        return bool(np.all(self.used[reg] + self.c.nc[j] <= self.c.avail[reg]))
 
     def fits_together(self, a: int, b: int) -> bool:
         c = self.c
@@ -556,7 +551,8 @@ class _State:
 
 def _objective(c: _Columns, x: IntArray) -> tuple[float, float]:
     """(hourly cost, churn penalty) of plan x."""
-    return float(c.cost @ x), float(c.pen @ np.maximum(x - c.cur, 0))
+    # elementwise sums: BLAS dot products stall badly on a loaded 2-core machine
+    return float((c.cost * x).sum()), float((c.pen * np.maximum(x - c.cur, 0)).sum())
 
 
 def _marginal_cost(c: _Columns, x: IntArray, idx: IntArray) -> FloatArray:
@@ -592,8 +588,8 @@ def _cover_table(c: _Columns, s: _State, front: IntArray) -> tuple[FloatArray, F
     """Every multiset of up to _TAIL frontier instances, sorted by rate, with the index of the cheapest
     multiset of at least that rate: (rates, costs, cheapest-from-here, count rows)."""
     counts = _multisets(len(front), _TAIL)
-    rates = counts @ c.rate[front]
-    costs = counts @ _marginal_cost(c, s.x, front)
+    rates = (counts * c.rate[front][None, :]).sum(axis=1)
+    costs = (counts * _marginal_cost(c, s.x, front)[None, :]).sum(axis=1)
     order = np.argsort(rates, kind="stable")
     rates, costs, counts = rates[order], costs[order], counts[order]
     cheapest = np.zeros(len(rates), dtype=np.int64)
@@ -620,7 +616,7 @@ def _repair(c: _Columns, x0: IntArray, frac: FloatArray | None = None) -> IntArr
     if frac is not None:
         part = frac - x0
         for j in np.nonzero(part > 1e-6)[0][np.argsort(-part[part > 1e-6], kind="stable")]:
-            if s.room[j] >= 1 and s.unmet()[c.m[j]] > tol[c.m[j]]:
+            if s.fits(int(j)) and s.unmet()[c.m[j]] > tol[c.m[j]]:
                 s.change(int(j), 1)
     _fill(c, s, np.arange(c.M))
     _prune(c, s)
@@ -628,53 +624,84 @@ def _repair(c: _Columns, x0: IntArray, frac: FloatArray | None = None) -> IntArr
     return s.x
 
 
-def _fill(c: _Columns, s: _State, models: IntArray) -> None:
-    """Serve the unmet demand of ``models``: best-ratio greedy, tail covers, then plain greedy."""
-    tol = _TOL * np.maximum(c.demand, 1.0)
+def _fill(c: _Columns, s: _State, models: IntArray, *, disagg_first: bool = False) -> None:
+    """Serve the unmet demand of ``models``: aggregated instances that the demand fully uses (most
+    req/s per USD/h first), then the cheapest cover of the rest by up to three aggregated instances,
+    then the most req/s of unmet demand per USD/h among all instances and prefill+decode pairs.
+    ``disagg_first`` starts with that last step on prefill and decode instances only."""
     is_model = np.zeros(c.M, dtype=bool)
     is_model[models] = True
+    if disagg_first:
+        _ratio_greedy(c, s, is_model, aggregated=False)
+    _full_use_greedy(c, s, is_model)
+    for m in models:
+        _cover_tail(c, s, int(m))
+    _ratio_greedy(c, s, is_model, aggregated=True)
+
+
+def _full_use_greedy(c: _Columns, s: _State, is_model: BoolArray) -> None:
+    tol = _TOL * np.maximum(c.demand, 1.0)
     while True:
         unmet = s.unmet()
         active = np.nonzero((unmet > tol) & is_model)[0]
         if len(active) == 0:
-            break
+            return
+        cand = np.concatenate([c.by_model[a] for a in active])
+        cand = cand[c.mode[cand] == _AGG]
+        cand = cand[s.room(cand) >= 1]
+        cand = cand[c.rate[cand] <= unmet[c.m[cand]] + tol[c.m[cand]]]
+        if len(cand) == 0:
+            return
+        j = int(cand[np.argmax(c.rate[cand] / np.maximum(_marginal_cost(c, s.x, cand), 1e-12))])
+        m = c.m[j]
+        k = min(int(s.room(np.array([j]))[0]), int((unmet[m] + tol[m]) // c.rate[j]))
+        if s.x[j] < c.cur[j]:
+            k = min(k, int(c.cur[j] - s.x[j]))  # its marginal cost rises once the running ones are used
+        s.change(j, max(k, 1))
+
+
+def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bool) -> None:
+    """Add the instance (with ``aggregated``, or only prefill/decode) or prefill+decode pair that
+    serves the most unmet demand per USD/h, until none serves more."""
+    tol = _TOL * np.maximum(c.demand, 1.0)
+    while True:
+        unmet = s.unmet()
+        active = np.nonzero((unmet > tol) & is_model)[0]
+        if len(active) == 0:
+            return
         best_ratio = 0.0
         best: tuple[int, ...] = ()
         cand = np.concatenate([c.by_model[a] for a in active])
-        cand = cand[s.room[cand] >= 1]
+        cand = cand[aggregated | (c.mode[cand] != _AGG)]
+        cand = cand[s.room(cand) >= 1]
         if len(cand):
-            gain = np.zeros(len(cand))
-            agg = c.mode[cand] == _AGG
-            full = agg & (c.rate[cand] <= unmet[c.m[cand]] + tol[c.m[cand]])
-            gain[full] = c.rate[cand[full]]
-            dis = ~agg
+            gain = np.where(c.mode[cand] == _AGG, c.rate[cand], 0.0)
+            dis = c.mode[cand] != _AGG
             if np.any(dis):
                 jd = cand[dis]
                 g = c.group[jd]
                 y0 = _flow(c, g, s.gp[g], s.gd[g], s.gn[g])
                 y1 = _flow(c, g, s.gp[g] + c.pcap[jd], s.gd[g] + c.dcap[jd], s.gn[g] + c.nic[jd])
-                gain[dis] = np.minimum(np.maximum(y1 - y0, 0.0), unmet[c.m[jd]])
+                gain[dis] = np.maximum(y1 - y0, 0.0)
+            gain = np.minimum(gain, unmet[c.m[cand]])
             ratio = np.where(gain > tol[c.m[cand]], gain / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
             k = int(np.argmax(ratio))
-            if ratio[k] > best_ratio:
+            if ratio[k] > 0:
                 best_ratio, best = float(ratio[k]), (int(cand[k]),)
         for g in np.nonzero(np.isin(c.group_m, active) & (s.gp <= 0) & (s.gd <= 0))[0]:
             pair = _best_pair(c, s, int(g), float(unmet[c.group_m[g]]))
             if pair is not None and pair[0] > best_ratio:
                 best_ratio, best = pair
         if not best:
-            break
+            return
         for j in best:
             s.change(j, 1)
-    for m in models:
-        _cover_tail(c, s, int(m))
-    _fallback_greedy(c, s, is_model)
 
 
 def _best_pair(c: _Columns, s: _State, g: int, unmet: float) -> tuple[float, tuple[int, ...]] | None:
     """The cheapest-per-capacity prefill and decode instances for an empty group, as (ratio, pair)."""
     pre, dec = c.by_group_pre[g], c.by_group_dec[g]
-    pre, dec = pre[s.room[pre] >= 1], dec[s.room[dec] >= 1]
+    pre, dec = pre[s.room(pre) >= 1], dec[s.room(dec) >= 1]
     if len(pre) == 0 or len(dec) == 0:
         return None
     cp, cd = _marginal_cost(c, s.x, pre), _marginal_cost(c, s.x, dec)
@@ -694,7 +721,8 @@ def _cover_tail(c: _Columns, s: _State, m: int) -> None:
     if unmet <= _TOL * max(float(c.demand[m]), 1.0):
         return
     cols = c.by_model[m]
-    front = _frontier(c, s, cols[(c.mode[cols] == _AGG) & (s.room[cols] >= 1)])
+    agg = cols[c.mode[cols] == _AGG]
+    front = _frontier(c, s, agg[s.room(agg) >= 1])
     if len(front) == 0:
         return
     rates, costs, cheapest, counts = _cover_table(c, s, front)
@@ -707,46 +735,10 @@ def _apply(s: _State, front: IntArray, counts: IntArray) -> bool:
     """Add counts[i] instances of front[i] while they fit; True if all fitted."""
     for j, k in zip(front, counts, strict=True):
         for _ in range(int(k)):
-            if s.room[j] < 1:
+            if not s.fits(int(j)):
                 return False
             s.change(int(j), 1)
     return True
-
-
-def _fallback_greedy(c: _Columns, s: _State, is_model: BoolArray) -> None:
-    """Where availability blocks the covers above: add the most req/s of unmet demand per USD/h."""
-    tol = _TOL * np.maximum(c.demand, 1.0)
-    while True:
-        unmet = s.unmet()
-        active = np.nonzero((unmet > tol) & is_model)[0]
-        if len(active) == 0:
-            return
-        cand = np.concatenate([c.by_model[a] for a in active])
-        cand = cand[s.room[cand] >= 1]
-        if len(cand) == 0:
-            return
-        gain = np.where(c.mode[cand] == _AGG, c.rate[cand], 0.0)
-        dis = c.mode[cand] != _AGG
-        if np.any(dis):
-            jd = cand[dis]
-            g = c.group[jd]
-            y0 = _flow(c, g, s.gp[g], s.gd[g], s.gn[g])
-            y1 = _flow(c, g, s.gp[g] + c.pcap[jd], s.gd[g] + c.dcap[jd], s.gn[g] + c.nic[jd])
-            gain[dis] = np.maximum(y1 - y0, 0.0)
-        gain = np.minimum(gain, unmet[c.m[cand]])
-        ratio = np.where(gain > tol[c.m[cand]], gain / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
-        best_ratio, best = 0.0, ()
-        k = int(np.argmax(ratio))
-        if ratio[k] > 0:
-            best_ratio, best = float(ratio[k]), (int(cand[k]),)
-        for g in np.nonzero(np.isin(c.group_m, active) & (s.gp <= 0) & (s.gd <= 0))[0]:
-            pair = _best_pair(c, s, int(g), float(unmet[c.group_m[g]]))
-            if pair is not None and pair[0] > best_ratio:
-                best_ratio, best = pair
-        if not best:
-            return
-        for j in best:
-            s.change(j, 1)
 
 
 def _prune(c: _Columns, s: _State, cols: IntArray | None = None) -> None:
@@ -782,20 +774,26 @@ def _rebuild_model(c: _Columns, s: _State, m: int) -> bool:
     tol = _TOL * max(float(c.demand[m]), 1.0)
     served = min(float(s.capacity()[m]), float(c.demand[m]))
     before = sum(_objective(c, s.x))
-    for j, k in zip(cols, old, strict=True):
-        if k:
-            s.change(int(j), -int(k))
-    _fill(c, s, np.array([m]))
-    _prune(c, s, cols)
-    if min(float(s.capacity()[m]), float(c.demand[m])) >= served - tol and sum(_objective(c, s.x)) < before - 1e-9 * max(before, 1.0):
-        return True
-    for j, k in zip(cols, s.x[cols].copy(), strict=True):
-        if k:
-            s.change(int(j), -int(k))
-    for j, k in zip(cols, old, strict=True):
-        if k:
-            s.change(int(j), int(k))
-    return False
+    best, best_x = before - 1e-9 * max(before, 1.0), old
+    variants = (False, True) if c.by_group_pre and np.any(c.group_m == m) else (False,)
+    for disagg_first in variants:
+        _set_counts(s, cols, np.zeros(len(cols), dtype=np.int64))
+        _fill(c, s, np.array([m]), disagg_first=disagg_first)
+        _prune(c, s, cols)
+        value = sum(_objective(c, s.x))
+        if min(float(s.capacity()[m]), float(c.demand[m])) >= served - tol and value < best:
+            best, best_x = value, s.x[cols].copy()
+    _set_counts(s, cols, best_x)
+    return best_x is not old
+
+
+def _set_counts(s: _State, cols: IntArray, counts: IntArray) -> None:
+    """Set x[cols] = counts: removals first, so that the additions fit whenever the result does."""
+    delta = counts - s.x[cols]
+    for i in np.nonzero(delta < 0)[0]:
+        s.change(int(cols[i]), int(delta[i]))
+    for i in np.nonzero(delta > 0)[0]:
+        s.change(int(cols[i]), int(delta[i]))
 
 
 def _improve_model(c: _Columns, s: _State, m: int) -> bool:
@@ -813,8 +811,8 @@ def _improve_model(c: _Columns, s: _State, m: int) -> bool:
     over = np.maximum(s.x[used] - c.cur[used], 0)
     saving = drops * c.cost[used][None, :] + c.pen[used][None, :] * (over - np.maximum(over - drops, 0))
     drop_save = saving.sum(axis=1)
-    need = served - other - (s.agg[m] - drops @ c.rate[used])
-    front = _frontier(c, s, agg[(s.room[agg] >= 1) | (s.x[agg] > 0)])
+    need = served - other - (s.agg[m] - (drops * c.rate[used][None, :]).sum(axis=1))
+    front = _frontier(c, s, agg[(s.room(agg) >= 1) | (s.x[agg] > 0)])
     rates, costs, cheapest, counts = _cover_table(c, s, front)
     pos = np.searchsorted(rates, need - tol, side="left")
     ok = pos < len(rates)
@@ -849,7 +847,7 @@ def _try_move(
     ok = True
     for j, k in zip(front, add, strict=True):
         for _ in range(int(k)):
-            if s.room[j] < 1:
+            if not s.fits(int(j)):
                 ok = False
                 break
             s.change(int(j), 1)
@@ -869,14 +867,14 @@ def _fit_current(c: _Columns) -> IntArray:
     """The current deployment, cut to what fits the availability now (columns in order)."""
     s = _State(c, np.zeros(c.J, dtype=np.int64))
     for j in np.nonzero(c.cur > 0)[0]:
-        k = min(int(c.cur[j]), int(s.room[j]))
+        k = min(int(c.cur[j]), int(s.room(np.array([j]))[0]))
         if k > 0:
             s.change(int(j), k)
     return s.x
 
 
 def _unmet_total(c: _Columns, x: IntArray) -> float:
-    return float(_State(c, x, room=False).unmet().sum())
+    return float(_State(c, x).unmet().sum())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1095,7 +1093,7 @@ def _service_hi(c: _Columns, unmet: float) -> float:
 
 
 def _plan_vector(c: _Columns, mat: _Matrix, x: IntArray) -> FloatArray:
-    s = _State(c, x, room=False)
+    s = _State(c, x)
     new = np.maximum(x - c.cur, 0)
     keep = np.minimum(x, c.cur)[mat.keep_cols]
     y = s.flows()
@@ -1337,7 +1335,7 @@ def solve_allocation(
         status = "optimal"
     else:
         status = "feasible" if source == "mip" else source
-    served = np.minimum(_State(c, best, room=False).capacity(), c.demand) if c.J else np.zeros(c.M)
+    served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
     return AllocationResult(
         counts=_counts(c, best),
         cost_per_hour=cost,

@@ -206,7 +206,33 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
         cur = attrs.evolve(cur, menus=tuple(menus))
         if not changed:
             break
+    cur = _drop_slack_metrics(cur)
     return Reduced(cur, tuple(index), _upper_bound(cur, usable_edges(cur)))
+
+
+def _drop_slack_metrics(problem: PlacementProblem) -> PlacementProblem:
+    """Remove the metrics that no path can exceed: the sum of every node's largest latency plus n + 1
+    of the largest usable link latencies fits the limit (a path visits each node at most once)."""
+    n = problem.n
+    limit = np.asarray(problem.lat_limit, dtype=np.float64)
+    edges = usable_edges(problem)
+    ll = np.asarray(problem.link_lat, dtype=np.float64)
+    worst = sum(np.asarray(m.lat, dtype=np.float64).max(axis=1) for m in problem.menus)
+    worst = worst + (n + 1) * np.max([ll[:, u, v] for u, v in edges], axis=0) if edges else worst
+    keep = np.flatnonzero(worst > limit)
+    if keep.size == limit.size:
+        return problem
+    if keep.size == 0:  # every metric is slack: keep one, unconstrained
+        keep = np.array([0])
+        limit = limit.copy()
+        limit[0] = np.inf
+    menus = tuple(attrs.evolve(m, lat=np.asarray(m.lat, dtype=np.float64)[keep]) for m in problem.menus)
+    new_ll = ll[keep].copy()
+    unusable = np.ones((n + 1, n + 1), dtype=bool)
+    for u, v in edges:
+        unusable[u, v] = False
+    new_ll[:, unusable] = np.inf  # an edge unusable before stays unusable
+    return attrs.evolve(problem, menus=menus, link_lat=new_ll, lat_limit=limit[keep])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -311,12 +337,18 @@ class _Knapsack:
         return tuple(reversed(opts)), tuple(reversed(ks))
 
 
-def _best_chain(problem: PlacementProblem, nodes: tuple[int, ...], edges: set[Edge], knaps: list[_Knapsack]) -> _Chain | None:
+def _best_chain(
+    problem: PlacementProblem,
+    nodes: tuple[int, ...],
+    edges: set[Edge],
+    knaps: list[_Knapsack],
+    orders: list[tuple[FloatArray, float, tuple[int, ...]]] | None = None,
+) -> _Chain | None:
     limit = np.asarray(problem.lat_limit, dtype=np.float64)
     tol = _tol(limit)
     caps = np.unique(np.concatenate([np.asarray(problem.menus[i].cap, dtype=np.float64) for i in nodes]))
     best: _Chain | None = None
-    for lat_links, lcap, perm in _orders(problem, nodes, edges):
+    for lat_links, lcap, perm in _orders(problem, nodes, edges) if orders is None else orders:
         budget = limit - lat_links + tol
         if np.any(budget < 0):
             continue
@@ -428,66 +460,193 @@ def pipeline_dp(problem: PlacementProblem) -> PlacementResult:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Exact enumeration for n <= 2
+# Exact enumeration for n <= 3
 
 
-def _pairs_exact(problem: PlacementProblem) -> PlacementResult | None:
-    """Every placement of one or two nodes; None if there is none."""
-    n, L = problem.n, int(problem.num_layers)
-    limit = np.asarray(problem.lat_limit, dtype=np.float64)
-    tol = _tol(limit)
-    ll = np.asarray(problem.link_lat, dtype=np.float64)
-    lc = np.asarray(problem.link_cap, dtype=np.float64)
-    edges = set(usable_edges(problem))
-    menus = problem.menus
+def _group_best(keys: np.ndarray, vals: FloatArray, nkeys: int) -> tuple[FloatArray, np.ndarray]:
+    """Per key in 0..nkeys-1: the largest value and its position (-inf and -1 where none)."""
+    best = np.full(nkeys, -np.inf)
+    pos = np.full(nkeys, -1, dtype=np.int64)
+    if keys.size:
+        order = np.lexsort((vals, keys))
+        last = np.flatnonzero(np.r_[keys[order][1:] != keys[order][:-1], True])
+        sel = order[last]
+        best[keys[sel]] = vals[sel]
+        pos[keys[sel]] = sel
+    return best, pos
 
-    def single(i: int) -> tuple[float, int] | None:
-        if (n, i) not in edges or (i, n) not in edges:
+
+_Cand = tuple[float, tuple[int, ...], tuple[int, ...], tuple[Edge, ...]]
+
+
+class _Small:
+    """Every shape that n <= 3 nodes allow, each solved exactly (see ``exact_small``)."""
+
+    def __init__(self, problem: PlacementProblem) -> None:
+        self.p = problem
+        self.n, self.L = problem.n, int(problem.num_layers)
+        self.limit = np.asarray(problem.lat_limit, dtype=np.float64)
+        self.budget = self.limit + _tol(self.limit)
+        self.ll = np.asarray(problem.link_lat, dtype=np.float64)
+        self.lc = np.asarray(problem.link_cap, dtype=np.float64)
+        self.edges = set(usable_edges(problem))
+        self.k = [np.asarray(m.k) for m in problem.menus]
+        self.cap = [np.asarray(m.cap, dtype=np.float64) for m in problem.menus]
+        self.lat = [np.asarray(m.lat, dtype=np.float64) for m in problem.menus]
+
+    def _has(self, *path: int) -> bool:
+        return all(e in self.edges for e in itertools.pairwise(path))
+
+    def _links(self, *path: int) -> tuple[FloatArray, float]:
+        pairs = list(itertools.pairwise(path))
+        return sum(self.ll[:, u, v] for u, v in pairs), min(float(self.lc[u, v]) for u, v in pairs)
+
+    def single(self, i: int) -> tuple[float, int] | None:
+        n = self.n
+        if not self._has(n, i, n):
             return None
-        k = np.asarray(menus[i].k)
-        lat = np.asarray(menus[i].lat, dtype=np.float64) + (ll[:, n, i] + ll[:, i, n])[:, None]
-        ok = (k == L) & np.all(lat <= (limit + tol)[:, None], axis=0)
+        lat, lcap = self._links(n, i, n)
+        ok = (self.k[i] == self.L) & np.all(self.lat[i] + lat[:, None] <= self.budget[:, None], axis=0)
         if not ok.any():
             return None
-        cap = np.where(ok, np.minimum(np.asarray(menus[i].cap, dtype=np.float64), min(lc[n, i], lc[i, n])), -1.0)
-        o = int(np.argmax(cap))
-        return float(cap[o]), o
+        val = np.where(ok, np.minimum(self.cap[i], lcap), -1.0)
+        o = int(np.argmax(val))
+        return float(val[o]), o
 
-    cands: list[tuple[float, tuple[int, ...], tuple[int, ...], dict[Edge, float]]] = []
-    if n == 1:
-        s = single(0)
-        if s is not None:
-            cands.append((s[0], (s[1],), (0,), {(1, 0): s[0], (0, 1): s[0]}))
-    else:
-        a, b = single(0), single(1)
-        if a is not None and b is not None:
-            cands.append((a[0] + b[0], (a[1], b[1]), (0, 0), {(2, 0): a[0], (0, 2): a[0], (2, 1): b[0], (1, 2): b[0]}))
-        for i, j in ((0, 1), (1, 0)):
-            if not {(n, i), (i, j), (j, n)} <= edges:
+    def chain2(self, i: int, j: int) -> tuple[float, int, int] | None:
+        n = self.n
+        if not self._has(n, i, j, n):
+            return None
+        lat, lcap = self._links(n, i, j, n)
+        pi_, pj = np.nonzero(self.k[i][:, None] + self.k[j][None, :] == self.L)
+        ok = np.all(self.lat[i][:, pi_] + self.lat[j][:, pj] + lat[:, None] <= self.budget[:, None], axis=0)
+        if not ok.any():
+            return None
+        val = np.where(ok, np.minimum(np.minimum(self.cap[i][pi_], self.cap[j][pj]), lcap), -1.0)
+        t = int(np.argmax(val))
+        return float(val[t]), int(pi_[t]), int(pj[t])
+
+    def branch(self, a: int, j: int, l_: int, fork: bool) -> tuple[float, int, int, int] | None:
+        """Node a holding [0, p) feeding j and l holding [p, L) (fork), or j, l feeding a (join)."""
+        n = self.n
+        paths = [(n, a, x, n) if fork else (n, x, a, n) for x in (j, l_)]
+        if not all(self._has(*pt) for pt in paths):
+            return None
+        best: list[tuple[FloatArray, np.ndarray, np.ndarray]] = []
+        for x, pt in zip((j, l_), paths, strict=True):
+            lat, _ = self._links(*pt)
+            pa, px = np.nonzero(self.k[a][:, None] + self.k[x][None, :] == self.L)
+            ok = np.all(self.lat[a][:, pa] + self.lat[x][:, px] + lat[:, None] <= self.budget[:, None], axis=0)
+            pa, px = pa[ok], px[ok]
+            lk = (self.lc[a, x], self.lc[x, n]) if fork else (self.lc[n, x], self.lc[x, a])
+            cx = np.minimum(self.cap[x][px], min(lk))
+            b, pos = _group_best(pa, cx, self.k[a].shape[0])
+            best.append((b, pos, px))
+        (bj, posj, pxj), (bl, posl, pxl) = best
+        ok = np.isfinite(bj) & np.isfinite(bl)
+        if not ok.any():
+            return None
+        own = self.lc[n, a] if fork else self.lc[a, n]
+        val = np.where(ok, np.minimum(np.minimum(self.cap[a], own), bj + bl), -1.0)
+        oa = int(np.argmax(val))
+        return float(val[oa]), oa, int(pxj[posj[oa]]), int(pxl[posl[oa]])
+
+    def candidates(self, chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> list[_Cand]:
+        n, L = self.n, self.L
+        out: list[_Cand] = []
+        singles = [self.single(i) for i in range(n)]
+        if all(s is not None for s in singles):
+            out.append((
+                sum(s[0] for s in singles if s is not None),
+                tuple(s[1] for s in singles if s is not None),
+                (0,) * n,
+                tuple(e for i in range(n) for e in ((n, i), (i, n))),
+            ))
+        nodes = range(n)
+        for i, j in itertools.permutations(nodes, 2):
+            c2 = self.chain2(i, j)
+            if c2 is None:
                 continue
-            ki, kj = np.asarray(menus[i].k), np.asarray(menus[j].k)
-            pi_, pj = np.nonzero(ki[:, None] + kj[None, :] == L)
-            if pi_.size == 0:
+            others = [x for x in nodes if x not in (i, j)]
+            rest = [singles[x] for x in others]
+            if any(r is None for r in rest):
                 continue
-            lat = (np.asarray(menus[i].lat, dtype=np.float64)[:, pi_] + np.asarray(menus[j].lat, dtype=np.float64)[:, pj]
-                   + (ll[:, n, i] + ll[:, i, j] + ll[:, j, n])[:, None])
-            ok = np.all(lat <= (limit + tol)[:, None], axis=0)
-            if not ok.any():
-                continue
-            val = np.minimum(np.asarray(menus[i].cap, dtype=np.float64)[pi_], np.asarray(menus[j].cap, dtype=np.float64)[pj])
-            val = np.minimum(val, min(lc[n, i], lc[i, j], lc[j, n]))
-            val = np.where(ok, val, -1.0)
-            t = int(np.argmax(val))
-            opt = [0, 0]
-            st = [0, 0]
-            opt[i], opt[j] = int(pi_[t]), int(pj[t])
-            st[j] = int(ki[pi_[t]])
-            v = float(val[t])
-            cands.append((v, tuple(opt), tuple(st), {(n, i): v, (i, j): v, (j, n): v}))
-    if not cands:
+            opt = [0] * n
+            st = [0] * n
+            opt[i], opt[j] = c2[1], c2[2]
+            st[j] = int(self.k[i][c2[1]])
+            edges: list[Edge] = [(n, i), (i, j), (j, n)]
+            val = c2[0]
+            for x, r in zip(others, rest, strict=True):
+                assert r is not None
+                opt[x] = r[1]
+                edges += [(n, x), (x, n)]
+                val += r[0]
+            out.append((val, tuple(opt), tuple(st), tuple(edges)))
+        if n == 3:
+            for a in nodes:
+                j, l_ = (x for x in nodes if x != a)
+                for fork in (True, False):
+                    br = self.branch(a, j, l_, fork)
+                    if br is None:
+                        continue
+                    opt = [0] * n
+                    opt[a], opt[j], opt[l_] = br[1], br[2], br[3]
+                    st = [0] * n
+                    if fork:
+                        st[j] = st[l_] = int(self.k[a][br[1]])
+                        edges = [(n, a), (a, j), (a, l_), (j, n), (l_, n)]
+                    else:
+                        st[a] = int(self.k[j][br[2]])
+                        edges = [(n, j), (n, l_), (j, a), (l_, a), (a, n)]
+                    out.append((br[0], tuple(opt), tuple(st), tuple(edges)))
+            for val, order, opts, ks in chain3:
+                opt = [0] * n
+                st = [0] * n
+                pos = 0
+                for x, o, k in zip(order, opts, ks, strict=True):
+                    opt[x], st[x] = o, pos
+                    pos += k
+                assert pos == L
+                seq = (n, *order, n)
+                out.append((val, tuple(opt), tuple(st), tuple(itertools.pairwise(seq))))
+        return out
+
+
+def exact_small(problem: PlacementProblem) -> PlacementResult | None:
+    """The proven optimum of a problem with n <= 3 nodes (n = 3: one latency metric), by enumerating
+    every shape: replicas, two-node chains beside a replica, three-node chains, one node feeding two
+    (fork) and two feeding one (join); each is exact (the chains by the bisection knapsack, the others
+    by numpy over all option pairs whose k add up to L). Returns status ``infeasible`` when no shape
+    has a placement, and None when the problem is outside its scope."""
+    n = problem.n
+    if n > 3 or (n == 3 and problem.num_metrics > 1):
         return None
-    v, opt, st, fl = max(cands, key=lambda c: c[0])
-    return PlacementResult(v, "optimal", v, "shapes", opt, st, fl)
+    sm = _Small(problem)
+    chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
+    if n == 3:
+        knaps = [_Knapsack(problem, np.ones(1))]
+        for order in itertools.permutations(range(3)):
+            seq = (n, *order, n)
+            if not sm._has(*seq):
+                continue
+            lat, lcap = sm._links(*seq)
+            ch = _best_chain(problem, order, sm.edges, knaps, orders=[(lat, lcap, order)])
+            if ch is not None:
+                chain3.append((ch.value, ch.order, ch.options, ch.ks))
+    cands = sm.candidates(chain3)
+    if not cands:
+        return PlacementResult(0.0, "infeasible", 0.0, "shapes")
+    best: PlacementResult | None = None
+    for val, opt, st, edges in sorted(cands, key=lambda c: -c[0]):
+        ev = evaluate_placement(problem, opt, st, edges)
+        if ev is None:  # pragma: no cover - every candidate was checked against the limits
+            raise AssertionError("an enumerated shape failed its check")
+        if best is None or ev[0] > best.value:
+            best = PlacementResult(ev[0], "optimal", ev[0], "shapes", opt, st, ev[1])
+        if best.value >= val:
+            break
+    return best
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -521,11 +680,11 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementRe
     if red is None:
         return PlacementResult(0.0, "infeasible", 0.0, "reduce", solve_s=time.perf_counter() - t0)
     rp = red.problem
-    if rp.n <= 2:
-        res = _pairs_exact(rp)
-        if res is None:
-            return PlacementResult(0.0, "infeasible", 0.0, "shapes", solve_s=time.perf_counter() - t0)
-        return _lift(red, res, problem, time.perf_counter() - t0)
+    small = exact_small(rp)
+    if small is not None:
+        if small.status == "infeasible":
+            return attrs.evolve(small, solve_s=time.perf_counter() - t0)
+        return _lift(red, small, problem, time.perf_counter() - t0)
     dp = _chain_family(rp)
     if dp is not None:
         ev = evaluate_placement(rp, dp.option, dp.start, dp.flows.keys())

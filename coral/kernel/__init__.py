@@ -19,7 +19,10 @@ Sockets
 
     ``dest`` is a peer name, ``*`` (publish) or ``kernel``. ``corr``, present only on a request and its
     reply, is ``q`` (request) or ``r`` (reply) followed by a big-endian u64 request id. Subscribers filter
-    by tag prefix: ``kernel.actor.`` gets all supervision events.
+    by tag prefix: ``kernel.actor.`` gets all supervision events. Topics starting with NUL are the
+    kernel's private sync marks. The kernel never blocks on a receiver: a directed message to a missing
+    peer, or to one whose queue is at its high-water mark, is dropped and reported as an ``ErrorEvent``,
+    so bulk senders should bound what they have in flight (requests, or a window).
 
 Handshake and liveness
     A client sends ``Hello`` and is usable once the kernel's ``Ready`` came back and a sync round trip
@@ -38,7 +41,8 @@ Time and actors
     Decisions read time only from the kernel ``Clock`` (real, scaled or virtual). ``Mesh`` owns the
     broker, clock, journal and supervisor, spawns ``Actor`` subclasses, restarts crashed ones within a
     ``RestartPolicy`` budget, and under a ``VirtualClock`` can ``quiesce()`` (every actor idle, nothing in
-    flight) before the next external input or clock step.
+    flight) before the next external input or clock step; ``inject(msg, at=t)`` does quiesce, step and
+    deliver in one call.
 """
 
 from coral.kernel.actor import (

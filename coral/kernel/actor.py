@@ -15,7 +15,8 @@ client is usable. An exception out of any hook or timer is a crash: the ``Superv
 ``ActorCrashed`` and, within the ``RestartPolicy`` budget (at most ``max_restarts`` crashes within
 ``window`` seconds of the kernel clock), restarts the actor with ``ActorRestarted``; past the budget it
 publishes ``ActorGaveUp`` and the actor stays down. The message being handled at the crash is dropped;
-queued messages are kept.
+queued messages are kept. A crash in ``on_stop`` is published as ``ActorCrashed`` with count 0 and not
+restarted.
 
 Shutdown is a state, not an exception: once the mesh stops, each actor's client stops accepting new
 messages, the actor handles what is already in its inbox, its timers stop, ``on_stop`` runs and the task
@@ -310,15 +311,15 @@ class ActorRuntime:
         fresh = False
         while True:
             try:
-                if fresh and self._factory is not None:
-                    actor = self._factory()
-                    if not isinstance(actor, Actor) or actor.name != self.name:
-                        raise ActorError(f"actor {self.name!r}: the factory returned {actor!r}")
-                    handle.actor = actor
-                actor._ctx = ActorContext(self)
                 async with anyio.create_task_group() as timers:
                     self.timers = timers
                     try:
+                        if fresh and self._factory is not None:
+                            actor = self._factory()
+                            if not isinstance(actor, Actor) or actor.name != self.name:
+                                raise ActorError(f"actor {self.name!r}: the factory returned {actor!r}")
+                            handle.actor = actor
+                        actor._ctx = ActorContext(self)
                         await actor.on_start()
                     finally:
                         self._exit()

@@ -62,6 +62,8 @@ from coral.kernel.wire import (
     check_hwm,
     check_positive,
     pack_corr,
+    recv_nowait,
+    send_nowait,
     set_common_options,
     text,
     unpack_corr,
@@ -208,10 +210,10 @@ class Broker:
         tag, body = self.codec.encode(msg)
         self._publish(tag, source.encode(), tag, body)
 
-    def send(self, dest: str, msg: object) -> bool:
-        """Send (and journal) a directed message from the kernel; False if it could not be delivered."""
+    def send(self, dest: str, msg: object, source: str = KERNEL) -> bool:
+        """Send (and journal) a directed message on behalf of ``source``; False if it was not delivered."""
         tag, body = self.codec.encode(msg)
-        ok = self._route(KERNEL_B, dest.encode(), tag, body, None)
+        ok = self._route(source.encode(), dest.encode(), tag, body, None)
         # A send on the shadow socket may swallow the ROUTER's read notification: let pyzmq re-check it.
         self._router.get(zmq.EVENTS)
         return ok
@@ -225,7 +227,7 @@ class Broker:
             self._on_frames(frames)
             for _ in range(_DRAIN_BATCH):
                 try:
-                    frames = rsync.recv_multipart(zmq.NOBLOCK)
+                    frames = recv_nowait(rsync)
                 except zmq.Again:
                     if self.journal is not None:
                         self.journal.flush()
@@ -248,15 +250,19 @@ class Broker:
 
     def _on_frames(self, frames: list[bytes]) -> None:
         try:
-            self.handle_frames(frames)
-        except Exception as exc:  # a bug in handle_frames must not take the kernel down; report it
+            self._dispatch(frames)
+        except Exception as exc:  # a bug in _dispatch must not take the kernel down; report it
             self._error("", f"broker failed on a frame: {type(exc).__name__}: {exc}")
 
     def handle_frames(self, frames: list[bytes]) -> None:
-        """Route, publish or answer one frame list read from the ROUTER (identity first).
+        """Route, publish or answer one frame list as if read from the ROUTER (identity first).
 
         Total: any malformed input becomes a published ErrorEvent, never an exception.
         """
+        self._dispatch(frames)
+        self._router.get(zmq.EVENTS)  # called from outside the route loop: re-arm pyzmq's wake-up
+
+    def _dispatch(self, frames: list[bytes]) -> None:
         n = len(frames)
         if n != 4 and n != 5:
             sender = text(frames[0]) if frames else "?"
@@ -292,7 +298,7 @@ class Broker:
             kind, cid = kc
             out = [dest, source, tag, body, corr]
         try:
-            self._router_sync.send_multipart(out, zmq.NOBLOCK)
+            send_nowait(self._router_sync, out)
         except zmq.Again:
             self.stats.dropped += 1
             pending = self._drops.get(dest)
@@ -331,7 +337,7 @@ class Broker:
 
     def _publish(self, topic: bytes, source: bytes, tag: bytes, body: bytes) -> None:
         with contextlib.suppress(zmq.Again):  # PUB drops at its high-water mark; it never blocks
-            self._pub.send_multipart([topic, source, body], zmq.NOBLOCK)
+            send_nowait(self._pub, (topic, source, body))
         self.stats.published += 1
         if self.journal is not None and not topic.startswith(SYNC_TOPIC):
             self.journal.append(self.clock.now(), KIND_PUBLISH, text(source), topic.decode(), tag.decode(), body)
@@ -344,7 +350,7 @@ class Broker:
         tag, body = self.codec.encode(msg)
         out = [ident, KERNEL_B, tag, body] if corr is None else [ident, KERNEL_B, tag, body, corr]
         with contextlib.suppress(zmq.ZMQError):
-            self._router_sync.send_multipart(out, zmq.NOBLOCK)
+            send_nowait(self._router_sync, out)
 
     def _join(self, ident: bytes) -> str:
         peer = self._peers.get(ident)

@@ -53,6 +53,9 @@ from coral.kernel.wire import (
     pack_corr,
     parse_direct,
     parse_published,
+    readable,
+    recv_nowait,
+    send_nowait,
     set_common_options,
 )
 
@@ -137,6 +140,8 @@ class BusClient:
         self._syncs: dict[int, _Sync] = {}
         self._ids = itertools.count(1)
         self._unyielded = 0
+        self._send_waiting = 0
+        self._dealer_shadow: zmq.Socket[Any]
         self._dest_cache: dict[str, bytes] = {}
         self._ready_event = anyio.Event()
         self._goodbye_event = anyio.Event()
@@ -168,6 +173,7 @@ class BusClient:
             except zmq.ZMQError as exc:
                 raise BusError(f"client {self.name!r}: cannot connect to {self.endpoints}: {exc}") from exc
             self._dealer, self._sub = dealer, sub
+            self._dealer_shadow = zmq.Socket.shadow(dealer.underlying)
             send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size)
             self._inbox_recv = recv
             stack.callback(recv.close)
@@ -204,6 +210,8 @@ class BusClient:
         finally:
             self._closed = True
             self.stop_receiving()
+            for slot in self._pending.values():  # wake waiting requests: they fail as closed
+                slot.event.set()
             await stack.aclose()
 
     async def _handshake(self) -> None:
@@ -225,7 +233,7 @@ class BusClient:
         assert self.ready is not None
         for seq in itertools.count():
             await anyio.sleep(self.ready.heartbeat_interval)
-            with contextlib.suppress(zmq.ZMQError):
+            with contextlib.suppress(zmq.ZMQError, BusError):
                 await self._send_frames(KERNEL_B, Heartbeat(seq))
 
     def stop_receiving(self) -> None:
@@ -250,7 +258,23 @@ class BusClient:
         if self._closed:
             raise BusError(f"client {self.name!r}: closed")
         tag, body = self.codec.encode(msg)
-        await self._dealer.send_multipart((dest, tag, body) if corr is None else (dest, tag, body, corr))
+        frames = (dest, tag, body) if corr is None else (dest, tag, body, corr)
+        sent = False
+        if not self._send_waiting:  # never overtake a send that waits for room
+            try:
+                send_nowait(self._dealer_shadow, frames)
+                sent = True
+            except zmq.Again:
+                pass
+            else:
+                if readable(self._dealer_shadow):
+                    self._dealer.get(zmq.EVENTS)  # the send may have taken pyzmq's wake-up: re-arm it
+        if not sent:
+            self._send_waiting += 1
+            try:
+                await self._dealer.send_multipart(frames)
+            finally:
+                self._send_waiting -= 1
         self.stats.sent += 1
         self._unyielded += 1
         if self._unyielded >= _YIELD_EVERY:  # a tight send loop must let the kernel and receivers run
@@ -277,6 +301,8 @@ class BusClient:
         finally:
             del self._pending[cid]
         env = slot.envelope
+        if env is None and self._closed:
+            raise BusError(f"request {type(msg).__name__} to {dest!r}: the client closed before the reply came")
         if env is None:
             raise RequestTimeout(f"request {type(msg).__name__} to {dest!r}: no reply within {timeout}s")
         if env.source == KERNEL and isinstance(env.msg, ErrorEvent):
@@ -454,7 +480,7 @@ class BusClient:
                     elif item is not None:
                         await self._report(item)
                     try:
-                        frames = shadow.recv_multipart(zmq.NOBLOCK)
+                        frames = recv_nowait(shadow)
                     except zmq.Again:
                         break
                 else:

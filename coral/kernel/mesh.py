@@ -8,6 +8,7 @@
         await tui.send("allocator", msg)
         await mesh.quiesce()           # every actor idle, nothing in flight
         await mesh.advance_to(60.0)    # virtual clock: wake timers in order, quiescing after each
+        await mesh.inject(msg, dest="allocator", at=90.0)  # one external input, fully handled on return
 
 Everything the mesh starts (broker, actors, clients) runs in the mesh's own task group, so nothing holds a
 task group across a caller's ``yield``. Leaving the ``async with`` block shuts down gracefully (see
@@ -161,7 +162,8 @@ class Mesh:
                 tg.cancel_scope.cancel()
         finally:
             self.state = MeshState.STOPPED
-            await stack.__aexit__(exc_type, exc, tb)
+            # The block's own exception propagates unchanged (not wrapped in the task group's group).
+            await stack.aclose()
         return None
 
     async def _run_broker(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -271,13 +273,28 @@ class Mesh:
 
     # -- kernel-originated traffic -------------------------------------------------------------------
 
-    def publish(self, msg: object) -> None:
-        """Publish a message from the kernel."""
-        self._broker.publish(msg)
+    def publish(self, msg: object, *, source: str = KERNEL) -> None:
+        """Publish a message from the kernel (or on behalf of ``source``)."""
+        self._broker.publish(msg, source)
 
-    def send(self, dest: str, msg: object) -> bool:
-        """Send a message from the kernel to ``dest``; False if it could not be delivered."""
-        return self._broker.send(dest, msg)
+    def send(self, dest: str, msg: object, *, source: str = KERNEL) -> bool:
+        """Send a message from the kernel (or on behalf of ``source``) to ``dest``; False if undelivered."""
+        return self._broker.send(dest, msg, source)
+
+    async def inject(
+        self, msg: object, *, dest: str | None = None, at: float | None = None, source: str = KERNEL
+    ) -> None:
+        """Deliver one external input deterministically: quiesce, move a virtual clock to ``at`` (if
+        given), send it to ``dest`` (or publish it), and quiesce again, so that it is fully handled."""
+        if at is not None:
+            await self.advance_to(at)
+        else:
+            await self.quiesce()
+        if dest is None:
+            self.publish(msg, source=source)
+        elif not self.send(dest, msg, source=source):
+            raise MeshError(f"inject: {type(msg).__name__} could not be delivered to {dest!r}")
+        await self.quiesce()
 
     # -- idleness ------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 import zmq
+from zmq.backend import Socket as _RawSocket
 
 from coral.errors import CoralError
 from coral.kernel.codec import Codec, DecodeError, tag_text
@@ -167,6 +168,44 @@ def parse_published(frames: list[bytes], codec: Codec) -> Envelope | Malformed:
     except DecodeError as exc:
         return Malformed(exc.tag, f"from {text(source)}: {exc}")
     return Envelope(KIND_PUBLISH, text(source), tag.decode(), msg)
+
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_raw_send = _RawSocket.send
+_raw_recv = _RawSocket.recv
+_raw_get = _RawSocket.get
+
+
+def send_nowait(sock: zmq.Socket[Any], frames: tuple[bytes, ...] | list[bytes]) -> None:
+    """Send a multipart message without blocking (raises zmq.Again at the high-water mark).
+
+    Calls the Cython socket methods directly: pyzmq's ``send_multipart`` spends most of its time
+    combining ``IntFlag`` enums. A multipart message is atomic: if its first frame is accepted, so is the
+    rest.
+    """
+    last = len(frames) - 1
+    for i in range(last):
+        _raw_send(sock, frames[i], _MORE_NOBLOCK)
+    _raw_send(sock, frames[last], _NOBLOCK)
+
+
+def recv_nowait(sock: zmq.Socket[Any]) -> list[bytes]:
+    """Receive one multipart message without blocking (raises zmq.Again when none is queued)."""
+    frame = _raw_recv(sock, _NOBLOCK, False)  # a Frame knows whether more parts follow: no getsockopt
+    parts = [frame.bytes]
+    while frame.more:
+        frame = _raw_recv(sock, _NOBLOCK, False)
+        parts.append(frame.bytes)
+    return parts
+
+
+def readable(sock: zmq.Socket[Any]) -> bool:
+    """Whether a message is queued (this also lets libzmq process its pending commands)."""
+    events: int = _raw_get(sock, _EVENTS)  # type: ignore[assignment]
+    return bool(events & _POLLIN)
 
 
 def set_common_options(sock: zmq.Socket[Any], hwm: int) -> None:

@@ -449,6 +449,7 @@ class _Sim:
         self.price, self.avail = scenario.market_at(self.catalog, 0.0)
         self.cost_last = 0.0
         self.dep_rate = [0.0] * len(self.deps)
+        self.tick_cost = [0.0] * len(self.deps)
         self.pending: dict[tuple[str, str, str], int] = {}
         self.tables: dict[tuple[str, str, int, int], StageTable] = {}
         self.replans = 0
@@ -463,6 +464,7 @@ class _Sim:
         self.skipped = 0
         self.rate_fns: list[Callable[[float], float]] = []
         self.series_deps: list[DepRT] = []
+        self.progress: Callable[[float, float], None] | None = None
         self.in_transit: dict[int, Req] = {}
         self.last_tick = 0.0
         self.busy_s: dict[str, float] = {}
@@ -1122,10 +1124,10 @@ class _Sim:
             if p.idle:
                 g.pullq.idle[p] = None
         for p in inst.paths:
-            while p.idle and g.pullq.q:
-                self._wake(p, t)
-                if not p.idle:
+            for _ in range(len(p.idle)):
+                if not g.pullq.q:
                     break
+                self._wake(p, t)
 
     def _unlist(self, inst: Inst) -> None:
         g = self._group(inst)
@@ -1250,6 +1252,7 @@ class _Sim:
     def _replan(self, t: float, trigger: str, first: bool = False) -> None:
         demand = {d.name: float(self.rate_fns[d.idx](t)) for d in self.deps}
         live = self._live_counts()
+        self.pending = {}
         req = PlanRequest(
             at=t, demand=demand, prices=dict(self.price), availability=dict(self.avail), current=live, trigger=trigger
         )
@@ -1275,7 +1278,6 @@ class _Sim:
                 mine.sort(key=lambda i: (i.state != LOADING, i.n_active, -i.id))
                 for inst in mine[:-diff]:
                     self._stop(inst, t)
-        self.pending = {}
         for key in keys:
             diff = target.get(key, 0) - live.get(key, 0)
             if diff > 0:
@@ -1318,21 +1320,22 @@ class _Sim:
         self._accrue(t)
         iv = t - t0
         for d in self.deps:
-            st = d.stats
             for pq in [d.entry.pullq, *(g.pullq for g in d.decode.values())]:
                 q = pq.q
                 while q and q[0].deadline < t:
                     self._fail(q.popleft(), "queue_timeout")
         for d in self.deps:
             st = d.stats
-            cap_agg = cap_pre = 0.0
+            cap = 0.0
+            cap_pre: dict[str, float] = {}
             for i in d.entry.insts:
                 if i.mode == "prefill":
-                    cap_pre += i.weight
+                    cap_pre[i.region] = cap_pre.get(i.region, 0.0) + i.weight
                 else:
-                    cap_agg += i.weight
-            cap_dec = sum(i.weight for g in d.decode.values() for i in g.insts)
-            cap = cap_agg + min(cap_pre, cap_dec)
+                    cap += i.weight
+            for region, pre in cap_pre.items():
+                g = d.decode.get(region)
+                cap += min(pre, sum(i.weight for i in g.insts)) if g is not None else 0.0
             queue = len(d.entry.pullq.q) + sum(len(g.pullq.q) for g in d.decode.values())
             n_inst = 0
             for inst in self.insts.values():
@@ -1352,12 +1355,15 @@ class _Sim:
                     st.iv_failed,
                     queue,
                     n_inst,
-                    self.dep_rate[d.idx],
+                    (st.cost - self.tick_cost[d.idx]) / iv * 3600.0 if iv > 0 else self.dep_rate[d.idx],
                     st.iv_met / done if done else math.nan,
                 )
             )
             st.iv_arrivals = st.iv_completed = st.iv_failed = st.iv_met = 0
+            self.tick_cost[d.idx] = st.cost
         self.last_tick = t
+        if self.progress is not None:
+            self.progress(min(t, self.duration), self.duration)
         if t < self.duration + self.cfg.drain_limit_s:
             self._push(t + self.interval, K_TICK, t)
 
@@ -1376,13 +1382,15 @@ def simulate(
     on_bad_row: str = "stop",
     config: SimConfig | None = None,
     arrivals: Mapping[str, ArrivalSource] | None = None,
+    progress: Callable[[float, float], None] | None = None,
 ) -> SimResult:
     """Simulate ``scenario`` served by the plans of ``plan_fn`` over ``templates`` (see the module docstring).
 
     ``trace`` replays one Azure-format trace for the whole scenario, each arrival going to a deployment
     by its demand share; without it each deployment follows its own demand (Poisson over its series, or
     its own trace). ``rate_scale`` multiplies every rate. ``arrivals`` overrides the source of named
-    deployments. The result depends only on the inputs and ``seed``.
+    deployments. ``progress(t, duration_s)`` is called at every interval. The result depends only on the
+    inputs and ``seed``.
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise SimError(f"seed must be a non-negative integer, got {seed!r}")
@@ -1412,6 +1420,7 @@ def simulate(
         on_bad_row,
         arrivals,
     )
+    sim.progress = progress
     return sim.run()
 
 

@@ -1,5 +1,9 @@
 """Simulation results: per-deployment statistics, the summary, JSON, the per-interval CSV and a plot.
 
+The interval series has one row per (interval, deployment): arrivals and completions per second, the
+serving capacity (req/s at the deployment's shape) and the queue at the interval's end, the mean cost
+rate over the interval (USD/h) and the fraction of requests finished in it that met both targets.
+
 Latency percentiles come from log-spaced histograms (200 bins per decade from 10 us to 100 000 s, so a
 percentile is within about 0.6% of the exact one) plus exact sums for the means, so memory does not grow
 with the number of requests. Attainment fractions are over every arrival: a failed request misses both

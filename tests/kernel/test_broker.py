@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import anyio
@@ -202,6 +203,8 @@ async def test_destination_over_high_water_mark_drops_with_error() -> None:
             env = await next_of(watch, ErrorEvent)
             assert "destination over high-water mark" in env.msg.reason and "fast -> slow" in env.msg.reason
             assert (await slow.receive()).msg == Ping(0)
+            # Drops are reported once, then summed up at most once a second: no storm of error events.
+            assert broker.stats.errors * 10 < broker.stats.dropped
 
 
 async def test_bad_options_are_rejected() -> None:
@@ -226,3 +229,42 @@ async def test_handshake_times_out_without_a_kernel() -> None:
     with pytest.raises(BusError, match="no Ready"):
         async with BusClient("lonely", inproc_endpoints(), handshake_timeout=0.1):
             pass
+
+
+WORKER = """
+import sys, anyio, attrs
+from coral.kernel import BusClient, Endpoints, message
+
+@message("test.kernel.ping")
+@attrs.frozen
+class Ping:
+    n: int
+
+@message("test.kernel.pong")
+@attrs.frozen
+class Pong:
+    n: int
+
+async def main() -> None:
+    async with BusClient("worker", Endpoints(sys.argv[1], sys.argv[2])) as bus:
+        async for env in bus:
+            if env.msg.n < 0:
+                return
+            await bus.reply(env, Pong(env.msg.n * 10))
+
+anyio.run(main)
+"""
+
+
+async def test_remote_worker_process_over_tcp() -> None:
+    """A stage worker in another process connects over tcp, with its own copy of the message types."""
+    async with Broker(Endpoints("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")) as broker:
+        ep = broker.endpoints
+        async with BusClient("watch", ep, subscribe=["kernel.peer."]) as watch, BusClient("boss", ep) as boss:
+            cwd = Path(__file__).resolve().parents[2]
+            async with await anyio.open_process([sys.executable, "-c", WORKER, ep.router, ep.pub], cwd=cwd) as proc:
+                await next_match(watch, PeerJoined, timeout=30, name="worker")
+                assert await boss.request("worker", Ping(4), timeout=30) == Pong(40)
+                await boss.send("worker", Ping(-1))
+                assert (await next_of(watch, PeerLeft, timeout=30)).msg.name == "worker"
+                assert await proc.wait() == 0

@@ -89,6 +89,18 @@ async def test_spawn_request_and_graceful_stop() -> None:
     assert mesh.state is MeshState.STOPPED
 
 
+async def test_kernel_sends_and_publishes() -> None:
+    async with Mesh() as mesh:
+        client = await mesh.client("client", subscribe=["test.kernel.pong"])
+        assert mesh.send("client", Ping(3))
+        env = await next_of(client, Ping)
+        assert (env.kind, env.source, env.msg) == ("send", KERNEL, Ping(3))
+        mesh.publish(Pong(4))
+        env = await next_of(client, Pong)
+        assert (env.kind, env.source, env.msg) == ("publish", KERNEL, Pong(4))
+        assert not mesh.send("nobody", Ping(0))
+
+
 async def test_supervisor_restarts_then_gives_up() -> None:
     counter = Counter("flaky")
     async with Mesh(policy=RestartPolicy(max_restarts=2, window=60.0)) as mesh:
@@ -296,6 +308,69 @@ async def test_sleep_on_virtual_clock_counts_as_idle() -> None:
         assert woke_at == []
         await mesh.advance_to(100.0)
         assert woke_at == [30.0]
+
+
+async def test_inject_delivers_inputs_one_at_a_time_in_virtual_time(tmp_path: Path) -> None:
+    seen: list[tuple[float, str, int]] = []
+
+    class Recorder(Actor):
+        async def handle(self, env: Envelope) -> None:
+            seen.append((self.ctx.now(), env.source, env.msg.n))
+            if env.msg.n < 3:
+                await self.ctx.send("recorder", Ping(env.msg.n + 10))  # follow-ups finish before the next input
+
+    journal = tmp_path / "bus.journal"
+    async with Mesh(clock=VirtualClock(), journal=journal) as mesh:
+        await mesh.spawn(Recorder("recorder", subscribe=["test.kernel.ping"]))
+        await mesh.inject(Ping(1), dest="recorder", at=5.0, source="demand-monitor")
+        await mesh.inject(Ping(2), at=9.0)
+        await mesh.inject(Ping(7), dest="recorder")
+        with pytest.raises(MeshError, match="could not be delivered"):
+            await mesh.inject(Ping(0), dest="nobody")
+    assert seen == [
+        (5.0, "demand-monitor", 1),
+        (5.0, "recorder", 11),
+        (9.0, KERNEL, 2),
+        (9.0, "recorder", 12),
+        (9.0, KERNEL, 7),
+    ]
+    pings = [(r.time, r.kind, r.source, r.dest) for r in read_journal(journal) if r.tag == "test.kernel.ping"]
+    assert pings == [
+        (5.0, "send", "demand-monitor", "recorder"),
+        (5.0, "send", "recorder", "recorder"),
+        (9.0, "publish", KERNEL, "test.kernel.ping"),
+        (9.0, "send", "recorder", "recorder"),
+        (9.0, "send", KERNEL, "recorder"),
+    ]
+
+
+async def test_shutdown_timeout_cancels_a_stuck_actor() -> None:
+    entered = anyio.Event()
+
+    class Stuck(Actor):
+        async def handle(self, env: Envelope) -> None:
+            entered.set()
+            await anyio.sleep_forever()
+
+        async def on_stop(self) -> None:
+            raise AssertionError("a cancelled actor does not reach on_stop")
+
+    async with Mesh(shutdown_timeout=0.2) as mesh:
+        handle = await mesh.spawn(Stuck("stuck"))
+        client = await mesh.client("client")
+        await client.send("stuck", Ping(0))
+        with anyio.fail_after(10):
+            await entered.wait()
+    assert handle.state is ActorState.STOPPED
+
+
+async def test_error_in_the_mesh_block_propagates_unwrapped() -> None:
+    counter = Counter("counter")
+    with pytest.raises(KeyError, match="boom"):
+        async with Mesh() as mesh:
+            handle = await mesh.spawn(counter)
+            raise KeyError("boom")
+    assert handle.state is ActorState.STOPPED and not counter.stopped  # cancelled, not drained
 
 
 async def test_mesh_rejects_misuse() -> None:

@@ -12,17 +12,22 @@ from coral.templates import Template
 from tests.sim import helpers as h
 
 M, NODE, L = "llama-3.1-8b", "g6e.xlarge", 32
-I, O = 1155, 211
+P_IN, P_OUT = 1155, 211
 
 
 def run_one(
     perf: PerfModel, tpl: Template, rate: float, duration: float, *, seed: int = 0, interval: float = 100.0
 ) -> SimResult:
     sc = h.scenario([h.deployment(rps=rate)], duration_s=duration)
-    src = PoissonArrivals(rate, LengthDist(I, O, "fixed"), np.random.default_rng(seed), end_s=duration)
+    src = PoissonArrivals(rate, LengthDist(P_IN, P_OUT, "fixed"), np.random.default_rng(seed), end_s=duration)
     plan = FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, h.REGION): 1})
     return simulate(
-        sc, {tpl.id: tpl}, perf, plan, arrivals={"chat": src}, config=SimConfig(queue_timeout_s=1e6),
+        sc,
+        {tpl.id: tpl},
+        perf,
+        plan,
+        arrivals={"chat": src},
+        config=SimConfig(queue_timeout_s=1e6),
         interval_s=interval,
     )
 
@@ -34,15 +39,15 @@ def steady_served(res: SimResult, t0: float) -> float:
 @pytest.mark.parametrize("batch", [16, 64])
 def test_saturated_throughput_and_tpot_match_closed_form(perf: PerfModel, batch: int) -> None:
     tpl = single(perf, M, NODE, batch)
-    pre = float(perf.prefill_s(M, NODE, layers=L, batch=1, prompt=I))
-    tau = float(perf.decode_step_s(M, NODE, layers=L, batch=batch, context=I + O / 2))
-    closed = 1.0 / (pre + O * tau / batch)
-    assert closed == pytest.approx(tpl.requests_per_s(I, O), rel=1e-9)
+    pre = float(perf.prefill_s(M, NODE, layers=L, batch=1, prompt=P_IN))
+    tau = float(perf.decode_step_s(M, NODE, layers=L, batch=batch, context=P_IN + P_OUT / 2))
+    closed = 1.0 / (pre + P_OUT * tau / batch)
+    assert closed == pytest.approx(tpl.requests_per_s(P_IN, P_OUT), rel=1e-9)
     res = run_one(perf, tpl, 1.5 * closed, 600.0)
     assert steady_served(res, 200.0) == pytest.approx(closed, rel=0.05)
-    # Every iteration carries `batch` sequences, and on average batch/O of them are new prompts.
+    # Every iteration carries `batch` sequences, and on average batch/P_OUT of them are new prompts.
     tpot = res.stats["chat"].tpot.mean
-    assert tpot == pytest.approx(tau + pre * batch / O, rel=0.05)
+    assert tpot == pytest.approx(tau + pre * batch / P_OUT, rel=0.05)
     assert res.stage_utilisation[f"{tpl.id}/0"] > 0.98
 
 
@@ -51,11 +56,11 @@ def test_light_load_latencies_match_closed_form(perf: PerfModel) -> None:
     res = run_one(perf, tpl, 0.02, 3000.0, interval=600.0)
     st = res.stats["chat"]
     assert st.completed == st.requests > 30
-    pre = float(perf.prefill_s(M, NODE, layers=L, batch=1, prompt=I))
-    tpot1 = float(perf.decode_step_s(M, NODE, layers=L, batch=1, context=I + O / 2))
+    pre = float(perf.prefill_s(M, NODE, layers=L, batch=1, prompt=P_IN))
+    tpot1 = float(perf.decode_step_s(M, NODE, layers=L, batch=1, context=P_IN + P_OUT / 2))
     assert st.ttft.quantile(0.5) == pytest.approx(pre, rel=0.05)
     assert st.tpot.quantile(0.5) == pytest.approx(tpot1, rel=0.05)
-    assert st.e2e.quantile(0.5) == pytest.approx(pre + (O - 1) * tpot1, rel=0.05)
+    assert st.e2e.quantile(0.5) == pytest.approx(pre + (P_OUT - 1) * tpot1, rel=0.05)
     assert res.to_json()["attainment"]["both"] == 1.0
 
 
@@ -66,9 +71,9 @@ def test_pipeline_bottleneck_and_idle_stage(perf: PerfModel) -> None:
     tpl = template(perf, M, sts)
     rates = []
     for k in (8, 24):
-        pre = float(perf.prefill_s(M, node, layers=k, batch=1, prompt=I, tp=1))
-        tau = float(perf.decode_step_s(M, node, layers=k, batch=batch, context=I + O / 2, tp=1))
-        rates.append(1.0 / (pre + O * tau / batch))
+        pre = float(perf.prefill_s(M, node, layers=k, batch=1, prompt=P_IN, tp=1))
+        tau = float(perf.decode_step_s(M, node, layers=k, batch=batch, context=P_IN + P_OUT / 2, tp=1))
+        rates.append(1.0 / (pre + P_OUT * tau / batch))
     closed = min(rates)
     res = run_one(perf, tpl, 1.5 * closed, 600.0)
     assert steady_served(res, 200.0) == pytest.approx(closed, rel=0.05)

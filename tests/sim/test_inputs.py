@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from coral.perf import PerfModel
 from coral.plan import Plan, PlanRequest
-from coral.sim import SimConfig, SimError, simulate
+from coral.sim import SimConfig, SimError, SimResult, simulate
 from coral.sim.handmade import FixedPlanner, make_plan, single
 from coral.traces import TraceError
 from tests.sim import helpers as h
 
 M = "llama-3.1-8b"
-GOOD = ["2023-11-16 18:15:46.680590,374,44", "2023-11-16 18:15:50.995169,396,109",
-        "2023-11-16 18:15:51.222467,879,55", "2023-11-16 18:15:52.391017,91,16"]
+GOOD = [
+    "2023-11-16 18:15:46.680590,374,44",
+    "2023-11-16 18:15:50.995169,396,109",
+    "2023-11-16 18:15:51.222467,879,55",
+    "2023-11-16 18:15:52.391017,91,16",
+]
 
 
 def write_trace(tmp_path: Path, rows: list[str]) -> Path:
@@ -25,11 +30,11 @@ def write_trace(tmp_path: Path, rows: list[str]) -> Path:
     return p
 
 
-def run(perf: PerfModel, trace: Path, **kw: object) -> object:
+def run(perf: PerfModel, trace: Path, *, on_bad_row: str = "stop", rate_scale: float = 1.0) -> SimResult:
     tpl = single(perf, M, "g6e.xlarge", 32)
     sc = h.scenario([h.deployment(rps=1.0)], duration_s=20)
-    return simulate(sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, h.REGION): 1}),
-                    trace=trace, **kw)  # type: ignore[arg-type]
+    plan = FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, h.REGION): 1})
+    return simulate(sc, {tpl.id: tpl}, perf, plan, trace=trace, on_bad_row=on_bad_row, rate_scale=rate_scale)
 
 
 @pytest.mark.parametrize(
@@ -51,8 +56,8 @@ def test_bad_trace_row_stops_with_line_and_reason(perf: PerfModel, tmp_path: Pat
 def test_bad_trace_row_skipped_and_counted(perf: PerfModel, tmp_path: Path) -> None:
     trace = write_trace(tmp_path, [*GOOD[:3], "2023-11-16 18:15:51.300000,-5,10", GOOD[3]])
     res = run(perf, trace, on_bad_row="skip", rate_scale=3.0)
-    assert res.skipped_rows == 1  # type: ignore[attr-defined]
-    s = res.stats["chat"]  # type: ignore[attr-defined]
+    assert res.skipped_rows == 1
+    s = res.stats["chat"]
     assert s.requests > 0
     assert s.completed == s.requests
 
@@ -62,7 +67,7 @@ def test_missing_trace_and_bad_header(perf: PerfModel, tmp_path: Path) -> None:
         run(perf, tmp_path / "nope.csv")
     p = tmp_path / "h.csv"
     p.write_text("time,in,out\n1,2,3\n")
-    with pytest.raises(TraceError, match="h.csv:1: header must be"):
+    with pytest.raises(TraceError, match=r"h\.csv:1: header must be"):
         run(perf, p)
 
 
@@ -84,7 +89,7 @@ def test_plan_naming_unknown_template_or_wrong_model(perf: PerfModel) -> None:
 
     with pytest.raises(SimError, match="is not among the templates given"):
         simulate(sc, {}, perf, bad)
-    with pytest.raises(SimError, match="template .* is for qwen3-14b, deployment chat serves llama-3.1-8b"):
+    with pytest.raises(SimError, match=r"template .* is for qwen3-14b, deployment chat serves llama-3\.1-8b"):
         simulate(sc, {other.id: other}, perf, FixedPlanner({other.id: other}, {("chat", other.id, h.REGION): 1}))
     with pytest.raises(SimError, match="does not offer node type"):
         simulate(sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, "gcp-us-central1"): 1}))
@@ -100,11 +105,11 @@ def test_plan_naming_unknown_template_or_wrong_model(perf: PerfModel) -> None:
         ({"duration_s": -5.0}, "duration_s must be positive"),
     ],
 )
-def test_bad_arguments(perf: PerfModel, kw: dict[str, object], msg: str) -> None:
+def test_bad_arguments(perf: PerfModel, kw: dict[str, Any], msg: str) -> None:
     tpl = single(perf, M, "g6e.xlarge", 32)
     sc = h.scenario([h.deployment(rps=1.0)], duration_s=60)
     with pytest.raises(SimError, match=msg):
-        simulate(sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {}), **kw)  # type: ignore[arg-type]
+        simulate(sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {}), **kw)
 
 
 def test_bad_config_and_custom_source_errors(perf: PerfModel) -> None:

@@ -43,8 +43,18 @@ def test_summary_csv_and_plot(perf: PerfModel, tmp_path: Path) -> None:
     planner = GreedyPlanner({tpl.id: tpl}, {"chat": [(tpl.id, h.REGION)], "other": [(tpl.id, h.REGION)]})
     res = simulate(sc, {tpl.id: tpl}, perf, planner, interval_s=50)
     s = res.summary()
-    for key in ("requests", "completed", "failed", "goodput_rps", "attainment", "latency", "cost",
-                "cost_per_million_tokens", "replans", "per_model"):
+    for key in (
+        "requests",
+        "completed",
+        "failed",
+        "goodput_rps",
+        "attainment",
+        "latency",
+        "cost",
+        "cost_per_million_tokens",
+        "replans",
+        "per_model",
+    ):
         assert key in s
     for metric in ("ttft", "tpot", "e2e"):
         lat = s["latency"][metric]
@@ -82,8 +92,9 @@ def test_replays_a_slice_of_the_azure_conversation_trace(perf: PerfModel, tmp_pa
     sl.write_text("".join(head))
     tpl = single(perf, M, "g6e.xlarge", 64)
     sc = h.scenario([h.deployment(rps=1.0)], duration_s=span)
-    res = simulate(sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, h.REGION): 4}),
-                   trace=sl, rate_scale=2.0)
+    res = simulate(
+        sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, h.REGION): 4}), trace=sl, rate_scale=2.0
+    )
     s = res.stats["chat"]
     assert s.requests == 2 * 1999
     assert s.completed == s.requests

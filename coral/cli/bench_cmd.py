@@ -1,0 +1,104 @@
+"""``coral bench``: Coral against the baselines on the same scenarios, prices, availability and demand.
+
+For each scenario and policy: one plan at t = 0, then ``--resolves`` re-solves with the demand of every
+deployment perturbed (seeded, log-normal, sigma 0.2), each warm-started from the previous plan, which
+gives the solve-time percentiles and the gap distribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from coral.cli.common import catalog_from, perf_from, print_json
+from coral.errors import CoralError
+from coral.plan import PlanRequest
+from coral.scenario import load_scenario
+from coral.store import TemplateStore, default_store_path
+
+POLICIES = ("coral", "homo", "pd-homo")
+
+
+def add(sub: Any, parent: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("bench", parents=[parent], help="compare Coral with the baselines on scenarios")
+    p.add_argument("--scenarios", default="core,extended,scarce", help="comma-separated scenario names or files")
+    p.add_argument("--resolves", type=int, default=20, help="re-solves with perturbed demand per policy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--store", type=Path, default=None)
+    p.add_argument("--no-build", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from coral.cli.plan_cmd import ensure_templates
+    from coral.cli.planning import make_planner, request_at
+
+    if args.resolves < 1:
+        raise CoralError(f"--resolves must be at least 1, got {args.resolves}")
+    cat = catalog_from(args)
+    perf = perf_from(args, cat)
+    rows: list[dict[str, Any]] = []
+    path = args.store or default_store_path()
+    with TemplateStore(path) as store:
+        for name in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
+            sc = load_scenario(name, cat)
+            if not args.no_build:
+                ensure_templates(sc, cat, perf, store, args, quiet=args.json)
+            base = request_at(sc, cat, 0.0, trigger="bench")
+            for policy in POLICIES:
+                plan_fn, _ = make_planner(policy, sc, cat, perf, store)
+                first = plan_fn(base)
+                rng = np.random.default_rng(args.seed)
+                times, gaps = [first.solve_s], [first.gap]
+                prev = first
+                for _ in range(args.resolves):
+                    demand = {k: v * float(rng.lognormal(0.0, 0.2)) for k, v in base.demand.items()}
+                    req = PlanRequest(0.0, demand, base.prices, base.availability, prev.counts(), "bench")
+                    prev = plan_fn(req)
+                    times.append(prev.solve_s)
+                    gaps.append(prev.gap)
+                rows.append({
+                    "scenario": sc.name,
+                    "policy": policy,
+                    "cost_per_hour": first.cost_per_hour,
+                    "served_fraction": first.served_fraction,
+                    "unmet_rps": first.unmet_rps,
+                    "status": first.status,
+                    "gap": first.gap,
+                    "solve_p50_s": float(np.percentile(times, 50)),
+                    "solve_p99_s": float(np.percentile(times, 99)),
+                    "gap_p50": float(np.percentile(gaps, 50)),
+                    "gap_max": float(np.max(gaps)),
+                    "resolves": len(times),
+                })  # fmt: skip
+    for r in rows:
+        base_rows = [b for b in rows if b["scenario"] == r["scenario"] and b["policy"] != "coral"]
+        coral = next(b for b in rows if b["scenario"] == r["scenario"] and b["policy"] == "coral")
+        best_cost = min((b["cost_per_hour"] for b in base_rows if b["served_fraction"] >= 1 - 1e-6), default=None)
+        best_served = max(b["served_fraction"] for b in base_rows)
+        r["cost_ratio_vs_best_baseline"] = (
+            best_cost / r["cost_per_hour"] if best_cost and r["cost_per_hour"] > 0 else None
+        )
+        r["served_ratio_vs_best_baseline"] = r["served_fraction"] / best_served if best_served > 0 else None
+        del coral
+    if args.json:
+        print_json(rows)
+        return 0
+    t = Table(title="Coral vs baselines (ratios: best baseline / policy for cost, policy / best baseline for served)")
+    for c in ("scenario", "policy", "$/h", "cost ratio", "served", "served ratio", "status", "p50 s", "p99 s",
+              "gap max"):  # fmt: skip
+        t.add_column(c, justify="left" if c in ("scenario", "policy", "status") else "right")
+    for r in rows:
+        cr = r["cost_ratio_vs_best_baseline"]
+        sr = r["served_ratio_vs_best_baseline"]
+        t.add_row(r["scenario"], r["policy"], f"{r['cost_per_hour']:,.2f}", f"{cr:.2f}x" if cr else "-",
+                  f"{r['served_fraction']:.1%}", f"{sr:.2f}x" if sr else "-", r["status"],
+                  f"{r['solve_p50_s']:.3f}", f"{r['solve_p99_s']:.3f}", f"{r['gap_max']:.2%}")  # fmt: skip
+    Console().print(t)
+    return 0

@@ -1,0 +1,441 @@
+"""The online allocation program: exactness on tiny instances, modelling, serve-first, churn, replay."""
+
+from __future__ import annotations
+
+import attrs
+import highspy
+import numpy as np
+import pytest
+
+from solvers.allocation import (
+    AllocationInputError,
+    AllocationProblem,
+    AllocationResult,
+    AllocTemplate,
+    SolverEffort,
+    solve_allocation,
+)
+from tests.solvers.alloc_instances import generate
+
+# --------------------------------------------------------------------------------------------------
+# Independent reference: evaluate a plan, and enumerate every plan of a tiny instance
+
+
+def _template_cost(p: AllocationProblem, t: AllocTemplate, r: int) -> float:
+    used = t.node_counts > 0
+    if np.any(~np.isfinite(p.price[r][used])):
+        return np.inf
+    return float((t.node_counts[used] * p.price[r][used]).sum())
+
+
+def evaluate(p: AllocationProblem, counts: dict[tuple[int, int], int]) -> tuple[np.ndarray, float, float]:
+    """(served req/s per model, hourly cost, churn penalty) of a plan, computed from scratch."""
+    M, R = p.num_models, p.num_regions
+    agg = np.zeros(M)
+    pre = np.zeros((M, R))
+    dec = np.zeros((M, R))
+    nic = np.zeros((M, R))
+    cost = churn = 0.0
+    for (i, r), n in counts.items():
+        t = p.templates[i]
+        c = _template_cost(p, t, r)
+        cost += n * c
+        churn += max(n - p.current.get((t.key, r), 0), 0) * p.churn_factor * t.load_s / 3600 * c
+        if t.mode == "aggregated":
+            agg[t.m] += n * p.utilisation / (p.mean_in[t.m] / t.prefill_tok_s + p.mean_out[t.m] / t.decode_tok_s)
+        elif t.mode == "prefill":
+            pre[t.m, r] += n * p.utilisation * t.prefill_tok_s
+            nic[t.m, r] += n * float(t.node_counts @ p.nic_bytes_s)
+        else:
+            dec[t.m, r] += n * p.utilisation * t.decode_tok_s
+    flow = np.minimum(pre / p.mean_in[:, None], dec / p.mean_out[:, None])
+    kv = (p.mean_in * p.kv_bytes_per_token)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        flow = np.minimum(flow, np.where(kv > 0, nic / np.where(kv > 0, kv, 1), np.inf))
+    served = np.minimum(agg + flow.sum(axis=1), p.demand_rps)
+    return served, cost, churn
+
+
+def node_use(p: AllocationProblem, counts: dict[tuple[int, int], int]) -> np.ndarray:
+    use = np.zeros_like(p.avail)
+    for (i, r), n in counts.items():
+        use[r] += n * p.templates[i].node_counts
+    return use
+
+
+def brute_force(p: AllocationProblem) -> tuple[float, float]:
+    """(least total unmet req/s, least cost + churn at that service) over every plan."""
+    n = len(p.templates)
+    per_region = []
+    for r in range(p.num_regions):
+        plans: list[tuple[int, ...]] = []
+
+        def extend(i: int, left: np.ndarray, plan: tuple[int, ...], r: int = r) -> None:
+            if i == n:
+                plans.append(plan)
+                return
+            t = p.templates[i]
+            k = 0
+            while True:
+                extend(i + 1, left - k * t.node_counts, (*plan, k))
+                if not np.isfinite(_template_cost(p, t, r)) or np.any(left - (k + 1) * t.node_counts < 0):
+                    break
+                k += 1
+
+        extend(0, p.avail[r].copy(), ())
+        per_region.append(plans)
+    best_unmet, best_obj = np.inf, np.inf
+    results = []
+    stack = [(0, {})]
+    while stack:
+        r, counts = stack.pop()
+        if r == p.num_regions:
+            served, cost, churn = evaluate(p, counts)
+            results.append((float((p.demand_rps - served).sum()), cost + churn))
+            continue
+        for plan in per_region[r]:
+            nxt = dict(counts)
+            nxt.update({(i, r): k for i, k in enumerate(plan) if k})
+            stack.append((r + 1, nxt))
+    best_unmet = min(u for u, _ in results)
+    best_obj = min(o for u, o in results if u <= best_unmet + 1e-7)
+    return best_unmet, best_obj
+
+
+def tiny_instance(seed: int, *, with_current: bool = False) -> AllocationProblem:
+    rng = np.random.default_rng(seed)
+    T, R, M = 3, 2, 2
+    price = rng.uniform(1.0, 4.0, size=(R, T)) * np.array([1.0, 2.0, 4.0])
+    price[rng.random((R, T)) < 0.15] = np.inf
+    avail = np.where(np.isfinite(price), rng.integers(0, 5, size=(R, T)), 0)
+    templates = []
+    n_templates = int(rng.integers(4, 7))
+    for i in range(n_templates):
+        m = int(rng.integers(0, M))
+        mode = str(rng.choice(["aggregated", "aggregated", "prefill", "decode"]))
+        nc = np.zeros(T, dtype=np.int64)
+        nc[rng.integers(0, T)] += 1
+        if rng.random() < 0.4:
+            nc[rng.integers(0, T)] += 1
+        P = float(rng.uniform(3000, 12000) * nc.sum())
+        D = float(rng.uniform(400, 1500) * nc.sum())
+        templates.append(AllocTemplate(m, mode, nc, P, D, float(rng.uniform(20, 200)), f"t{i}"))
+    if rng.random() < 0.5:  # an exact duplicate under another key
+        templates.append(attrs.evolve(templates[0], key="t0-dup"))
+    current: dict[tuple[str, int], int] = {}
+    if with_current:
+        for _ in range(3):
+            t = templates[int(rng.integers(0, len(templates)))]
+            current[(t.key, int(rng.integers(0, R)))] = int(rng.integers(1, 3))
+    return AllocationProblem(
+        models=("a", "b"),
+        demand_rps=rng.uniform(0.5, 5.0, size=M).round(2),
+        mean_in=np.array([800.0, 1500.0]),
+        mean_out=np.array([200.0, 300.0]),
+        kv_bytes_per_token=np.array([1e5, 2e5]),
+        node_types=("n0", "n1", "n2"),
+        nic_bytes_s=np.array([3e9, 6e9, 1.2e10]),
+        regions=("r0", "r1"),
+        price=price,
+        avail=avail,
+        templates=tuple(templates),
+        current=current,
+        churn_factor=float(rng.choice([0.0, 1.0, 20.0])),
+    )
+
+
+def check_plan(p: AllocationProblem, res: AllocationResult) -> None:
+    """The plan fits the availability and its reported figures match an independent evaluation."""
+    assert np.all(node_use(p, dict(res.counts)) <= p.avail)
+    served, cost, churn = evaluate(p, dict(res.counts))
+    np.testing.assert_allclose(res.served_rps, served, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(res.unmet_rps, p.demand_rps - served, rtol=1e-9, atol=1e-9)
+    assert res.cost_per_hour == pytest.approx(cost, rel=1e-9, abs=1e-9)
+    assert res.churn_cost == pytest.approx(churn, rel=1e-9, abs=1e-9)
+    assert res.objective == pytest.approx(cost + churn, rel=1e-9, abs=1e-9)
+    assert res.bound <= res.objective + 1e-9
+
+
+# --------------------------------------------------------------------------------------------------
+# Exactness
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_tiny_instances_match_exhaustive_enumeration(seed: int) -> None:
+    p = tiny_instance(seed, with_current=seed % 2 == 1)
+    res = solve_allocation(p, deadline_s=30.0, mip_gap=0.0)
+    check_plan(p, res)
+    best_unmet, best_obj = brute_force(p)
+    assert res.status == "optimal"
+    assert res.service_proven
+    assert res.total_unmet_rps == pytest.approx(best_unmet, abs=1e-6)
+    assert res.objective == pytest.approx(best_obj, rel=1e-6, abs=1e-6)
+
+
+def test_generated_instance_plan_is_consistent() -> None:
+    p = generate("core", 50, seed=3, load=0.15)
+    res = solve_allocation(p, deadline_s=1.0)
+    check_plan(p, res)
+    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
+    assert 0.0 <= res.gap < 0.2
+    assert res.num_columns < len(p.templates) * p.num_regions  # availability-filtered
+
+
+# --------------------------------------------------------------------------------------------------
+# Modelling
+
+
+def one_region_problem(templates: list[AllocTemplate], *, demand: float, nic: float = 1e10, **kw: object) -> AllocationProblem:
+    fields: dict[str, object] = {
+        "models": ("m",),
+        "demand_rps": [demand],
+        "mean_in": [1000.0],
+        "mean_out": [250.0],
+        "kv_bytes_per_token": [1e5],
+        "node_types": ("big", "small"),
+        "nic_bytes_s": [nic, nic],
+        "regions": ("east", "west"),
+        "price": [[10.0, 2.0], [10.0, 2.0]],
+        "avail": [[8, 8], [8, 8]],
+        "templates": tuple(templates),
+    }
+    fields.update(kw)
+    return AllocationProblem(**fields)  # type: ignore[arg-type]
+
+
+def test_disaggregated_serving_pairs_prefill_with_decode_in_one_region() -> None:
+    prefill = AllocTemplate(0, "prefill", [0, 1], 20000.0, 0.0, 60.0, "p")
+    decode = AllocTemplate(0, "decode", [1, 0], 0.0, 2000.0, 60.0, "d")
+    p = one_region_problem([prefill, decode], demand=10.0)
+    res = solve_allocation(p, deadline_s=10.0, mip_gap=0.0)
+    check_plan(p, res)
+    assert res.status == "optimal"
+    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-9)
+    regions = {r for (_i, r) in res.counts}
+    assert len(regions) == 1
+    r = regions.pop()
+    # 10 req/s needs 10k prompt tok/s (1 prefill at 0.85 * 20k) and 2.5k decode tok/s (2 decodes)
+    assert res.counts == {(0, r): 1, (1, r): 2}
+
+    # prefill offered only in one region and decode only in the other: nothing can be served
+    split = one_region_problem([prefill, decode], demand=10.0, avail=[[0, 8], [8, 0]])
+    res = solve_allocation(split, deadline_s=10.0)
+    check_plan(split, res)
+    assert res.counts == {}
+    assert res.unmet_rps[0] == pytest.approx(10.0)
+    assert res.status == "optimal"
+
+
+def test_kv_transfer_bandwidth_limits_disaggregated_flow() -> None:
+    prefill = AllocTemplate(0, "prefill", [0, 1], 20000.0, 0.0, 60.0, "p")
+    decode = AllocTemplate(0, "decode", [1, 0], 0.0, 2000.0, 60.0, "d")
+    # KV of one request: 1000 tokens * 1e5 B = 1e8 B; a prefill node's NIC moves 2e8 B/s -> 2 req/s
+    p = one_region_problem([prefill, decode], demand=10.0, nic=2e8)
+    res = solve_allocation(p, deadline_s=10.0, mip_gap=0.0)
+    check_plan(p, res)
+    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-9)
+    n_prefill = sum(n for (i, _r), n in res.counts.items() if i == 0)
+    assert n_prefill == 5  # NIC-bound: 5 prefill instances, although 1 has the compute
+
+    scarce = one_region_problem([prefill, decode], demand=10.0, nic=2e8, avail=[[8, 3], [0, 0]])
+    res = solve_allocation(scarce, deadline_s=10.0, mip_gap=0.0)
+    check_plan(scarce, res)
+    assert res.served_rps[0] == pytest.approx(6.0)
+    assert res.unmet_rps[0] == pytest.approx(4.0)
+
+
+def test_unmet_demand_is_reported_under_scarcity() -> None:
+    agg = AllocTemplate(0, "aggregated", [1, 0], 10000.0, 1000.0, 60.0, "a")
+    p = one_region_problem([agg], demand=50.0, avail=[[2, 0], [1, 0]])
+    res = solve_allocation(p, deadline_s=10.0)
+    check_plan(p, res)
+    per_instance = 0.85 / (1000 / 10000 + 250 / 1000)
+    assert res.counts == {(0, 0): 2, (0, 1): 1}
+    assert res.served_rps[0] == pytest.approx(3 * per_instance)
+    assert res.unmet_rps[0] == pytest.approx(50.0 - 3 * per_instance)
+    assert res.service_proven
+
+
+def test_duplicate_templates_are_merged_and_running_ones_kept() -> None:
+    a = AllocTemplate(0, "aggregated", [1, 0], 10000.0, 1000.0, 60.0, "a")
+    twin = attrs.evolve(a, key="a-twin")
+    p = one_region_problem([a, twin], demand=4.0, current={("a-twin", 1): 1}, avail=[[8, 0], [8, 0]])
+    res = solve_allocation(p, deadline_s=10.0, mip_gap=0.0)
+    check_plan(p, res)
+    assert res.merged_templates == 1
+    assert res.counts.get((1, 1)) == 1  # the running twin is kept under its own key
+    assert res.churn_cost == pytest.approx(
+        (sum(res.counts.values()) - 1) * 60.0 / 3600 * 10.0
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Serve first
+
+
+def max_served_reference(p: AllocationProblem) -> float:
+    """Phase 1 alone, written independently: maximise served req/s (aggregated templates only)."""
+    M, R, T = p.num_models, p.num_regions, p.num_node_types
+    cols = [(i, r) for i, t in enumerate(p.templates) for r in range(R) if np.isfinite(_template_cost(p, t, r))]
+    h = highspy.Highs()
+    h.silent()
+    h.setOptionValue("threads", 1)
+    rate = [p.utilisation / (p.mean_in[t.m] / t.prefill_tok_s + p.mean_out[t.m] / t.decode_tok_s) for t in p.templates]
+    x = [h.addVariable(lb=0, ub=highspy.kHighsInf, type=highspy.HighsVarType.kInteger) for _ in cols]
+    s = [h.addVariable(lb=0, ub=float(p.demand_rps[m])) for m in range(M)]
+    for m in range(M):
+        h.addConstr(h.qsum([rate[i] * x[k] for k, (i, _r) in enumerate(cols) if p.templates[i].m == m]) - s[m] >= 0)
+    for r in range(R):
+        for g in range(T):
+            terms = [int(p.templates[i].node_counts[g]) * x[k] for k, (i, rr) in enumerate(cols) if rr == r and p.templates[i].node_counts[g]]
+            if terms:
+                h.addConstr(h.qsum(terms) <= int(p.avail[r, g]))
+    h.maximize(h.qsum(s))
+    assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return float(h.getInfo().objective_function_value)
+
+
+def test_serve_first_serves_the_maximum_possible_demand() -> None:
+    # a cheap model-0 template and an expensive one that is the only way to serve the last req/s
+    cheap = AllocTemplate(0, "aggregated", [0, 1], 10000.0, 1000.0, 60.0, "cheap")
+    pricey = AllocTemplate(0, "aggregated", [1, 0], 2000.0, 200.0, 60.0, "pricey")
+    p = one_region_problem([cheap, pricey], demand=3.0, avail=[[1, 1], [0, 0]], price=[[1000.0, 1.0], [1000.0, 1.0]])
+    res = solve_allocation(p, deadline_s=10.0)
+    check_plan(p, res)
+    assert res.counts == {(0, 0): 1, (1, 0): 1}  # pays 1000 USD/h for 0.49 req/s more
+    assert res.total_unmet_rps == pytest.approx(3.0 - 0.85 / 0.35 - 0.85 / 1.75)
+
+    scarce = generate("core", 10, seed=5, scarcity=6.0, disagg_fraction=0.0, load=0.3)
+    res = solve_allocation(scarce, deadline_s=20.0, mip_gap=1e-6)
+    check_plan(scarce, res)
+    assert res.total_unmet_rps > 1.0  # scarce indeed
+    assert res.service_proven
+    assert float(res.served_rps.sum()) == pytest.approx(max_served_reference(scarce), rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Churn and hysteresis
+
+
+def test_running_instances_are_kept_unless_removing_them_pays() -> None:
+    # the same capacity on a node type 5% cheaper; loading takes 600 s (1/6 of an hour's price)
+    old = AllocTemplate(0, "aggregated", [1, 0], 10000.0, 1000.0, 600.0, "old")
+    new = AllocTemplate(0, "aggregated", [0, 1], 10000.0, 1000.0, 600.0, "new")
+    demand = 5 * 0.85 / 0.35  # five instances
+    base = one_region_problem(
+        [old, new],
+        demand=demand,
+        price=[[10.0, 9.5], [10.0, 9.5]],
+        avail=[[10, 10], [0, 0]],
+        current={("old", 0): 5},
+    )
+
+    # switching saves 0.5 USD/h per instance but each start costs 1.58: keep them
+    res = solve_allocation(base, deadline_s=10.0, mip_gap=0.0)
+    check_plan(base, res)
+    assert res.counts == {(0, 0): 5}
+    assert res.churn_cost == 0.0
+
+    # without the churn penalty the optimum moves to the better template
+    free = attrs.evolve(base, churn_factor=0.0)
+    res = solve_allocation(free, deadline_s=10.0, mip_gap=0.0)
+    assert res.counts == {(1, 0): 5}
+
+    # slightly more demand: keep all five, start one more (of the cheaper kind)
+    more = attrs.evolve(base, demand_rps=np.array([demand * 1.03]))
+    res = solve_allocation(more, deadline_s=10.0, mip_gap=0.0)
+    check_plan(more, res)
+    assert res.counts == {(0, 0): 5, (1, 0): 1}
+
+    # demand drops: removing instances pays (no penalty for stopping), and they go
+    less = attrs.evolve(base, demand_rps=np.array([demand * 0.55]))
+    res = solve_allocation(less, deadline_s=10.0, mip_gap=0.0)
+    check_plan(less, res)
+    assert res.counts == {(0, 0): 3}
+
+
+def test_resolve_with_current_plan_keeps_most_instances() -> None:
+    p = generate("core", 50, seed=11, load=0.15)
+    first = solve_allocation(p, deadline_s=1.0)
+    current = {(p.templates[i].key, r): n for (i, r), n in first.counts.items()}
+    demand = p.demand_rps * np.array([1.02, 0.99, 1.01, 1.0, 0.98, 1.03])
+    again = solve_allocation(attrs.evolve(p, demand_rps=demand, current=current), deadline_s=1.0)
+    check_plan(attrs.evolve(p, demand_rps=demand, current=current), again)
+    kept = sum(min(n, again.counts.get(k, 0)) for k, n in first.counts.items())
+    assert kept >= 0.8 * sum(first.counts.values())
+    assert again.churn_cost <= 0.05 * again.cost_per_hour
+
+
+# --------------------------------------------------------------------------------------------------
+# Deadline and deterministic replay
+
+
+def test_same_effort_gives_the_same_plan() -> None:
+    p = generate("core", 50, seed=2, load=0.2)
+    first = solve_allocation(p, deadline_s=0.4)
+    replay = solve_allocation(p, effort=first.effort)
+    assert replay.effort == first.effort
+    assert replay.counts == first.counts
+    assert replay.objective == first.objective
+
+    fixed = SolverEffort(cost=2)
+    a = solve_allocation(p, effort=fixed)
+    b = solve_allocation(p, effort=fixed)
+    assert a.counts == b.counts
+    assert a.effort == b.effort == fixed
+
+
+def test_deadline_cuts_to_the_greedy_path() -> None:
+    p = generate("core", 400, seed=4, load=0.2)
+    res = solve_allocation(p, deadline_s=1e-6)
+    check_plan(p, res)
+    assert res.status == "greedy"
+    assert res.effort == SolverEffort(lp=0, serve=None, cost=0)
+    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
+    # and the replay of that path needs no clock
+    assert solve_allocation(p, effort=res.effort).counts == res.counts
+
+
+def test_no_demand_gives_an_empty_plan() -> None:
+    p = attrs.evolve(generate("core", 10, seed=1), demand_rps=np.zeros(6))
+    res = solve_allocation(p)
+    assert res.counts == {}
+    assert res.status == "optimal"
+    assert res.objective == 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_bad_input_is_rejected_with_a_clear_error() -> None:
+    agg = AllocTemplate(0, "aggregated", [1, 0], 10000.0, 1000.0, 60.0, "a")
+    ok = one_region_problem([agg], demand=1.0)
+    cases = [
+        ({"demand_rps": [-1.0]}, "demand_rps"),
+        ({"avail": [[-1, 0], [0, 0]]}, "avail"),
+        ({"avail": [[1.5, 0], [0, 0]]}, "avail"),
+        ({"price": [[1.0, 1.0]]}, "price"),
+        ({"demand_rps": [1.0, 2.0]}, "demand_rps"),
+        ({"nic_bytes_s": [1.0]}, "nic_bytes_s"),
+        ({"mean_in": [0.0]}, "mean_in"),
+        ({"templates": (attrs.evolve(agg, m=3),)}, "unknown model index 3"),
+        ({"templates": (attrs.evolve(agg, mode="hybrid"),)}, "mode"),
+        ({"templates": (attrs.evolve(agg, node_counts=np.array([1, 0, 0])),)}, "node_counts"),
+        ({"templates": (attrs.evolve(agg, node_counts=np.array([0, 0])),)}, "node_counts"),
+        ({"templates": (attrs.evolve(agg, decode_tok_s=0.0),)}, "decode_tok_s"),
+        ({"templates": (agg, agg)}, "duplicate key"),
+        ({"current": {("nope", 0): 1}}, "unknown template key"),
+        ({"current": {("a", 5): 1}}, "region index 5"),
+        ({"current": {("a", 0): -2}}, "count"),
+        ({"utilisation": 1.5}, "utilisation"),
+    ]
+    for change, message in cases:
+        fields = {f.name: getattr(ok, f.name) for f in attrs.fields(AllocationProblem)}
+        fields.update(change)
+        with pytest.raises(AllocationInputError, match=message):
+            AllocationProblem(**fields)
+    with pytest.raises(AllocationInputError, match="deadline_s"):
+        solve_allocation(ok, deadline_s=0.0)
+    with pytest.raises(AllocationInputError, match="mip_gap"):
+        solve_allocation(ok, mip_gap=-0.1)
