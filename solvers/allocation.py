@@ -56,7 +56,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -83,6 +83,14 @@ class AllocationInputError(ValueError):
     """An allocation problem with invalid input; the message names the field and the reason."""
 
 
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _templates(value: Iterable[AllocTemplate]) -> tuple[AllocTemplate, ...]:
+    return tuple(value)
+
+
 def _float_array(value: Any) -> FloatArray:
     return np.array(value, dtype=np.float64)
 
@@ -93,7 +101,7 @@ def _int_array(value: Any) -> IntArray:
         return arr.astype(np.int64)
     if arr.dtype.kind in "iub":
         return arr.astype(np.int64)
-    return arr  # type: ignore[no-any-return]  # rejected with a clear error by the validators
+    return arr  # rejected with a clear error by the validators
 
 
 @attrs.frozen(eq=False)
@@ -123,17 +131,17 @@ class AllocationProblem:
     ``current`` maps (template key, region index) to the number of running instances.
     """
 
-    models: tuple[str, ...] = attrs.field(converter=tuple)
+    models: tuple[str, ...] = attrs.field(converter=_names)
     demand_rps: FloatArray = attrs.field(converter=_float_array)
     mean_in: FloatArray = attrs.field(converter=_float_array)
     mean_out: FloatArray = attrs.field(converter=_float_array)
     kv_bytes_per_token: FloatArray = attrs.field(converter=_float_array)
-    node_types: tuple[str, ...] = attrs.field(converter=tuple)
+    node_types: tuple[str, ...] = attrs.field(converter=_names)
     nic_bytes_s: FloatArray = attrs.field(converter=_float_array)
-    regions: tuple[str, ...] = attrs.field(converter=tuple)
+    regions: tuple[str, ...] = attrs.field(converter=_names)
     price: FloatArray = attrs.field(converter=_float_array)
     avail: IntArray = attrs.field(converter=_int_array)
-    templates: tuple[AllocTemplate, ...] = attrs.field(converter=tuple)
+    templates: tuple[AllocTemplate, ...] = attrs.field(converter=_templates)
     current: Mapping[tuple[str, int], int] = attrs.field(factory=dict)
     churn_factor: float = 1.0
     utilisation: float = 0.85
@@ -459,7 +467,9 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
     )
 
 
-def _restrict(c: _Columns, cols: IntArray, *, avail: IntArray | None = None, demand: FloatArray | None = None) -> _Columns:
+def _restrict(
+    c: _Columns, cols: IntArray, *, avail: IntArray | None = None, demand: FloatArray | None = None
+) -> _Columns:
     """The columns ``cols`` of c (in order), optionally with other availability and demand."""
     base = {
         "M": c.M,
@@ -522,7 +532,8 @@ class _State:
 
     def capacity(self) -> FloatArray:
         """Servable req/s per model (may exceed demand)."""
-        return self.agg + np.bincount(self.c.group_m, weights=self.flows(), minlength=self.c.M)
+        flows = np.bincount(self.c.group_m, weights=self.flows(), minlength=self.c.M)
+        return np.asarray(self.agg + flows, dtype=np.float64)
 
     def unmet(self) -> FloatArray:
         return np.maximum(self.c.demand - self.capacity(), 0.0)
@@ -567,8 +578,11 @@ _DROP_POOL = 8  # least efficient used columns of a model considered for droppin
 @functools.cache
 def _multisets(n: int, k_max: int) -> IntArray:
     """All count vectors over n items with total at most k_max, as rows (the first is all zero)."""
-    rows = [np.bincount(np.array(cmb, dtype=np.int64), minlength=n) for k in range(k_max + 1)
-            for cmb in itertools.combinations_with_replacement(range(n), k)]
+    rows = [
+        np.bincount(np.array(cmb, dtype=np.int64), minlength=n)
+        for k in range(k_max + 1)
+        for cmb in itertools.combinations_with_replacement(range(n), k)
+    ]
     return np.array(rows, dtype=np.int64).reshape(len(rows), n)
 
 
@@ -725,7 +739,7 @@ def _cover_tail(c: _Columns, s: _State, m: int) -> None:
     front = _frontier(c, s, agg[s.room(agg) >= 1])
     if len(front) == 0:
         return
-    rates, costs, cheapest, counts = _cover_table(c, s, front)
+    rates, _costs, cheapest, counts = _cover_table(c, s, front)
     pos = int(np.searchsorted(rates, unmet * (1 - 1e-12), side="left"))
     if pos < len(rates):
         _apply(s, front, counts[cheapest[pos]])
@@ -852,9 +866,9 @@ def _try_move(
                 break
             s.change(int(j), 1)
             added.append(int(j))
-    if ok and min(float(s.capacity()[m]), float(c.demand[m])) >= served_min:
-        if sum(_objective(c, s.x)) < before - 1e-9 * max(before, 1.0):
-            return True
+    served = min(float(s.capacity()[m]), float(c.demand[m]))
+    if ok and served >= served_min and sum(_objective(c, s.x)) < before - 1e-9 * max(before, 1.0):
+        return True
     for j in added:
         s.change(j, -1)
     for j, k in zip(used, drop, strict=True):
@@ -981,7 +995,12 @@ def _matrix(c: _Columns) -> _Matrix:
     start[1:] = np.cumsum(np.bincount(all_c, minlength=ncols))
     col_lo = np.zeros(ncols)
     col_hi = np.concatenate(
-        [c.ub.astype(np.float64), np.minimum(c.cur, c.ub)[keep_cols].astype(np.float64), np.full(G, np.inf), c.demand[dem_models]]
+        [
+            c.ub.astype(np.float64),
+            np.minimum(c.cur, c.ub)[keep_cols].astype(np.float64),
+            np.full(G, np.inf),
+            c.demand[dem_models],
+        ]
     )
     cost_obj = np.concatenate([c.cost + c.pen, c.cost[keep_cols], np.zeros(G + len(dem_models))])
     serve_obj = np.concatenate([np.zeros(J + K + G), np.ones(len(dem_models))])
@@ -1023,26 +1042,33 @@ class _Worker:
     caller does not wait: the thread stops by itself at the next check.
     """
 
-    def __init__(self, h: highspy.Highs, limit: int | None) -> None:
-        self.h = h
+    def __init__(self, h: highspy.Highs | None, limit: int | None) -> None:
         self.limit = limit
         self.stop = False
         self.solutions: list[FloatArray] = []
         self.dual_bound = -math.inf
+        self.nodes = 0
         self.status: highspy.HighsModelStatus | None = None
+        if h is not None:
+            self.attach(h)
+
+    def attach(self, h: highspy.Highs) -> None:
+        """Let ``stop`` interrupt h, and record its improving MIP solutions."""
         h.setCallback(self._callback, None)
         for kind in (*_INTERRUPT_CALLBACKS, cb.HighsCallbackType.kCallbackMipImprovingSolution):
             h.startCallback(kind)
 
-    def _callback(self, kind: int, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
+    def _callback(self, kind: Any, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
         if kind == cb.HighsCallbackType.kCallbackMipImprovingSolution:
             if not self.stop:
-                self.solutions.append(np.array(data_out.mip_solution, dtype=np.float64)); self.times = getattr(self, "times", []) + [time.perf_counter()]
+                self.solutions.append(np.array(data_out.mip_solution, dtype=np.float64))
                 if self.limit is not None and len(self.solutions) >= self.limit:
                     self.stop = True
             return
-        if kind == cb.HighsCallbackType.kCallbackMipInterrupt and math.isfinite(data_out.mip_dual_bound):
-            self.dual_bound = float(data_out.mip_dual_bound)
+        if kind == cb.HighsCallbackType.kCallbackMipInterrupt:
+            self.nodes = max(self.nodes, int(data_out.mip_node_count))
+            if math.isfinite(data_out.mip_dual_bound):
+                self.dual_bound = float(data_out.mip_dual_bound)
         if data_in is not None and self.stop:
             data_in.user_interrupt = True
 
@@ -1071,7 +1097,16 @@ class _Worker:
         return self.solutions if self.limit is None else self.solutions[: self.limit]
 
 
-def _highs(mat: _Matrix, objective: FloatArray, service_hi: float, mip_gap: float, *, mip: bool) -> highspy.Highs:
+def _highs(
+    mat: _Matrix,
+    objective: FloatArray,
+    service_hi: float,
+    mip_gap: float,
+    *,
+    mip: bool,
+    cols: IntArray | None = None,
+) -> highspy.Highs:
+    """A HiGHS model of the program, with all rows and the variables ``cols`` (default: all)."""
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
@@ -1081,11 +1116,30 @@ def _highs(mat: _Matrix, objective: FloatArray, service_hi: float, mip_gap: floa
     row_hi[mat.service_row] = service_hi
     empty = np.zeros(0, dtype=np.int32)
     h.addRows(mat.num_rows, mat.row_lo, row_hi, 0, empty, empty, np.zeros(0))
-    h.addCols(mat.num_cols, objective, mat.col_lo, mat.col_hi, len(mat.value), mat.start, mat.index, mat.value)
+    if cols is None:
+        cols = np.arange(mat.num_cols)
+    _add_cols(h, mat, objective, cols)
     if mip:
-        kinds = np.full(len(mat.integer), int(highspy.HighsVarType.kInteger), dtype=np.uint8)
-        h.changeColsIntegrality(len(mat.integer), mat.integer, kinds)
+        integer = np.nonzero(cols < len(mat.integer))[0].astype(np.int32)
+        kinds = np.full(len(integer), int(highspy.HighsVarType.kInteger), dtype=np.uint8)
+        h.changeColsIntegrality(len(integer), integer, kinds)
     return h
+
+
+def _add_cols(h: highspy.Highs, mat: _Matrix, objective: FloatArray, cols: IntArray) -> None:
+    """Add the variables ``cols`` (indices into the full program) to h, in that order."""
+    ends = np.append(mat.start[1:], len(mat.value)).astype(np.int64)
+    lengths = ends[cols] - mat.start[cols]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    entries = np.repeat(mat.start[cols] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    start, index, value = offsets[:-1].astype(np.int32), mat.index[entries], mat.value[entries]
+    h.addCols(len(cols), objective[cols], mat.col_lo[cols], mat.col_hi[cols], len(value), start, index, value)
+
+
+def _reduced_costs(mat: _Matrix, objective: FloatArray, row_dual: FloatArray) -> FloatArray:
+    """Reduced cost of every variable at the row duals: c - A^T y."""
+    col_of_entry = np.repeat(np.arange(mat.num_cols), np.diff(np.append(mat.start, len(mat.value))))
+    return objective - np.bincount(col_of_entry, weights=mat.value * row_dual[mat.index], minlength=mat.num_cols)
 
 
 def _service_hi(c: _Columns, unmet: float) -> float:
@@ -1119,6 +1173,7 @@ class _LpOutcome:
     bound: float = -math.inf
     unmet: float = 0.0
     iterations: int = 0
+    columns: IntArray | None = None  # x columns that column generation generated
 
 
 def _lp_job(h: highspy.Highs, c: _Columns, mat: _Matrix, out: _LpOutcome) -> None:
@@ -1146,6 +1201,61 @@ def _lp_job(h: highspy.Highs, c: _Columns, mat: _Matrix, out: _LpOutcome) -> Non
         out.done = True
         out.values = np.asarray(h.getSolution().col_value, dtype=np.float64)
         out.bound = float(h.getInfo().objective_function_value)
+
+
+_CG_INITIAL = 2  # best columns per (model, region, mode) that column generation starts from
+_CG_ADD = 10  # most columns added per model and round
+
+
+def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome) -> None:
+    """The LP relaxation by column generation over the x columns (keep, y, u are always in).
+
+    Start from each (model, region, mode)'s best columns by capacity per USD/h and the current ones;
+    solve the restricted LP, price every column at its row duals, add the most negative reduced costs
+    (up to _CG_ADD per model), repeat until none is negative: the restricted LP is then optimal for
+    the full LP. First for min unmet (always feasible), then for min cost at that service level.
+    """
+    J = c.J
+    eff = np.where(c.mode == _AGG, c.rate, np.where(c.mode == _PRE, c.pcap, c.dcap)) / np.maximum(c.cost, 1e-12)
+    key = (c.m * c.R + c.r) * 3 + c.mode
+    order = np.lexsort((-eff, key))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = key[order][1:] != key[order][:-1]
+    rank = np.arange(len(order)) - np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+    chosen = np.zeros(J, dtype=bool)
+    chosen[order[rank < _CG_INITIAL]] = True
+    chosen[c.cur > 0] = True
+    order_vars = np.concatenate([np.nonzero(chosen)[0], np.arange(J, mat.num_cols)])
+    h = _highs(mat, mat.serve_obj, math.inf, mip_gap, mip=False, cols=order_vars)
+    ok = highspy.HighsModelStatus.kOptimal
+    for objective in (mat.serve_obj, mat.cost_obj):
+        if objective is mat.cost_obj:
+            h.changeColsCost(len(order_vars), np.arange(len(order_vars), dtype=np.int32), mat.cost_obj[order_vars])
+            h.changeRowBounds(mat.service_row, -np.inf, _service_hi(c, out.unmet))
+        while True:
+            h.run()
+            out.iterations += _iterations(h)[0]
+            if h.getModelStatus() != ok:
+                return
+            d = _reduced_costs(mat, objective, np.asarray(h.getSolution().row_dual))[:J]
+            scale = max(1.0, float(np.abs(objective).max()))
+            cand = np.nonzero((d < -1e-9 * scale) & ~chosen)[0]
+            if len(cand) == 0:
+                break
+            cand = cand[np.lexsort((d[cand], c.m[cand]))]
+            firsts = np.searchsorted(c.m[cand], c.m[cand], side="left")
+            new = cand[np.arange(len(cand)) - firsts < _CG_ADD]
+            chosen[new] = True
+            _add_cols(h, mat, objective, new)
+            order_vars = np.concatenate([order_vars, new])
+        if objective is mat.serve_obj:
+            out.unmet = max(float(h.getInfo().objective_function_value), 0.0)
+    values = np.zeros(mat.num_cols)
+    values[order_vars] = np.asarray(h.getSolution().col_value, dtype=np.float64)
+    out.done = True
+    out.values = values
+    out.bound = float(h.getInfo().objective_function_value)
+    out.columns = np.nonzero(chosen)[0]
 
 
 def _highs_solution(values: FloatArray) -> highspy.HighsSolution:
@@ -1200,20 +1310,31 @@ def _mip_phase(
     limit: int | None,
     deadline_at: float | None,
     mip_gap: float,
-) -> tuple[_Worker, bool, int, int]:
-    """One warm-started MIP in a worker: (worker, finished, simplex iterations, nodes)."""
-    h = _highs(mat, objective, service_hi, mip_gap, mip=True)
-    h.setSolution(_highs_solution(_plan_vector(c, mat, start)))
+    cols: IntArray | None,
+) -> tuple[_Worker, list[IntArray], int, int]:
+    """One warm-started MIP (over the variables ``cols``, default all) in a worker:
+    (worker, plans it found, simplex iterations, nodes)."""
+    h = _highs(mat, objective, service_hi, mip_gap, mip=True, cols=cols)
+    vector = _plan_vector(c, mat, start)
+    h.setSolution(_highs_solution(vector if cols is None else vector[cols]))
     worker = _Worker(h, limit)
-    finished = worker.run(h.run, deadline_at)
     iters = nodes = 0
-    if finished:
+    if worker.run(h.run, deadline_at):
         iters, nodes = _iterations(h)
         worker.status = h.getModelStatus()
         bound = float(h.getInfo().mip_dual_bound)
         if math.isfinite(bound):
             worker.dual_bound = bound
-    return worker, finished, iters, nodes
+    else:
+        nodes = worker.nodes
+    plans = []
+    for sol in worker.taken():
+        full = sol
+        if cols is not None:
+            full = np.zeros(mat.num_cols)
+            full[cols] = sol
+        plans.append(_x_of(c, mat, full))
+    return worker, plans, iters, nodes
 
 
 def solve_allocation(
@@ -1222,6 +1343,7 @@ def solve_allocation(
     deadline_s: float = 1.0,
     mip_gap: float = 1e-4,
     effort: SolverEffort | None = None,
+    columns: str = "all",
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
@@ -1229,7 +1351,13 @@ def solve_allocation(
     and interrupted at the deadline), always with a feasible plan. With ``effort`` the wall clock is
     ignored and each phase stops where ``effort`` says, which makes the solve deterministic: pass a
     result's ``effort`` back to replay exactly its plan.
+
+    ``columns="generated"`` solves the LP by column generation and the MIPs over the generated
+    columns plus the current and the rounded plan's: faster MIPs, but their bounds then hold only for
+    those columns, so the reported bound is the LP's.
     """
+    if columns not in ("all", "generated"):
+        raise AllocationInputError(f"columns: must be 'all' or 'generated', got {columns!r}")
     if not (deadline_s > 0 and math.isfinite(deadline_s)):
         raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
     if not (0 <= mip_gap < 1):
@@ -1249,15 +1377,27 @@ def solve_allocation(
     def out_of_time() -> bool:
         return deadline_at is not None and time.perf_counter() >= deadline_at
 
+    def mip_vars(plan: IntArray) -> IntArray | None:
+        """All variables, or with generated columns those plus the plan's and the current ones."""
+        if columns == "all" or lp.columns is None:
+            return None
+        x_cols = np.union1d(lp.columns, np.nonzero((plan > 0) | (c.cur > 0))[0])
+        return np.concatenate([x_cols, np.arange(c.J, mat.num_cols)])
+
     # LP relaxation
     lp = _LpOutcome()
     if c.J > 0:
         if limits.lp == 0 or out_of_time():
             used["lp"] = 0
         else:
-            h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), mip_gap, mip=False)
-            worker = _Worker(h, None)
-            if worker.run(lambda: _lp_job(h, c, mat, lp), deadline_at):
+            if columns == "all":
+                h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), mip_gap, mip=False)
+                worker = _Worker(h, None)
+                job = functools.partial(_lp_job, h, c, mat, lp)
+            else:
+                worker = _Worker(None, None)
+                job = functools.partial(_cg_job, c, mat, mip_gap, lp)
+            if worker.run(job, deadline_at):
                 iters += lp.iterations
             else:
                 lp = _LpOutcome()
@@ -1289,15 +1429,17 @@ def solve_allocation(
             used["serve"] = 0
         else:
             half = None if deadline_at is None else t3 + 0.5 * (deadline_at - t3)
-            worker, finished, it, nd = _mip_phase(c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap)
+            worker, plans, it, nd = _mip_phase(
+                c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap, mip_vars(best)
+            )
             iters, nodes = iters + it, nodes + nd
             used["serve"] = worker.limit if worker.stop else None
-            for sol in worker.taken():
-                x = _x_of(c, mat, sol)
+            for x in plans:
                 if _better(c, x, best):
                     best, source = x, "mip"
-            unmet_bound = max(unmet_bound, worker.dual_bound)
-            if worker.status == highspy.HighsModelStatus.kOptimal:
+            if columns == "all":
+                unmet_bound = max(unmet_bound, worker.dual_bound)
+            if columns == "all" and worker.status == highspy.HighsModelStatus.kOptimal:
                 unmet_bound = max(unmet_bound, _unmet_total(c, best) * (1 - mip_gap))
     unmet_best = _unmet_total(c, best)
     service_proven = unmet_best <= unmet_bound + svc_tol or unmet_best * (1 - mip_gap) <= unmet_bound
@@ -1312,15 +1454,17 @@ def solve_allocation(
             used["cost"] = 0
         else:
             hi = _service_hi(c, unmet_best)
-            worker, finished, it, nd = _mip_phase(c, mat, mat.cost_obj, hi, best, limits.cost, deadline_at, mip_gap)
+            worker, plans, it, nd = _mip_phase(
+                c, mat, mat.cost_obj, hi, best, limits.cost, deadline_at, mip_gap, mip_vars(best)
+            )
             iters, nodes = iters + it, nodes + nd
             used["cost"] = worker.limit if worker.stop else None
-            for sol in worker.taken():
-                x = _x_of(c, mat, sol)
+            for x in plans:
                 if _unmet_total(c, x) <= unmet_best + svc_tol and _better(c, x, best):
                     best, source = x, "mip"
-            cost_bound = worker.dual_bound
-            cost_optimal = worker.status == highspy.HighsModelStatus.kOptimal
+            if columns == "all":
+                cost_bound = worker.dual_bound
+                cost_optimal = worker.status == highspy.HighsModelStatus.kOptimal
     t5 = time.perf_counter()
     phase_s["cost"] = t5 - t4
 

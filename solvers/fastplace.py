@@ -40,10 +40,12 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from solvers.placement import LAT_RTOL, evaluate_placement, milp_place, usable_edges
+from solvers.placement import LAT_RTOL, evaluate_placement, lp_reduce, milp_place, usable_edges
 from solvers.problem import Edge, NodeMenu, PlacementProblem, PlacementResult, check_problem
 
 FloatArray = np.ndarray
+LP_ROUNDS = 4
+PROOF_RTOL = 1e-7
 
 
 @attrs.frozen(eq=False)
@@ -665,12 +667,31 @@ def _lift(red: Reduced, res: PlacementResult, original: PlacementProblem, dt: fl
     return attrs.evolve(res, value=ev[0], option=option, flows=ev[1], bound=bound, solve_s=dt)
 
 
+def _restrict(
+    problem: PlacementProblem, keep: Sequence[np.ndarray], edges: set[Edge]
+) -> PlacementProblem:
+    """``problem`` with only the kept options and edges (a dropped edge gets infinite latency)."""
+    n = problem.n
+    menus = tuple(_subset_menu(m, k) for m, k in zip(problem.menus, keep, strict=True))
+    ll = np.asarray(problem.link_lat, dtype=np.float64).copy()
+    for u in range(n + 1):
+        for v in range(n + 1):
+            if (u, v) not in edges:
+                ll[:, u, v] = np.inf
+    return attrs.evolve(problem, menus=menus, link_lat=ll)
+
+
+def _renumber(res: PlacementResult, keep: Sequence[np.ndarray]) -> PlacementResult:
+    new = [np.cumsum(k) - 1 for k in keep]
+    return attrs.evolve(res, option=tuple(int(new[i][o]) for i, o in enumerate(res.option)))
+
+
 def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementResult:
     """The optimal placement of ``problem`` (see the module docstring for the method).
 
-    ``method`` names the step that settled it: "reduce" (proved infeasible), "shapes", "dp-proven" or
-    "milp". Only the MILP step can end unproven (``feasible`` with a bound, or ``unknown``), when
-    ``time_limit`` runs out.
+    ``method`` names the step that settled it: "reduce" (proved infeasible), "shapes", "dp-proven",
+    "lp-proven" or "milp". Only the MILP step can end unproven (``feasible`` with a bound, or
+    ``unknown``), when ``time_limit`` runs out.
     """
     t0 = time.perf_counter()
     check_problem(problem)
@@ -692,7 +713,24 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementRe
     if dp is not None and dp.value >= red.ub * (1 - 1e-9):
         res = attrs.evolve(dp, status="optimal", bound=dp.value, method="dp-proven")
         return _lift(red, res, problem, time.perf_counter() - t0)
-    res = milp_place(rp, time_limit=time_limit, warm_start=dp is not None, initial=dp)
+    index = list(red.index)
+    cur = rp
+    inc = dp
+    if inc is not None and inc.value > 0:
+        for _ in range(LP_ROUNDS):
+            bound, keep, edges = lp_reduce(cur, inc.value)
+            if bound <= inc.value * (1 + PROOF_RTOL):
+                res = attrs.evolve(inc, status="optimal", bound=inc.value, method="lp-proven")
+                return _lift(Reduced(cur, tuple(index), bound), res, problem, time.perf_counter() - t0)
+            for i, o in enumerate(inc.option):
+                keep[i][o] = True
+            edges |= set(inc.flows.keys())
+            if all(k.all() for k in keep) and len(edges) == len(usable_edges(cur)):
+                break
+            cur = _restrict(cur, keep, edges)
+            index = [ix[k] for ix, k in zip(index, keep, strict=True)]
+            inc = _renumber(inc, keep)
+    res = milp_place(cur, time_limit=time_limit, warm_start=inc is not None, initial=inc, symmetry=True)
     if res.status == "infeasible":
         return attrs.evolve(res, solve_s=time.perf_counter() - t0)
-    return _lift(red, res, problem, time.perf_counter() - t0)
+    return _lift(Reduced(cur, tuple(index), red.ub), res, problem, time.perf_counter() - t0)

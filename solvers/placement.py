@@ -430,6 +430,43 @@ class _Model:
         return option, start, edges
 
 
+def lp_reduce(
+    problem: PlacementProblem, value: float, *, symmetry: bool = True, rtol: float = 1e-6
+) -> tuple[float, list[np.ndarray], set[Edge]]:
+    """Reduced-cost fixing from the MILP's LP relaxation, given a placement worth ``value``.
+
+    Solves the LP relaxation (an upper bound on every placement) and returns it, with, per node, a mask
+    of the options and the set of edges that some placement worth more than ``value`` * (1 - ``rtol``)
+    could still use: an option or edge whose variable is 0 in the LP optimum and whose reduced cost
+    brings the LP bound below that threshold when the variable is forced to 1 cannot (LP duality).
+    """
+    check_problem(problem)
+    model = _Model(problem, symmetry)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    model.build(h)
+    nc = model.ncol
+    h.changeColsIntegrality(nc, np.arange(nc, dtype=np.int32), np.zeros(nc, dtype=np.uint8))
+    h.run()
+    keep_all = [np.ones(m.size, dtype=bool) for m in problem.menus]
+    if h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+        return 0.0, [np.zeros(m.size, dtype=bool) for m in problem.menus], set()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return math.inf, keep_all, set(model.edges)
+    sol = h.getSolution()
+    bound = float(h.getInfo().objective_function_value)
+    x = np.asarray(sol.col_value)
+    rc = np.asarray(sol.col_dual)  # <= 0 at the lower bound of a maximisation
+    threshold = value * (1 - rtol) / model.fscale - 1e-9
+    off = (x < 1e-9) & (bound + rc < threshold)
+    z_off = off[model.Z : model.Z + model.nz]
+    keep = [~z_off[model.zoff[i] : model.zoff[i + 1]] for i in range(problem.n)]
+    e_off = off[model.E : model.E + model.ne]
+    edges = {e for t, e in enumerate(model.edges) if not e_off[t]}
+    return bound * model.fscale, keep, edges
+
+
 def milp_place(
     problem: PlacementProblem,
     *,

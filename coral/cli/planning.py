@@ -1,47 +1,22 @@
-"""Wire the allocation solver to scenarios, the template store and the Plan vocabulary.
-
-``make_planner`` returns a plan function ``PlanRequest -> Plan`` for a policy:
-
-- ``coral``: every template (aggregated, and prefill + decode pairs), heterogeneous ones included;
-- ``homo``: aggregated templates whose nodes are all of one node type (homogeneous replicas);
-- ``pd-homo``: homogeneous prefill and homogeneous decode instances, paired per region;
-
-all on the same allocation program, prices, availability and demand.
-"""
+"""Read the templates a scenario's deployments may use from the store, and bind a planner to them."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 
-import attrs
-import numpy as np
-
 from coral.catalog.types import Catalog
 from coral.errors import CoralError
 from coral.perf import PerfModel
-from coral.plan import DeploymentServing, Plan, PlannedInstances, PlanRequest
-from coral.scenario import Deployment, Scenario
+from coral.plan import Plan, PlanRequest
+from coral.scenario import Scenario
 from coral.store import TemplateStore
 from coral.templates import Template
-from solvers.allocation import AllocationProblem, AllocationResult, AllocTemplate, SolverEffort, solve_allocation
+from solvers.planning import POLICIES, Planner, policy_admits, request_at
 
-POLICIES = ("coral", "homo", "pd-homo")
-START_UP_S = 60.0
+__all__ = ["POLICIES", "PlanFn", "check_coverage", "deployment_templates", "make_planner", "request_at"]
 
 PlanFn = Callable[[PlanRequest], Plan]
-
-
-def policy_admits(policy: str, t: Template) -> bool:
-    """Whether a policy may use a template."""
-    homogeneous = len(set(t.nodes)) == 1
-    if policy == "coral":
-        return True
-    if policy == "homo":
-        return homogeneous and t.mode == "aggregated"
-    if policy == "pd-homo":
-        return homogeneous and t.mode in ("prefill", "decode")
-    raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
 def deployment_templates(
@@ -56,7 +31,9 @@ def deployment_templates(
         tpls = [
             t
             for t in store.query(model=d.model, slo=d.slo)
-            if t.shape == d.shape and set(t.nodes) <= allowed and policy_admits(policy, t)
+            if t.shape == d.shape
+            and set(t.nodes) <= allowed
+            and policy_admits(policy, t)
             and (t.vllm_ok or not exclude_vllm_incompatible)
         ]
         out[d.name] = tpls
@@ -76,143 +53,6 @@ def check_coverage(sc: Scenario, tpls: Mapping[str, Sequence[Template]], policy:
                 f"`coral templates build --scenario {sc.path}` (if it has run, no node combination within "
                 f"N_max = {sc.planner.nmax} meets its SLO of TTFT {d.slo.ttft_s:g} s / TPOT {d.slo.tpot_s:g} s)"
             )
-
-
-def instance_load_s(perf: PerfModel, t: Template) -> float:
-    """Seconds from start to serving: the slowest stage's weight load plus a fixed start-up."""
-    return START_UP_S + max(perf.load_s(t.model, s.node, s.layers) for s in t.stages)
-
-
-@attrs.frozen
-class Planner:
-    """A plan function bound to a scenario, its templates and a policy."""
-
-    policy: str
-    scenario: Scenario
-    catalog: Catalog
-    perf: PerfModel
-    templates: Mapping[str, Sequence[Template]]
-    deadline_s: float
-
-    def problem(self, req: PlanRequest) -> tuple[AllocationProblem, list[tuple[Deployment, Template]]]:
-        sc, cat = self.scenario, self.catalog
-        deps = list(sc.deployments)
-        nodes = list(sc.node_types)
-        regions = list(sc.regions)
-        gidx = {n: i for i, n in enumerate(nodes)}
-        columns: list[AllocTemplate] = []
-        index: list[tuple[Deployment, Template]] = []
-        for m, d in enumerate(deps):
-            for t in self.templates[d.name]:
-                counts = np.zeros(len(nodes), dtype=np.int64)
-                for n, c in t.node_counts.items():
-                    counts[gidx[n]] = c
-                columns.append(
-                    AllocTemplate(m, t.mode, counts, t.prefill_tok_s, t.decode_tok_s, instance_load_s(self.perf, t),
-                                  f"{d.name}/{t.id}")  # fmt: skip
-                )
-                index.append((d, t))
-        price = np.full((len(regions), len(nodes)), np.inf)
-        avail = np.zeros((len(regions), len(nodes)), dtype=np.int64)
-        for (r, n), p in req.prices.items():
-            if r in regions and n in gidx:
-                price[regions.index(r), gidx[n]] = p
-        for (r, n), a in req.availability.items():
-            if r in regions and n in gidx:
-                avail[regions.index(r), gidx[n]] = a
-        keys = {c.key for c in columns}
-        current = {}
-        for (dep, tid, r), cnt in req.current.items():
-            key = f"{dep}/{tid}"
-            if key in keys and r in regions and cnt > 0:
-                current[(key, regions.index(r))] = cnt
-        demand = []
-        for d in deps:
-            v = req.demand.get(d.name, 0.0)
-            if v < 0:
-                raise CoralError(f"demand for deployment {d.name!r} is negative ({v} req/s)")
-            demand.append(v)
-        prob = AllocationProblem(
-            models=[d.name for d in deps],
-            demand_rps=demand,
-            mean_in=[d.shape.mean_in for d in deps],
-            mean_out=[d.shape.mean_out for d in deps],
-            kv_bytes_per_token=[cat.models[d.model].kv_bytes_per_token for d in deps],
-            node_types=nodes,
-            nic_bytes_s=[cat.nodes[n].nic_bytes_per_s for n in nodes],
-            regions=regions,
-            price=price,
-            avail=avail,
-            templates=columns,
-            current=current,
-            churn_factor=sc.planner.churn_factor,
-            utilisation=sc.planner.utilisation,
-        )
-        return prob, index
-
-    def __call__(self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None) -> Plan:
-        prob, index = self.problem(req)
-        res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort)
-        return to_plan(self, req, prob, index, res, seq=seq)
-
-
-def to_plan(
-    planner: Planner,
-    req: PlanRequest,
-    prob: AllocationProblem,
-    index: Sequence[tuple[Deployment, Template]],
-    res: AllocationResult,
-    *,
-    seq: int,
-) -> Plan:
-    """The Plan that an allocation result describes."""
-    insts = []
-    cap = {d.name: 0.0 for d in planner.scenario.deployments}
-    pd: dict[tuple[str, str], list[float]] = {}
-    for (j, r), cnt in sorted(res.counts.items()):
-        if cnt <= 0:
-            continue
-        d, t = index[j]
-        region = prob.regions[r]
-        cost = sum(float(prob.price[r, prob.node_types.index(n)]) for n in t.nodes)
-        if t.mode == "aggregated":
-            rps = t.requests_per_s(d.shape.mean_in, d.shape.mean_out)
-            cap[d.name] += cnt * rps
-        else:
-            rps = (t.prefill_tok_s / d.shape.mean_in) if t.mode == "prefill" else (t.decode_tok_s / d.shape.mean_out)
-            slot = pd.setdefault((d.name, region), [0.0, 0.0])
-            slot[0 if t.mode == "prefill" else 1] += cnt * rps
-        insts.append(PlannedInstances(d.name, t.id, region, int(cnt), t.nodes, t.mode, cost, rps))
-    for (dep, _region), (p, dd) in pd.items():
-        cap[dep] += min(p, dd)
-    serving = tuple(
-        DeploymentServing(d.name, d.model, float(prob.demand_rps[m]), cap[d.name], float(res.unmet_rps[m]))
-        for m, d in enumerate(planner.scenario.deployments)
-    )
-    effort = {k: v for k, v in attrs.asdict(res.effort).items() if v is not None}
-    return Plan(
-        seq=seq,
-        at=req.at,
-        policy=planner.policy,
-        trigger=req.trigger,
-        instances=tuple(insts),
-        serving=serving,
-        cost_per_hour=res.cost_per_hour,
-        churn_cost=res.churn_cost,
-        status=res.status,
-        gap=res.gap,
-        bound=res.bound,
-        solve_s=res.solve_s,
-        effort=effort,
-    )
-
-
-def request_at(sc: Scenario, cat: Catalog, t: float, *, current: Mapping[tuple[str, str, str], int] | None = None,
-               trigger: str = "cli") -> PlanRequest:  # fmt: skip
-    """The scenario's demand and market at time ``t`` as a plan request."""
-    prices, avail = sc.market_at(cat, t)
-    demand = {d.name: d.demand.at(t) for d in sc.deployments}
-    return PlanRequest(t, demand, prices, avail, dict(current or {}), trigger)
 
 
 def make_planner(

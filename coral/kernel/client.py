@@ -472,24 +472,21 @@ class BusClient:
         shadow: zmq.Socket[Any] = zmq.Socket.shadow(sock.underlying)
         with feed:
             while True:
-                frames = await sock.recv_multipart()
+                await self._take(classify(await sock.recv_multipart()), feed)
                 for _ in range(_DRAIN_BATCH):
-                    item = classify(frames)
-                    if isinstance(item, Envelope):
-                        await self._deliver(feed, item)
-                    elif item is not None:
-                        await self._report(item)
                     try:
                         frames = recv_nowait(shadow)
                     except zmq.Again:
                         break
+                    await self._take(classify(frames), feed)
                 else:
-                    item = classify(frames)
-                    if isinstance(item, Envelope):
-                        await self._deliver(feed, item)
-                    elif item is not None:
-                        await self._report(item)
                     await anyio.lowlevel.checkpoint()
+
+    async def _take(self, item: Envelope | Malformed | None, feed: MemoryObjectSendStream[Envelope]) -> None:
+        if isinstance(item, Envelope):
+            await self._deliver(feed, item)
+        elif item is not None:
+            await self._report(item)
 
 
 class _Inbox:

@@ -68,15 +68,17 @@ class Registry:
                 raise RegistryError(f"tag {tag!r}: already registered to {old.__module__}.{old.__qualname__}")
             if cls in self._by_cls:
                 raise RegistryError(f"class {cls.__qualname__}: already registered as {self._by_cls[cls]!r}")
-            # Building the decoder now rejects field types msgspec cannot decode, at import time.
+            # Build the decoder now (msgspec checks the class's own annotations); a field type defined
+            # later in the module (a forward reference) defers it to the first decode.
             try:
-                decoder = msgspec.msgpack.Decoder(cls)
+                self._decoders[cls] = msgspec.msgpack.Decoder(cls)
+            except NameError:
+                pass
             except (TypeError, ValueError) as exc:
                 raise RegistryError(f"message {tag!r}: msgspec cannot decode {cls.__qualname__}: {exc}") from exc
             self._by_tag[tag] = cls
             self._by_cls[cls] = tag
             self._by_tag_bytes[tag.encode()] = cls
-            self._decoders[cls] = decoder
 
     def tag_of(self, cls: type) -> str:
         """The tag of a registered class."""
@@ -98,7 +100,15 @@ class Registry:
 
     def decoder(self, cls: type) -> msgspec.msgpack.Decoder[Any]:
         """The cached msgpack decoder of a registered class."""
-        return self._decoders[cls]
+        dec = self._decoders.get(cls)
+        if dec is None:
+            if cls not in self._by_cls:
+                raise RegistryError(f"class {cls.__qualname__}: not a registered message type")
+            try:
+                dec = self._decoders[cls] = msgspec.msgpack.Decoder(cls)
+            except (NameError, TypeError, ValueError) as exc:
+                raise RegistryError(f"message {self._by_cls[cls]!r}: msgspec cannot decode it: {exc}") from exc
+        return dec
 
     def tags(self) -> Iterator[str]:
         """All registered tags, in registration order."""

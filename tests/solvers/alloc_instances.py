@@ -67,9 +67,7 @@ def node_catalog() -> NodeCatalog:
     )
 
 
-def _capacities(
-    cat: NodeCatalog, counts: np.ndarray, params_b: float, rng: np.random.Generator
-) -> tuple[float, float]:
+def _capacities(cat: NodeCatalog, counts: np.ndarray, params_b: float, rng: np.random.Generator) -> tuple[float, float]:
     n_nodes = int(counts.sum())
     eff = 0.92 ** (n_nodes - 1) * rng.uniform(0.85, 1.15)
     weights_gb = 2.0 * params_b

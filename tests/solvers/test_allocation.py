@@ -70,7 +70,9 @@ def brute_force(p: AllocationProblem) -> tuple[float, float]:
     for r in range(p.num_regions):
         plans: list[tuple[int, ...]] = []
 
-        def extend(i: int, left: np.ndarray, plan: tuple[int, ...], r: int = r) -> None:
+        def extend(
+            i: int, left: np.ndarray, plan: tuple[int, ...], r: int = r, plans: list[tuple[int, ...]] = plans
+        ) -> None:
             if i == n:
                 plans.append(plan)
                 return
@@ -86,7 +88,7 @@ def brute_force(p: AllocationProblem) -> tuple[float, float]:
         per_region.append(plans)
     best_unmet, best_obj = np.inf, np.inf
     results = []
-    stack = [(0, {})]
+    stack: list[tuple[int, dict[tuple[int, int], int]]] = [(0, {})]
     while stack:
         r, counts = stack.pop()
         if r == p.num_regions:
@@ -185,7 +187,9 @@ def test_generated_instance_plan_is_consistent() -> None:
 # Modelling
 
 
-def one_region_problem(templates: list[AllocTemplate], *, demand: float, nic: float = 1e10, **kw: object) -> AllocationProblem:
+def one_region_problem(
+    templates: list[AllocTemplate], *, demand: float, nic: float = 1e10, **kw: object
+) -> AllocationProblem:
     fields: dict[str, object] = {
         "models": ("m",),
         "demand_rps": [demand],
@@ -264,9 +268,7 @@ def test_duplicate_templates_are_merged_and_running_ones_kept() -> None:
     check_plan(p, res)
     assert res.merged_templates == 1
     assert res.counts.get((1, 1)) == 1  # the running twin is kept under its own key
-    assert res.churn_cost == pytest.approx(
-        (sum(res.counts.values()) - 1) * 60.0 / 3600 * 10.0
-    )
+    assert res.churn_cost == pytest.approx((sum(res.counts.values()) - 1) * 60.0 / 3600 * 10.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -287,7 +289,11 @@ def max_served_reference(p: AllocationProblem) -> float:
         h.addConstr(h.qsum([rate[i] * x[k] for k, (i, _r) in enumerate(cols) if p.templates[i].m == m]) - s[m] >= 0)
     for r in range(R):
         for g in range(T):
-            terms = [int(p.templates[i].node_counts[g]) * x[k] for k, (i, rr) in enumerate(cols) if rr == r and p.templates[i].node_counts[g]]
+            terms = [
+                int(p.templates[i].node_counts[g]) * x[k]
+                for k, (i, rr) in enumerate(cols)
+                if rr == r and p.templates[i].node_counts[g]
+            ]
             if terms:
                 h.addConstr(h.qsum(terms) <= int(p.avail[r, g]))
     h.maximize(h.qsum(s))
@@ -411,7 +417,7 @@ def test_no_demand_gives_an_empty_plan() -> None:
 def test_bad_input_is_rejected_with_a_clear_error() -> None:
     agg = AllocTemplate(0, "aggregated", [1, 0], 10000.0, 1000.0, 60.0, "a")
     ok = one_region_problem([agg], demand=1.0)
-    cases = [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"demand_rps": [-1.0]}, "demand_rps"),
         ({"avail": [[-1, 0], [0, 0]]}, "avail"),
         ({"avail": [[1.5, 0], [0, 0]]}, "avail"),
@@ -431,10 +437,10 @@ def test_bad_input_is_rejected_with_a_clear_error() -> None:
         ({"utilisation": 1.5}, "utilisation"),
     ]
     for change, message in cases:
-        fields = {f.name: getattr(ok, f.name) for f in attrs.fields(AllocationProblem)}
+        fields: dict[str, object] = {f.name: getattr(ok, f.name) for f in attrs.fields(AllocationProblem)}
         fields.update(change)
         with pytest.raises(AllocationInputError, match=message):
-            AllocationProblem(**fields)
+            AllocationProblem(**fields)  # type: ignore[arg-type]
     with pytest.raises(AllocationInputError, match="deadline_s"):
         solve_allocation(ok, deadline_s=0.0)
     with pytest.raises(AllocationInputError, match="mip_gap"):
