@@ -78,7 +78,7 @@ class Planner:
                         t.decode_tok_s,
                         instance_load_s(self.perf, t),
                         f"{d.name}/{t.id}",
-                    )  # fmt: skip
+                    )
                 )
                 index.append((d, t))
         price = np.full((len(regions), len(nodes)), np.inf)

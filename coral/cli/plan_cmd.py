@@ -77,7 +77,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def print_plan(plan: Plan, con: Console) -> None:
     """The plan as two tables: instances per region, and capacity vs demand per deployment."""
-    t = Table(caption="$/h and req/s per instance", title=f"plan #{plan.seq} ({plan.policy}) at t={plan.at:g} s: ${plan.cost_per_hour:,.2f}/h")
+    title = f"plan #{plan.seq} ({plan.policy}) at t={plan.at:g} s: ${plan.cost_per_hour:,.2f}/h"
+    t = Table(caption="$/h and req/s per instance", title=title)
     for c in ("region", "deployment", "mode", "n", "nodes per instance", "$/h", "req/s", "template"):
         t.add_column(c, justify="right" if c in ("n", "$/h", "req/s") else "left", no_wrap=c != "nodes per instance")
     for i in sorted(plan.instances, key=lambda i: (i.region, i.deployment, i.mode)):
