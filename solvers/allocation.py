@@ -2,50 +2,67 @@
 
 Formulation
 -----------
-Sets: models m, regions r, node types g, templates t (exact duplicates merged: same model, mode, node
-counts, capacities and load time), columns j = (t, r) for every template that fits region r's
-availability at least once and uses only node types offered there.
+Sets: models m, regions r, node types g, templates t, columns j = (t, r). Lossless reductions first:
+exact-duplicate templates (same model, mode, node counts, capacities, load time) are merged; a column
+exists only where the template fits region r's availability at least once and uses only node types
+offered there; templates of models without demand, and prefill (decode) columns in a region without
+decode (prefill) columns of their model, are dropped (they can only cost).
 
-Data per column j: its model m_j, mode, node counts n[j, g]; hourly cost c_j = sum_g n[j, g] price[r, g];
+Data per column j: model m_j, mode, node counts n[j, g]; hourly cost c_j = sum_g n[j, g] price[r, g];
 churn penalty p_j = churn_factor * load_s / 3600 * c_j per started instance; upper bound
-ub_j = min_g floor(avail[r, g] / n[j, g]); current (running) count cur_j. Aggregated columns serve
-a_j = util / (in_m / P_j + out_m / D_j) req/s; prefill columns give util * P_j prompt tok/s and
-B_j = sum_g n[j, g] nic[g] bytes/s of KV transfer; decode columns give util * D_j decode tok/s.
+ub_j = min_g floor(avail[r, g] / n[j, g]); running count cur_j. An aggregated column serves
+a_j = util / (in_m / P_j + out_m / D_j) req/s at the model's shape; a prefill column gives util * P_j
+prompt tok/s and B_j = sum_g n[j, g] nic[g] bytes/s for KV transfer; a decode column util * D_j decode
+tok/s. (util: the utilisation target; in_m, out_m: mean tokens per request; kv_m: KV bytes per token.)
 
 Variables:
 - new_j in Z, 0 <= new_j <= ub_j: instances of column j started;
 - keep_j in Z, 0 <= keep_j <= min(cur_j, ub_j): running instances kept (only where cur_j > 0);
-  the plan is x_j = keep_j + new_j;
-- y[m, r] >= 0: req/s of model m served disaggregated in region r (where r has both prefill and decode
+  the plan is x_j = keep_j + new_j (split churn: no rows for it);
+- y[m, r] >= 0: req/s of model m served disaggregated in region r (where r has prefill and decode
   columns of m);
-- u_m in [0, d_m]: unmet demand of model m (req/s), for every model with demand d_m > 0.
+- u_m in [0, d_m]: unmet demand of model m in req/s, for each model with demand d_m > 0.
 
-Constraints:
-- demand (m):   sum_{j aggregated of m} a_j x_j + sum_r y[m, r] + u_m >= d_m;
-- avail (r, g): sum_{j in r} n[j, g] x_j <= avail[r, g];
-- prefill (m, r): in_m y[m, r] - util sum_{j prefill of m in r} P_j x_j <= 0;
-- decode (m, r):  out_m y[m, r] - util sum_{j decode of m in r} D_j x_j <= 0;
-- kv (m, r):      in_m kv_m y[m, r] - sum_{j prefill of m in r} B_j x_j <= 0;
+Constraints (rows scaled so that y has coefficient 1):
+- demand (m):     sum_{j aggregated of m} a_j x_j + sum_r y[m, r] + u_m >= d_m;
+- avail (r, g):   sum_{j in r} n[j, g] x_j <= avail[r, g];
+- prefill (m, r): in_m y[m, r] <= util sum_{j prefill of m in r} P_j x_j;
+- decode (m, r):  out_m y[m, r] <= util sum_{j decode of m in r} D_j x_j;
+- kv (m, r):      in_m kv_m y[m, r] <= sum_{j prefill of m in r} B_j x_j;
 - service:        sum_m u_m <= U.
 
-Objective, lexicographic in two phases ("serve first"):
-1. serve: minimise sum_m u_m (U = +inf), giving U*;
-2. cost:  minimise sum_j c_j x_j + sum_j p_j new_j with U = U*.
+Objective, lexicographic, in two phases ("serve first"):
+1. serve: minimise sum_m u_m with U = +inf, giving U*;
+2. cost:  minimise sum_j c_j x_j + sum_j p_j new_j with U = U* (1 + 1e-9) + 1e-7 max(1, sum_m d_m).
 
-Why two phases and not a weight on u: with integer instances, serving the last epsilon req/s can cost a
-whole instance, so no finite weight is provably large enough (a weight above the largest cost per req/s
-of any template only works for the LP relaxation); a weight large enough for a tolerance is numerically
-ugly and measured 1.5x slower. Phase 1 is skipped (U* proven) when the rounded plan's unmet demand
-already equals the LP relaxation's minimum, which includes the common case of no scarcity.
+Two phases rather than a weight on u: with integer instances no finite weight is provably large
+enough. A weight above the largest cost per req/s of any template fails when the last 0.1 req/s
+needs a whole instance that costs more than 0.1 times the weight; a weight large enough for a given
+tolerance is numerically ugly, and the study measured it 1.5x slower. Phase 1 is skipped (U* proven)
+when the heuristic plan's unmet demand equals the LP relaxation's minimum, as whenever nothing is
+scarce.
 
-Solution path, under a hard deadline enforced from outside HiGHS (an interrupt callback counts HiGHS's
-interrupt checks and stops it at the deadline, or at a given count for a deterministic replay):
-build columns and rows from arrays (one addRows and one addCols call) -> LP relaxation (first with
-u fixed to 0; if infeasible, minimise sum u, then minimise cost at that service) -> round down, greedy
-repair (add best served-per-cost instances), greedy prune (drop instances not needed); the same repair
-starting from the current deployment; keep the best -> MIP phase 1 (only when scarcity leaves a gap)
--> MIP phase 2, each warm-started with the best plan so far. The all-unmet plan (x = 0) is always
-feasible, so a plan is always returned.
+Solution path
+-------------
+1. Build the columns and rows from numpy arrays (one addRows and one addCols call).
+2. LP relaxation: minimise cost with u fixed to 0; if infeasible, minimise sum u, then cost at that
+   service level. With ``columns="generated"``: the same by column generation.
+3. Heuristic (numpy, deterministic): round the LP down, then round up its fractional columns, most
+   fractional first, while they serve unmet demand; fill what is left (aggregated instances that the
+   demand fully uses, best req/s per USD/h first; the cheapest multiset of up to three aggregated
+   instances for each model's rest; then best unmet-req/s per USD/h among all instances and
+   prefill+decode pairs); drop instances not needed; local search per model (rebuild it from scratch,
+   aggregated-first and disaggregated-first; drop up to three of its least efficient instances for the
+   cheapest multiset of up to three that serves as much). The same from the current deployment cut to
+   the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
+4. MIP phase 1 (only when the heuristic leaves more unmet demand than the LP bound), then phase 2,
+   each warm-started with the best plan so far, on single-threaded HiGHS in a worker thread.
+
+Deadline: HiGHS overran its own ``time_limit`` by up to 2x in the study, and its interrupt checks can be
+a second apart at the root. So at the deadline the caller takes the improving solutions reported so
+far, sets a flag that the interrupt callback turns into an interrupt at HiGHS's next check, and
+returns without waiting for the thread. Replay: single-threaded HiGHS reports the same sequence of
+improving solutions every run, so the count taken per phase (``SolverEffort``) fixes the plan.
 """
 
 from __future__ import annotations
@@ -164,11 +181,13 @@ class AllocationProblem:
 
 @attrs.frozen
 class SolverEffort:
-    """Where each solver phase stopped, in HiGHS interrupt checks (single thread, so deterministic).
+    """How far each solver phase went: the number of HiGHS improving solutions it took.
 
-    ``None``: the phase ran to completion (or was not needed); an int k: the phase was stopped at its
-    k-th interrupt check (0: skipped). Passing a result's effort back to ``solve_allocation`` replays
-    exactly the same solve, whatever the wall clock does.
+    Per phase (``lp``, ``serve``, ``cost``): ``None`` ran to completion (or was not needed); an int k
+    stopped after its k-th improving solution (0: skipped; for ``lp``, 0 means the LP was not used).
+    Single-threaded HiGHS finds the same solutions in the same order every run, so passing a result's
+    effort back to ``solve_allocation`` replays its plan exactly, whatever the wall clock does. A
+    phase given k > 0 that never finds k solutions runs to completion.
     """
 
     lp: int | None = None
@@ -181,11 +200,14 @@ class AllocationResult:
     """A plan: instances per (template index, region index), its cost, service and solver status.
 
     ``status``: ``optimal`` (service proven maximal and cost within ``mip_gap`` of the bound),
-    ``feasible`` (a MIP plan, not proven), ``lp-rounded`` (LP relaxation rounded and repaired),
-    ``greedy`` (greedy repair of the current deployment: the LP did not finish). ``objective`` is cost
-    plus churn (USD/h); ``bound`` a proven lower bound on it at the plan's service level (0 when none
-    was proven); ``gap`` = (objective - bound) / objective. ``unmet_bound`` is a proven lower bound on
-    the total unmet req/s.
+    ``feasible`` (a MIP improved the plan; not proven), ``lp-rounded`` (the heuristic plan, with the LP
+    relaxation solved), ``greedy`` (the heuristic plan without the LP: the deadline came first).
+    ``objective`` is cost plus churn (USD/h); ``bound`` a proven lower bound on it at the plan's service
+    level (0 when none was proven); ``gap`` = (objective - bound) / objective. ``unmet_bound`` is a
+    proven lower bound on the total unmet req/s; ``service_proven`` says the plan's unmet demand meets
+    it (within ``mip_gap``). ``phase_s``: seconds per phase (build, lp, heuristic, serve, cost);
+    ``simplex_iterations`` and ``mip_nodes`` count the work HiGHS reported (nodes of an abandoned run
+    as last seen); ``effort`` replays the plan.
     """
 
     counts: Mapping[tuple[int, int], int]
@@ -1407,7 +1429,7 @@ def solve_allocation(
 
     # rounding and greedy repair: from the LP, and from the current deployment
     best = np.zeros(c.J, dtype=np.int64)
-    source = "greedy"
+    source = "heuristic"
     if c.J > 0:
         if not lp.done or np.any(c.cur > 0):
             best = _repair(c, _fit_current(c))
@@ -1416,7 +1438,7 @@ def solve_allocation(
             v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
             rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
             if not _better(c, best, rounded):
-                best, source = rounded, "lp-rounded"
+                best = rounded
     t3 = time.perf_counter()
     phase_s["heuristic"] = t3 - t2
 
@@ -1477,8 +1499,10 @@ def solve_allocation(
     gap = (objective - bound) / objective if objective > 0 else 0.0
     if c.J == 0 or (service_proven and (cost_optimal or gap <= mip_gap)):
         status = "optimal"
+    elif source == "mip":
+        status = "feasible"
     else:
-        status = "feasible" if source == "mip" else source
+        status = "lp-rounded" if lp.done else "greedy"
     served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
     return AllocationResult(
         counts=_counts(c, best),

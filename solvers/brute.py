@@ -63,8 +63,9 @@ def brute_force_place(problem: PlacementProblem) -> PlacementResult:
         compat += [(i, n) for i in range(n) if ends[i] == L]
         compat = [(u, v) for u, v in compat if np.isfinite(link_lat[:, u, v]).all()]
         option_lists = [by_k[i][combo[i][1]] for i in range(n)]
-        node_lat = [[np.asarray(problem.menus[i].lat[:, o], dtype=np.float64) for o in option_lists[i]]
-                    for i in range(n)]
+        node_lat = [
+            [np.asarray(problem.menus[i].lat[:, o], dtype=np.float64) for o in option_lists[i]] for i in range(n)
+        ]
         for mask in range(1, 1 << len(compat)):
             edges = [compat[t] for t in range(len(compat)) if mask >> t & 1]
             if not _covered(edges, n):
@@ -95,8 +96,14 @@ def brute_force_place(problem: PlacementProblem) -> PlacementResult:
     if best is None:
         return PlacementResult(value=0.0, status="infeasible", bound=0.0, method="brute", solve_s=dt)
     return PlacementResult(
-        value=best_val, status="optimal", bound=best_val, method="brute",
-        option=best[0], start=best[1], flows=best[2], solve_s=dt,
+        value=best_val,
+        status="optimal",
+        bound=best_val,
+        method="brute",
+        option=best[0],
+        start=best[1],
+        flows=best[2],
+        solve_s=dt,
     )
 
 
@@ -136,8 +143,7 @@ def _paths(edges: list[Edge], n: int) -> list[tuple[int, ...]]:
 
 
 def _pairs(path: tuple[int, ...], n: int) -> list[Edge]:
-    nodes = (n, *path, n)
-    return list(zip(nodes[:-1], nodes[1:], strict=True))
+    return list(itertools.pairwise((n, *path, n)))
 
 
 def max_flow(

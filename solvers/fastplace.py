@@ -249,7 +249,9 @@ class _Chain:
     ks: tuple[int, ...]
 
 
-def _orders(problem: PlacementProblem, nodes: Sequence[int], edges: set[Edge]) -> list[tuple[np.ndarray, float, tuple[int, ...]]]:
+def _orders(
+    problem: PlacementProblem, nodes: Sequence[int], edges: set[Edge]
+) -> list[tuple[np.ndarray, float, tuple[int, ...]]]:
     """Pareto-best orders of ``nodes`` as chains: (link latency per metric, link capacity, order)."""
     n = problem.n
     ll = np.asarray(problem.link_lat, dtype=np.float64)
@@ -260,16 +262,13 @@ def _orders(problem: PlacementProblem, nodes: Sequence[int], edges: set[Edge]) -
         pairs = list(itertools.pairwise(seq))
         if any(e not in edges for e in pairs):
             continue
-        lat = tuple(float(x) for x in sum(ll[:, u, v] for u, v in pairs))
+        lat = tuple(float(x) for x in np.sum([ll[:, u, v] for u, v in pairs], axis=0))
         cap = min(float(lc[u, v]) for u, v in pairs)
         seen.setdefault((lat, cap), perm)
     items = [(np.array(lat), cap, perm) for (lat, cap), perm in seen.items()]
     out = []
     for a in items:
-        dominated = any(
-            (b[1] >= a[1] and np.all(b[0] <= a[0]) and (b[1] > a[1] or np.any(b[0] < a[0])))
-            for b in items
-        )
+        dominated = any((b[1] >= a[1] and np.all(b[0] <= a[0]) and (b[1] > a[1] or np.any(b[0] < a[0]))) for b in items)
         if not dominated:
             out.append(a)
     return out
@@ -309,7 +308,9 @@ class _Knapsack:
         gi[ksel[ok]] = order[sel[ok]]
         return g, gv, gi
 
-    def solve(self, nodes: Sequence[int], c: float, budget: FloatArray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    def solve(
+        self, nodes: Sequence[int], c: float, budget: FloatArray
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """Options (and k) of ``nodes`` with caps >= c, k summing to L, least scalar latency; None unless
         that latency vector fits ``budget``."""
         L = self.L
@@ -328,14 +329,14 @@ class _Knapsack:
             return None
         if not np.all(Dv[:, L] <= budget):
             return None
-        q = L
+        pos = L
         opts: list[int] = []
         ks: list[int] = []
         for arg, gi in reversed(steps):
-            p = int(arg[q])
-            ks.append(q - p)
-            opts.append(int(gi[q - p]))
-            q = p
+            prev = int(arg[pos])
+            ks.append(pos - prev)
+            opts.append(int(gi[pos - prev]))
+            pos = prev
         return tuple(reversed(opts)), tuple(reversed(ks))
 
 
@@ -440,7 +441,9 @@ def _subset_key(problem: PlacementProblem, nodes: tuple[int, ...]) -> tuple[obje
     return (nodes,)
 
 
-def _relabel(ch: _Chain | None, key: tuple[object, ...], nodes: tuple[int, ...], problem: PlacementProblem) -> _Chain | None:
+def _relabel(
+    ch: _Chain | None, key: tuple[object, ...], nodes: tuple[int, ...], problem: PlacementProblem
+) -> _Chain | None:
     return ch
 
 
@@ -501,7 +504,8 @@ class _Small:
 
     def _links(self, *path: int) -> tuple[FloatArray, float]:
         pairs = list(itertools.pairwise(path))
-        return sum(self.ll[:, u, v] for u, v in pairs), min(float(self.lc[u, v]) for u, v in pairs)
+        lat = np.sum([self.ll[:, u, v] for u, v in pairs], axis=0)
+        return lat, min(float(self.lc[u, v]) for u, v in pairs)
 
     def single(self, i: int) -> tuple[float, int] | None:
         n = self.n
@@ -553,17 +557,53 @@ class _Small:
         oa = int(np.argmax(val))
         return float(val[oa]), oa, int(pxj[posj[oa]]), int(pxl[posl[oa]])
 
+    def chain3(
+        self, order: tuple[int, ...], lat_links: FloatArray, lcap: float, lower: float
+    ) -> tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+        """The best chain ``order`` of three nodes worth more than ``lower``, by enumeration."""
+        if lcap <= lower:
+            return None
+        i, j, l_ = order
+        sel = [np.flatnonzero(self.cap[x] > lower) for x in order]
+        if any(x.size == 0 for x in sel):
+            return None
+        (si, sj, sl) = sel
+        ksum = self.k[i][si][:, None] + self.k[j][sj][None, :]
+        pa, pb = np.nonzero(ksum < self.L)
+        oa, ob = si[pa], sj[pb]
+        kp = self.k[i][oa] + self.k[j][ob]
+        lat_p = self.lat[i][:, oa] + self.lat[j][:, ob] + lat_links[:, None]
+        cap_p = np.minimum(np.minimum(self.cap[i][oa], self.cap[j][ob]), lcap)
+        best: tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+        for kl in np.unique(self.k[l_][sl]):
+            q = sl[self.k[l_][sl] == kl]
+            pp = np.flatnonzero(kp == self.L - kl)
+            if pp.size == 0:
+                continue
+            lat = lat_p[:, pp][:, :, None] + self.lat[l_][:, q][:, None, :]
+            ok = np.all(lat <= self.budget[:, None, None], axis=0)
+            val = np.where(ok, np.minimum(cap_p[pp][:, None], self.cap[l_][q][None, :]), -np.inf)
+            t = int(np.argmax(val))
+            a, b = divmod(t, q.size)
+            v = float(val.flat[t])
+            if v > lower and (best is None or v > best[0]):
+                x, y = int(oa[pp[a]]), int(ob[pp[a]])
+                best = (v, order, (x, y, int(q[b])), (int(self.k[i][x]), int(self.k[j][y]), int(kl)))
+        return best
+
     def candidates(self, chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> list[_Cand]:
         n, L = self.n, self.L
         out: list[_Cand] = []
         singles = [self.single(i) for i in range(n)]
         if all(s is not None for s in singles):
-            out.append((
-                sum(s[0] for s in singles if s is not None),
-                tuple(s[1] for s in singles if s is not None),
-                (0,) * n,
-                tuple(e for i in range(n) for e in ((n, i), (i, n))),
-            ))
+            out.append(
+                (
+                    sum(s[0] for s in singles if s is not None),
+                    tuple(s[1] for s in singles if s is not None),
+                    (0,) * n,
+                    tuple(e for i in range(n) for e in ((n, i), (i, n))),
+                )
+            )
         nodes = range(n)
         for i, j in itertools.permutations(nodes, 2):
             c2 = self.chain2(i, j)
@@ -616,26 +656,37 @@ class _Small:
 
 
 def exact_small(problem: PlacementProblem) -> PlacementResult | None:
-    """The proven optimum of a problem with n <= 3 nodes (n = 3: one latency metric), by enumerating
-    every shape: replicas, two-node chains beside a replica, three-node chains, one node feeding two
-    (fork) and two feeding one (join); each is exact (the chains by the bisection knapsack, the others
-    by numpy over all option pairs whose k add up to L). Returns status ``infeasible`` when no shape
-    has a placement, and None when the problem is outside its scope."""
+    """The proven optimum of a problem with n <= 3 nodes, by enumerating every shape: replicas,
+    two-node chains beside a replica, three-node chains, one node feeding two (fork) and two feeding
+    one (join); each is exact (three-node chains by the bisection knapsack with one latency metric,
+    else by numpy over the options that could beat the other shapes; the others by numpy over all
+    option pairs whose k add up to L). Returns status ``infeasible`` when no shape has a placement,
+    and None when n > 3."""
     n = problem.n
-    if n > 3 or (n == 3 and problem.num_metrics > 1):
+    if n > 3:
         return None
     sm = _Small(problem)
     chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
     if n == 3:
-        knaps = [_Knapsack(problem, np.ones(1))]
+        nm = problem.num_metrics
+        weights = [np.ones(1)] if nm == 1 else [*np.eye(nm), np.ones(nm)]
+        knaps = [_Knapsack(problem, w) for w in weights]
+        orders = []
         for order in itertools.permutations(range(3)):
             seq = (n, *order, n)
-            if not sm._has(*seq):
-                continue
-            lat, lcap = sm._links(*seq)
-            ch = _best_chain(problem, order, sm.edges, knaps, orders=[(lat, lcap, order)])
-            if ch is not None:
-                chain3.append((ch.value, ch.order, ch.options, ch.ks))
+            if sm._has(*seq):
+                lat, lcap = sm._links(*seq)
+                orders.append((lat, lcap, order))
+                ch = _best_chain(problem, order, sm.edges, knaps, orders=[(lat, lcap, order)])
+                if ch is not None:
+                    chain3.append((ch.value, ch.order, ch.options, ch.ks))
+        if nm > 1:  # the knapsack above is a heuristic here: search what could beat the best so far
+            lower = max([c[0] for c in sm.candidates(chain3)], default=-1.0)
+            for lat, lcap, order in orders:
+                found = sm.chain3(order, lat, lcap, lower)
+                if found is not None:
+                    chain3.append(found)
+                    lower = max(lower, found[0])
     cands = sm.candidates(chain3)
     if not cands:
         return PlacementResult(0.0, "infeasible", 0.0, "shapes")
@@ -667,9 +718,7 @@ def _lift(red: Reduced, res: PlacementResult, original: PlacementProblem, dt: fl
     return attrs.evolve(res, value=ev[0], option=option, flows=ev[1], bound=bound, solve_s=dt)
 
 
-def _restrict(
-    problem: PlacementProblem, keep: Sequence[np.ndarray], edges: set[Edge]
-) -> PlacementProblem:
+def _restrict(problem: PlacementProblem, keep: Sequence[np.ndarray], edges: set[Edge]) -> PlacementProblem:
     """``problem`` with only the kept options and edges (a dropped edge gets infinite latency)."""
     n = problem.n
     menus = tuple(_subset_menu(m, k) for m, k in zip(problem.menus, keep, strict=True))

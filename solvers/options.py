@@ -12,7 +12,9 @@ context <= usable memory (``coral.perf``). For each option the perf model gives:
   tokens/s, ``b / tau``.
 
 Latency metrics: aggregated has TPOT (sum of tau) and TTFT (sum of ``pre_1 + tau``: a request's own prompt
-plus one decode step of the batch it joins); prefill has TTFT (sum of ``pre_b``); decode has TPOT.
+plus one decode step of the batch it joins); prefill has TTFT (sum of ``2 pre_b``: a request waits for the
+batch in progress, then runs in the next); decode has TPOT, plus, on the source edge, the KV-cache transfer
+of the mean prompt over the decode node's NIC spread over the mean output (the second token waits for it).
 Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
 at most NIC bandwidth / activation bytes per flow unit.
 """
@@ -48,7 +50,7 @@ def node_menu(perf: PerfModel, model: str, node: str, mode: str, shape: Workload
     mem = perf.stage_bytes(model, layers=k, batch=b, context=shape.max_context)
     if mode == "prefill":
         pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
-        return NodeMenu(k, b, b * shape.mean_in / pre_b, pre_b[None, :], mem)
+        return NodeMenu(k, b, b * shape.mean_in / pre_b, 2.0 * pre_b[None, :], mem)
     tau = perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)
     if mode == "decode":
         return NodeMenu(k, b, b / tau, tau[None, :], mem)
@@ -80,6 +82,10 @@ def build_problem(
     link_lat = np.zeros((nm, n + 1, n + 1))
     link_cap = np.full((n + 1, n + 1), np.inf)
     nodes_cat = perf.catalog.nodes
+    if mode == "decode":
+        kv_bytes = shape.mean_in * m.kv_bytes_per_token
+        for i, a in enumerate(kinds):
+            link_lat[0, n, i] = kv_bytes / nodes_cat[a].nic_bytes_per_s / shape.mean_out
     for i, a in enumerate(kinds):
         for j, bnode in enumerate(kinds):
             if i == j:

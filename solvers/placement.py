@@ -42,8 +42,10 @@ Constraints
         sum_{i,o} k_o w[i,o] = L F                                layer work
         sum_{i,o} lat[m,o] w[i,o] + sum_{(u,v) in E} ll[m,u,v] f[u,v] <= T_m F   per constrained metric
         sum_o w[i,o] <= F                                         no node carries more than the total
-    (11) optional symmetry breaking, off by default (the solver study found it neutral): s_i <= s_j
-        for consecutive interchangeable nodes i < j (same kind, same menu, same links).
+    (11) symmetry breaking (on by default; measured faster on multisets with repeated node types,
+        although the solver study found it neutral): for consecutive interchangeable nodes i < j
+        (same kind, same menu, same links), s_i <= s_j and, on a tie, k_i <= k_j:
+        k_i - k_j <= L (s_j - s_i). Any placement can be relabelled to satisfy both.
 
 Numerics: flows are divided by the largest capacity and latencies by T_m, so every coefficient is O(1);
 the big-Ms are the tight ones above. HiGHS runs on one thread with its output off, with presolve in the
@@ -60,6 +62,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 
+import attrs
 import highspy
 import numpy as np
 
@@ -181,8 +184,32 @@ def interchangeable(problem: PlacementProblem, i: int, j: int) -> bool:
     p = np.asarray(perm)
     ll, lc = np.asarray(problem.link_lat), np.asarray(problem.link_cap)
     off = ~np.eye(n + 1, dtype=bool)
-    return bool(
-        np.array_equal(ll[:, p][:, :, p][:, off], ll[:, off]) and np.array_equal(lc[p][:, p][off], lc[off])
+    return bool(np.array_equal(ll[:, p][:, :, p][:, off], ll[:, off]) and np.array_equal(lc[p][:, p][off], lc[off]))
+
+
+def canonical(problem: PlacementProblem, res: PlacementResult) -> PlacementResult:
+    """The same placement with each run of consecutive interchangeable nodes sorted by (start, k),
+    the order that the MILP's symmetry rows require."""
+    n = problem.n
+    perm = list(range(n))  # perm[new position] = old node
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and interchangeable(problem, j, j + 1):
+            j += 1
+        if j > i:
+            block = sorted(range(i, j + 1), key=lambda x: (res.start[x], int(problem.menus[x].k[res.option[x]]), x))
+            perm[i : j + 1] = block
+        i = j + 1
+    if perm == list(range(n)):
+        return res
+    new_of = {old: new for new, old in enumerate(perm)}
+    new_of[n] = n
+    return attrs.evolve(
+        res,
+        option=tuple(res.option[perm[x]] for x in range(n)),
+        start=tuple(res.start[perm[x]] for x in range(n)),
+        flows={(new_of[u], new_of[v]): f for (u, v), f in res.flows.items()},
     )
 
 
@@ -267,10 +294,15 @@ class _Model:
         self.U = L - self.kmin
         self.capmax = np.array([float(np.max(m.cap)) for m in problem.menus])
         lc = np.asarray(problem.link_cap, dtype=np.float64)
-        self.fub = np.array(
-            [min(lc[u, v], self.capmax[u] if u < n else np.inf, self.capmax[v] if v < n else np.inf)
-             for u, v in self.edges]
-        ) / self.fscale
+        self.fub = (
+            np.array(
+                [
+                    min(lc[u, v], self.capmax[u] if u < n else np.inf, self.capmax[v] if v < n else np.inf)
+                    for u, v in self.edges
+                ]
+            )
+            / self.fscale
+        )
 
     def pi(self, mm: int, i: int) -> int:
         return self.P + mm * self.n + i
@@ -294,11 +326,14 @@ class _Model:
         src_t = np.array([t for t, (u, _) in enumerate(self.edges) if u == n], dtype=np.int64)
         cost[self.Fc + src_t] = 1.0
         empty = np.zeros(0, np.int32)
-        if h.addCols(self.ncol, cost, lower, upper, 0, np.zeros(self.ncol, np.int32), empty, np.zeros(0)) != highspy.HighsStatus.kOk:
+        if (
+            h.addCols(self.ncol, cost, lower, upper, 0, np.zeros(self.ncol, np.int32), empty, np.zeros(0))
+            != highspy.HighsStatus.kOk
+        ):
             raise RuntimeError("HiGHS rejected the placement columns")
-        integer = np.concatenate([
-            np.arange(self.Z, self.Z + nz), np.arange(self.S, self.S + n), np.arange(self.E, self.E + ne)
-        ]).astype(np.int32)
+        integer = np.concatenate(
+            [np.arange(self.Z, self.Z + nz), np.arange(self.S, self.S + n), np.arange(self.E, self.E + ne)]
+        ).astype(np.int32)
         h.changeColsIntegrality(integer.size, integer, np.ones(integer.size, dtype=np.uint8))
         h.changeObjectiveSense(highspy.ObjSense.kMaximize)
 
@@ -308,8 +343,11 @@ class _Model:
         rows.add_block(node_of, self.Z + zc, np.ones(nz), np.ones(n), np.ones(n))
         # (2) w <= c z
         rows.add_block(
-            np.concatenate([zc, zc]), np.concatenate([self.W + zc, self.Z + zc]),
-            np.concatenate([np.ones(nz), -caps]), np.full(nz, -np.inf), np.zeros(nz),
+            np.concatenate([zc, zc]),
+            np.concatenate([self.W + zc, self.Z + zc]),
+            np.concatenate([np.ones(nz), -caps]),
+            np.full(nz, -np.inf),
+            np.zeros(nz),
         )
         ins: list[list[int]] = [[] for _ in range(n)]
         outs: list[list[int]] = [[] for _ in range(n)]
@@ -371,7 +409,9 @@ class _Model:
                     lat = np.asarray(p.menus[j].lat[m], dtype=np.float64) / self.limit[m]
                     rows.add(
                         [self.pi(mm, j), self.pi(mm, i), *(self.Z + zj), et],
-                        [1.0, -1.0, *(-lat), -(1.0 + lnk)], -1.0, np.inf,
+                        [1.0, -1.0, *(-lat), -(1.0 + lnk)],
+                        -1.0,
+                        np.inf,
                     )
         # (10a) layer work, (10b) latency work
         fsrc = self.Fc + src_t
@@ -381,17 +421,29 @@ class _Model:
             lnk_all = np.array([ll[m, u, v] for u, v in self.edges]) / self.limit[m]
             rows.add(
                 [*(self.W + zc), *(self.Fc + np.arange(ne)), *fsrc],
-                [*lat_all, *lnk_all, *([-1.0] * len(src_t))], -np.inf, 0,
+                [*lat_all, *lnk_all, *([-1.0] * len(src_t))],
+                -np.inf,
+                0,
             )
         if self.symmetry:
             for i in range(n - 1):
                 if interchangeable(p, i, i + 1):
                     rows.add([self.S + i, self.S + i + 1], [1.0, -1.0], -np.inf, 0)
+                    zi = np.arange(self.zoff[i], self.zoff[i + 1])
+                    zj = np.arange(self.zoff[i + 1], self.zoff[i + 2])
+                    rows.add(
+                        [*(self.Z + zi), *(self.Z + zj), self.S + i, self.S + i + 1],
+                        [*ks[zi], *(-ks[zj]), float(L), -float(L)],
+                        -np.inf,
+                        0,
+                    )
         lo, hi, starts, idx, val = rows.csr()
         if h.addRows(lo.size, lo, hi, idx.size, starts, idx, val) != highspy.HighsStatus.kOk:
             raise RuntimeError("HiGHS rejected the placement rows")
 
-    def solution_vector(self, option: Sequence[int], start: Sequence[int], flows: dict[Edge, float]) -> np.ndarray | None:
+    def solution_vector(
+        self, option: Sequence[int], start: Sequence[int], flows: dict[Edge, float]
+    ) -> np.ndarray | None:
         """The column values of a placement (for a warm start), or None if it uses an unusable edge."""
         p, n = self.p, self.n
         x = np.zeros(self.ncol)
@@ -422,9 +474,7 @@ class _Model:
         return x
 
     def decode(self, x: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...], list[Edge]]:
-        option = tuple(
-            int(np.argmax(x[self.Z + self.zoff[i] : self.Z + self.zoff[i + 1]])) for i in range(self.n)
-        )
+        option = tuple(int(np.argmax(x[self.Z + self.zoff[i] : self.Z + self.zoff[i + 1]])) for i in range(self.n))
         start = tuple(round(float(x[self.S + i])) for i in range(self.n))
         edges = [e for t, e in enumerate(self.edges) if x[self.E + t] > 0.5]
         return option, start, edges
@@ -473,7 +523,7 @@ def milp_place(
     time_limit: float = 10.0,
     warm_start: bool = True,
     initial: PlacementResult | None = None,
-    symmetry: bool = False,
+    symmetry: bool = True,
     presolve: str = "on",
 ) -> PlacementResult:
     """Solve the placement MILP of the module docstring with HiGHS.
@@ -489,7 +539,7 @@ def milp_place(
     if any(m.size == 0 for m in problem.menus):
         return PlacementResult(0.0, "infeasible", 0.0, "milp", solve_s=time.perf_counter() - t0)
     if warm_start and initial is None:
-        from solvers.fastplace import pipeline_dp  # noqa: PLC0415 (fastplace imports this module)
+        from solvers.fastplace import pipeline_dp  # here: fastplace imports this module
 
         initial = pipeline_dp(problem)
     model = _Model(problem, symmetry)
@@ -505,7 +555,8 @@ def milp_place(
     model.build(h)
     start_x = None
     if warm_start and initial is not None and initial.option:
-        start_x = model.solution_vector(initial.option, initial.start, dict(initial.flows))
+        seed = canonical(problem, initial) if symmetry else initial
+        start_x = model.solution_vector(seed.option, seed.start, dict(seed.flows))
         if start_x is not None:
             idx = np.arange(model.ncol, dtype=np.int32)
             h.setSolution(model.ncol, idx, start_x)

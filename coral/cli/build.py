@@ -74,6 +74,7 @@ class BuildReport:
     seconds_by_size: dict[int, list[float]] = attrs.field(factory=dict)
     wall_s: float = 0.0
     workers: int = 1
+    unfinished: int = 0
 
 
 _PERF: PerfModel | None = None
@@ -115,8 +116,13 @@ def build_library(
     catalog_files: Sequence[Path] = (),
     profile_files: Sequence[Path] = (),
     progress: Callable[[int, int], None] | None = None,
+    deadline_s: float | None = None,
 ) -> BuildReport:
-    """Build (or resume) the template library of every job into ``store``."""
+    """Build (or resume) the template library of every job into ``store``.
+
+    With ``deadline_s`` the build stops taking new multisets after that many wall seconds; what was
+    solved is stored (a later build resumes there) and ``report.unfinished`` counts the rest.
+    """
     check_params(nmax, rho)
     for job in jobs:
         if job.model not in perf.catalog.models:
@@ -166,10 +172,13 @@ def build_library(
                     pending.append((job, s, key, split, sub))
             if progress:
                 progress(done, total)
-            results = _run(pool, pending)
+            stop_at = None if deadline_s is None else t_start + deadline_s
+            results = _run(pool, pending, stop_at)
             batch_outcomes: list[Outcome] = []
             batch_templates: list[Template] = []
-            for (job, s, key, split, sub), res in zip(pending, results, strict=True):
+            handled = 0
+            for (job, s, key, split, sub), res in zip(pending, results, strict=False):
+                handled += 1
                 out = _record(report, job, s, key, split, sub, res, size)
                 partition[job][s] = max(out.capacity, split)
                 batch_outcomes.append(out)
@@ -182,6 +191,9 @@ def build_library(
                 if progress:
                     progress(done, total)
             store.put(batch_outcomes, batch_templates)
+            if handled < len(pending):
+                report.unfinished = total - done
+                break
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -189,16 +201,24 @@ def build_library(
     return report
 
 
-def _run(pool: ProcessPoolExecutor | None, pending: list[tuple[BuildJob, Multiset, str, float, float]]) -> Any:
-    """Yield results in submission order, solving in the pool when there is one."""
+def _run(
+    pool: ProcessPoolExecutor | None, pending: list[tuple[BuildJob, Multiset, str, float, float]], stop_at: float | None
+) -> Any:
+    """Yield results in submission order, solving in the pool when there is one, until ``stop_at``."""
     if pool is None:
         for job, s, key, split, sub in pending:
+            if stop_at is not None and time.perf_counter() > stop_at:
+                return
             yield _solve_one(job, s, key, max(split, sub))
         return
     futures: list[Future[Solved]] = [
         pool.submit(_solve_one, job, s, key, max(split, sub)) for job, s, key, split, sub in pending
     ]
     for f in futures:
+        if stop_at is not None and time.perf_counter() > stop_at:
+            for g in futures:
+                g.cancel()
+            return
         yield f.result()
 
 

@@ -97,8 +97,11 @@ def branching_problem() -> PlacementProblem:
     the small chain (5), 8 in all. The fork is the unique optimum, 10.
     """
     big = NodeMenu(
-        k=np.array([4, 8]), b=np.array([8, 8]), cap=np.array([10.0, 3.0]),
-        lat=np.array([[1.0, 2.0]]), mem=np.array([4.0, 8.0]),
+        k=np.array([4, 8]),
+        b=np.array([8, 8]),
+        cap=np.array([10.0, 3.0]),
+        lat=np.array([[1.0, 2.0]]),
+        mem=np.array([4.0, 8.0]),
     )
     small = NodeMenu(k=np.array([4]), b=np.array([4]), cap=np.array([5.0]), lat=np.array([[1.0]]), mem=np.array([4.0]))
     n = 3
@@ -111,4 +114,41 @@ def branching_problem() -> PlacementProblem:
         link_lat=np.full((1, n + 1, n + 1), 0.1),
         link_cap=link_cap,
         lat_limit=np.array([3.0]),
+    )
+
+
+def random_mid_problem(rng: np.random.Generator, *, n: int, num_layers: int, num_metrics: int = 1) -> PlacementProblem:
+    """A perf-like problem beyond brute force: every (k, b) with k up to a memory cap, b in 1..8."""
+    L = num_layers
+    num_kinds = int(rng.integers(1, n + 1))
+    kind_of = sorted(int(rng.integers(0, num_kinds)) for _ in range(n))
+    used = sorted(set(kind_of))
+    kind_of = [used.index(x) for x in kind_of]
+    menus_by_kind = []
+    for _ in used:
+        power = rng.uniform(0.5, 3.0)
+        kmax = int(rng.integers(max(1, L // n), L + 1))
+        ks, bs = [], []
+        for batch in (1, 2, 4, 8):
+            top = max(1, kmax - batch // 2)
+            ks.append(np.arange(1, top + 1))
+            bs.append(np.full(top, batch))
+        k = np.concatenate(ks).astype(np.int64)
+        b = np.concatenate(bs).astype(np.int64)
+        tau = (k * (0.02 + 0.004 * b) + 0.01) / power
+        pre = (k * 0.05 + 0.01) / power
+        lat = np.vstack([tau, pre][:num_metrics])
+        menus_by_kind.append(NodeMenu(k=k, b=b, cap=b / tau, lat=lat, mem=(k * b).astype(np.float64)))
+    menus = tuple(menus_by_kind[x] for x in kind_of)
+    link_lat = np.full((num_metrics, n + 1, n + 1), 0.001)
+    link_cap = np.full((n + 1, n + 1), np.inf)
+    per_layer = np.mean([np.median(m.lat / m.k, axis=1) for m in menus], axis=0)
+    limit = per_layer * L * rng.uniform(0.8, 2.0, size=num_metrics) + 0.02 * n
+    return PlacementProblem(
+        num_layers=L,
+        kinds=tuple(f"kind{x}" for x in kind_of),
+        menus=menus,
+        link_lat=link_lat,
+        link_cap=link_cap,
+        lat_limit=limit,
     )

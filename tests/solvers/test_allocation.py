@@ -372,6 +372,25 @@ def test_resolve_with_current_plan_keeps_most_instances() -> None:
     assert again.churn_cost <= 0.05 * again.cost_per_hour
 
 
+@pytest.mark.parametrize("scarcity", [1.0, 5.0])
+def test_column_generation_reaches_the_full_lp_bound(scarcity: float) -> None:
+    from solvers import allocation as alloc
+
+    p = generate("core", 100, seed=7, scarcity=scarcity)
+    c = alloc._columns(p)
+    mat = alloc._matrix(c)
+    full, generated = alloc._LpOutcome(), alloc._LpOutcome()
+    alloc._lp_job(alloc._highs(mat, mat.cost_obj, alloc._service_hi(c, 0.0), 1e-4, mip=False), c, mat, full)
+    alloc._cg_job(c, mat, 1e-4, generated)
+    assert full.done and generated.done
+    assert generated.columns is not None and len(generated.columns) < c.J
+    assert generated.unmet == pytest.approx(full.unmet, rel=1e-6, abs=1e-6)
+    assert generated.bound == pytest.approx(full.bound, rel=1e-6)
+    res = solve_allocation(p, deadline_s=0.5, columns="generated")
+    check_plan(p, res)
+    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6) or scarcity > 1
+
+
 # --------------------------------------------------------------------------------------------------
 # Deadline and deterministic replay
 
@@ -445,3 +464,5 @@ def test_bad_input_is_rejected_with_a_clear_error() -> None:
         solve_allocation(ok, deadline_s=0.0)
     with pytest.raises(AllocationInputError, match="mip_gap"):
         solve_allocation(ok, mip_gap=-0.1)
+    with pytest.raises(AllocationInputError, match="columns"):
+        solve_allocation(ok, columns="some")
