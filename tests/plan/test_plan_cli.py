@@ -72,7 +72,7 @@ def test_coral_is_never_costlier_than_baselines(env: tuple[Path, Path], capsys: 
 def test_unmet_demand_is_reported_not_dropped(
     env: tuple[Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    sc, store = env
+    _, store = env
     scarce = tmp_path / "scarce.toml"
     text = SCENARIO.replace("demand = 6.0", "demand = 500.0")
     for r, n in (("aws-us-east-1", "g6e.xlarge"), ("aws-us-east-1", "g6.xlarge"), ("aws-us-east-1", "g5.xlarge")):
@@ -101,7 +101,8 @@ def test_missing_templates_names_the_build_command(
 
 def test_infeasible_slo_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     sc = tmp_path / "tight.toml"
-    sc.write_text(SCENARIO.replace("tpot_s = 0.1 }\nshape = { mean_in = 1155", "tpot_s = 0.0001 }\nshape = { mean_in = 1155"))
+    old = "tpot_s = 0.1 }\nshape = { mean_in = 1155"
+    sc.write_text(SCENARIO.replace(old, "tpot_s = 0.0001 }\nshape = { mean_in = 1155"))
     assert main(["plan", "--scenario", str(sc), "--store", str(tmp_path / "s.sqlite")]) == 2
     err = capsys.readouterr().err
     assert "'chat'" in err and "meets its SLO" in err

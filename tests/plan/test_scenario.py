@@ -64,7 +64,7 @@ def test_series_demand_and_market_changes(catalog: Catalog, tmp_path: Path) -> N
         ("ttft_s = 2.0", "ttft_s = -2.0", "slo.ttft_s: must be positive"),
         ("mean_in = 1000", "mean_in = 0", "shape.mean_in: must be positive"),
         ('name = "a"', 'name = "a"\ncolour = "red"', "unknown key 'colour'"),
-        ("demand = 1.0", 'demand = { series = [[10, 1.0], [5, 2.0]] }', "increasing times"),
+        ("demand = 1.0", "demand = { series = [[10, 1.0], [5, 2.0]] }", "increasing times"),
         ("demand = 1.0", 'demand = { trace = "missing.csv" }', "cannot open trace"),
         ('node_types = ["g6e.xlarge", "g6.xlarge"]', 'node_types = ["warp"]', "unknown node type 'warp'"),
     ],
@@ -92,7 +92,7 @@ def test_bad_market_and_events(catalog: Catalog, tmp_path: Path) -> None:
 
 
 def test_unknown_scenario_name(catalog: Catalog) -> None:
-    with pytest.raises(ScenarioError, match="unknown scenario 'nope'; bundled: .*core"):
+    with pytest.raises(ScenarioError, match=r"unknown scenario 'nope'; bundled: .*core"):
         load_scenario("nope", catalog)
     with pytest.raises(ScenarioError, match="TOML syntax error"):
         p = Path(__file__).with_name("_broken.toml")

@@ -18,9 +18,7 @@ SHAPE = WorkloadShape(1000, 200)
 
 
 def make_template(tid: str = "abc123", nodes: tuple[str, ...] = ("g6e.xlarge", "g6e.xlarge")) -> Template:
-    stages = tuple(
-        Stage(i, n, "l40s-48g", 1, 16 * i, 16 * (i + 1), 8, 20e9, 0.01, 0.1) for i, n in enumerate(nodes)
-    )
+    stages = tuple(Stage(i, n, "l40s-48g", 1, 16 * i, 16 * (i + 1), 8, 20e9, 0.01, 0.1) for i, n in enumerate(nodes))
     routes = (Route(SOURCE, 0, 1.5), Route(0, 1, 1.5), Route(1, SINK, 1.5))
     return Template(
         id=tid, model="llama-3.1-8b", num_layers=32, mode="aggregated", slo=SLO, shape=SHAPE, nodes=nodes,
