@@ -50,8 +50,11 @@ class Route:
 class Template:
     """A solved placement with its capacities at the SLO.
 
-    ``prefill_tok_s`` and ``decode_tok_s`` are the template's capacities; ``ttft_s``/``tpot_s`` are the
-    worst estimates over the paths that carry flow. ``status`` is ``optimal`` only when proven.
+    ``prefill_tok_s`` and ``decode_tok_s`` are the template's capacities: for ``prefill`` and ``decode``
+    templates, their token rates; for ``aggregated`` ones, the prompt-only and decode-only rates P and D,
+    so that it serves 1 / (in / P + out / D) req/s at a shape (in, out), and exactly its solved flow at the
+    reference shape. ``ttft_s``/``tpot_s`` are the worst estimates over the paths that carry flow.
+    ``status`` is ``optimal`` only when proven.
     """
 
     id: str

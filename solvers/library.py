@@ -69,7 +69,7 @@ def template_from_result(
     worst = _worst_path_latency(problem, result, n)
     total = float(result.value)
     if mode == "aggregated":
-        pre, dec = total * shape.mean_in, total * shape.mean_out
+        pre, dec = _pure_capacities(stages, routes, total, shape)
     elif mode == "prefill":
         pre, dec = total, 0.0
     else:
@@ -100,6 +100,26 @@ def template_from_result(
         vllm_ok=ok,
         vllm_reason=reason,
     )
+
+
+def _pure_capacities(
+    stages: Sequence[Stage], routes: Sequence[Route], flow: float, shape: WorkloadShape
+) -> tuple[float, float]:
+    """Prefill-only and decode-only token rates (P, D) of an aggregated template carrying ``flow`` req/s.
+
+    The allocator prices a shape (in, out) as 1 / (in / P + out / D) req/s, which must give ``flow`` at
+    the reference shape. Each stage spends, per request, ``pre_b / b`` on prompts and ``out * tau / b`` on
+    decoding; the flow-weighted prefill share s of that time splits the capacity:
+    P = flow * in / s and D = flow * out / (1 - s).
+    """
+    inflow = {s.index: 0.0 for s in stages}
+    for r in routes:
+        if r.dst != SINK:
+            inflow[r.dst] += r.flow
+    t_pre = sum(inflow[s.index] * s.prefill_s / s.batch for s in stages)
+    t_dec = sum(inflow[s.index] * shape.mean_out * s.decode_step_s / s.batch for s in stages)
+    share = t_pre / (t_pre + t_dec)
+    return flow * shape.mean_in / share, flow * shape.mean_out / (1.0 - share)
 
 
 def _worst_path_latency(problem: PlacementProblem, result: PlacementResult, n: int) -> list[float]:

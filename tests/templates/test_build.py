@@ -63,6 +63,11 @@ def test_build_prunes_losslessly_and_resumes(tmp_path: Path, perf: PerfModel) ->
             assert cap > split
     assert any(o == "template" and len(n.split(",")) > 1 for n, o, _ in rows)
     assert caps
+    with TemplateStore(path, readonly=True) as ro:
+        for t in ro.query(model="llama-3.1-8b"):
+            flow = sum(r.flow for r in t.routes if r.src == -1)
+            assert t.requests_per_s(JOB.shape.mean_in, JOB.shape.mean_out) == pytest.approx(flow, rel=1e-9)
+            assert t.prefill_tok_s > flow * JOB.shape.mean_in and t.decode_tok_s > flow * JOB.shape.mean_out
 
 
 def test_cli_build_list_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
