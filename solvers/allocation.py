@@ -56,13 +56,16 @@ Solution path
    cheapest multiset of up to three that serves as much). The same from the current deployment cut to
    the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
 4. MIP phase 1 (only when the heuristic leaves more unmet demand than the LP bound), then phase 2,
-   each warm-started with the best plan so far, on single-threaded HiGHS in a worker thread.
+   each warm-started with the best plan so far, on single-threaded HiGHS.
 
-Deadline: HiGHS overran its own ``time_limit`` by up to 2x in the study, and its interrupt checks can be
-a second apart at the root. So at the deadline the caller takes the improving solutions reported so
-far, sets a flag that the interrupt callback turns into an interrupt at HiGHS's next check, and
-returns without waiting for the thread. Replay: single-threaded HiGHS reports the same sequence of
-improving solutions every run, so the count taken per phase (``SolverEffort``) fixes the plan.
+Deadline, enforced from outside HiGHS: it overran its own ``time_limit`` by 2-3x here, and at the root
+of an extended-size model its interrupt checks were up to 16 s apart, so neither its time limit nor
+an interrupt callback stops it in time. The LP runs in a thread (its simplex checks are frequent;
+at the deadline the thread is abandoned and interrupted at its next check). Each MIP runs in a forked
+child process that streams its improving solutions through a pipe; at the deadline the parent keeps
+the solutions fully received and kills the child. Replay: single-threaded HiGHS finds the same
+improving solutions in the same order every run, so the number taken per phase (``SolverEffort``)
+fixes the plan without the clock.
 """
 
 from __future__ import annotations
@@ -71,9 +74,13 @@ import atexit
 import functools
 import itertools
 import math
+import os
+import select
+import signal
+import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -108,17 +115,56 @@ def _templates(value: Iterable[AllocTemplate]) -> tuple[AllocTemplate, ...]:
     return tuple(value)
 
 
-def _float_array(value: Any) -> FloatArray:
-    return np.array(value, dtype=np.float64)
+def _to_floats(field: str, value: Any) -> FloatArray:
+    try:
+        return np.array(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise AllocationInputError(f"{field}: expected numbers, got {value!r} ({exc})") from exc
 
 
-def _int_array(value: Any) -> IntArray:
-    arr = np.array(value)
+def _to_ints(field: str, value: Any) -> IntArray:
+    """Integer arrays; anything else is kept as it is, for the validators to reject by name."""
+    try:
+        arr = np.array(value)
+    except (TypeError, ValueError) as exc:
+        raise AllocationInputError(f"{field}: expected integers, got {value!r} ({exc})") from exc
     if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
         return arr.astype(np.int64)
     if arr.dtype.kind in "iub":
         return arr.astype(np.int64)
-    return arr  # rejected with a clear error by the validators
+    return arr
+
+
+def _conv_node_counts(value: Any) -> IntArray:
+    return _to_ints("AllocTemplate.node_counts", value)
+
+
+def _conv_demand_rps(value: Any) -> FloatArray:
+    return _to_floats("AllocationProblem.demand_rps", value)
+
+
+def _conv_mean_in(value: Any) -> FloatArray:
+    return _to_floats("AllocationProblem.mean_in", value)
+
+
+def _conv_mean_out(value: Any) -> FloatArray:
+    return _to_floats("AllocationProblem.mean_out", value)
+
+
+def _conv_kv_bytes_per_token(value: Any) -> FloatArray:
+    return _to_floats("AllocationProblem.kv_bytes_per_token", value)
+
+
+def _conv_nic_bytes_s(value: Any) -> FloatArray:
+    return _to_floats("AllocationProblem.nic_bytes_s", value)
+
+
+def _conv_price(value: Any) -> FloatArray:
+    return _to_floats("AllocationProblem.price", value)
+
+
+def _conv_avail(value: Any) -> IntArray:
+    return _to_ints("AllocationProblem.avail", value)
 
 
 @attrs.frozen(eq=False)
@@ -132,7 +178,7 @@ class AllocTemplate:
 
     m: int
     mode: str
-    node_counts: IntArray = attrs.field(converter=_int_array)
+    node_counts: IntArray = attrs.field(converter=_conv_node_counts)
     prefill_tok_s: float
     decode_tok_s: float
     load_s: float
@@ -149,15 +195,15 @@ class AllocationProblem:
     """
 
     models: tuple[str, ...] = attrs.field(converter=_names)
-    demand_rps: FloatArray = attrs.field(converter=_float_array)
-    mean_in: FloatArray = attrs.field(converter=_float_array)
-    mean_out: FloatArray = attrs.field(converter=_float_array)
-    kv_bytes_per_token: FloatArray = attrs.field(converter=_float_array)
+    demand_rps: FloatArray = attrs.field(converter=_conv_demand_rps)
+    mean_in: FloatArray = attrs.field(converter=_conv_mean_in)
+    mean_out: FloatArray = attrs.field(converter=_conv_mean_out)
+    kv_bytes_per_token: FloatArray = attrs.field(converter=_conv_kv_bytes_per_token)
     node_types: tuple[str, ...] = attrs.field(converter=_names)
-    nic_bytes_s: FloatArray = attrs.field(converter=_float_array)
+    nic_bytes_s: FloatArray = attrs.field(converter=_conv_nic_bytes_s)
     regions: tuple[str, ...] = attrs.field(converter=_names)
-    price: FloatArray = attrs.field(converter=_float_array)
-    avail: IntArray = attrs.field(converter=_int_array)
+    price: FloatArray = attrs.field(converter=_conv_price)
+    avail: IntArray = attrs.field(converter=_conv_avail)
     templates: tuple[AllocTemplate, ...] = attrs.field(converter=_templates)
     current: Mapping[tuple[str, int], int] = attrs.field(factory=dict)
     churn_factor: float = 1.0
@@ -279,9 +325,9 @@ def _validate(p: AllocationProblem) -> None:
         raise _fail("churn_factor", f"must be finite and >= 0, got {p.churn_factor}")
     keys: set[str] = set()
     for i, t in enumerate(p.templates):
-        where = f"templates[{i}] ({t.key!r})"
         if not isinstance(t, AllocTemplate):
-            raise _fail(f"templates[{i}]", "must be an AllocTemplate")
+            raise _fail(f"templates[{i}]", f"must be an AllocTemplate, got {type(t).__name__}")
+        where = f"templates[{i}] ({t.key!r})"
         if t.key in keys:
             raise _fail(where, "duplicate key")
         keys.add(t.key)
@@ -296,13 +342,16 @@ def _validate(p: AllocationProblem) -> None:
             raise _fail(f"{where}.node_counts", "counts must be >= 0 with at least one node")
         for field in ("prefill_tok_s", "decode_tok_s", "load_s"):
             v = getattr(t, field)
-            if not (math.isfinite(v) and v >= 0):
+            if not (isinstance(v, int | float | np.number) and math.isfinite(v) and v >= 0):
                 raise _fail(f"{where}.{field}", f"must be finite and >= 0, got {v}")
         if t.mode in ("aggregated", "prefill") and t.prefill_tok_s <= 0:
             raise _fail(f"{where}.prefill_tok_s", f"must be > 0 for mode {t.mode!r}")
         if t.mode in ("aggregated", "decode") and t.decode_tok_s <= 0:
             raise _fail(f"{where}.decode_tok_s", f"must be > 0 for mode {t.mode!r}")
-    for (key, r), n in p.current.items():
+    for entry, n in p.current.items():
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise _fail("current", f"keys must be (template key, region index) pairs, got {entry!r}")
+        key, r = entry
         if key not in keys:
             raise _fail("current", f"unknown template key {key!r}")
         if not (isinstance(r, int | np.integer) and 0 <= r < R):
@@ -359,9 +408,6 @@ class _Columns:
     @property
     def G(self) -> int:
         return len(self.group_m)
-
-
-_COLUMN_FIELDS = ("tu", "r", "m", "mode", "nc", "cost", "pen", "ub", "cur", "rate", "pcap", "dcap", "nic")
 
 
 def _columns(p: AllocationProblem) -> _Columns:
@@ -489,25 +535,6 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
     )
 
 
-def _restrict(
-    c: _Columns, cols: IntArray, *, avail: IntArray | None = None, demand: FloatArray | None = None
-) -> _Columns:
-    """The columns ``cols`` of c (in order), optionally with other availability and demand."""
-    base = {
-        "M": c.M,
-        "R": c.R,
-        "T": c.T,
-        "demand": c.demand if demand is None else demand,
-        "mean_in": c.mean_in,
-        "mean_out": c.mean_out,
-        "kv": c.kv,
-        "avail": c.avail if avail is None else avail,
-        "members": c.members,
-        "cur_by_member": c.cur_by_member,
-    }
-    return _assemble(base, {k: getattr(c, k)[cols] for k in _COLUMN_FIELDS})
-
-
 # --------------------------------------------------------------------------------------------------
 # Evaluation and greedy repair (pure numpy, deterministic)
 
@@ -628,12 +655,10 @@ def _cover_table(c: _Columns, s: _State, front: IntArray) -> tuple[FloatArray, F
     costs = (counts * _marginal_cost(c, s.x, front)[None, :]).sum(axis=1)
     order = np.argsort(rates, kind="stable")
     rates, costs, counts = rates[order], costs[order], counts[order]
-    cheapest = np.zeros(len(rates), dtype=np.int64)
-    best = len(rates) - 1
-    for i in range(len(rates) - 1, -1, -1):
-        if costs[i] <= costs[best]:
-            best = i
-        cheapest[i] = best
+    rev = costs[::-1]
+    at_min = rev <= np.minimum.accumulate(rev)
+    last = np.maximum.accumulate(np.where(at_min, np.arange(len(rev)), 0))
+    cheapest = (len(rev) - 1 - last)[::-1]
     return rates, costs, cheapest, counts
 
 
@@ -792,11 +817,13 @@ def _prune(c: _Columns, s: _State, cols: IntArray | None = None) -> None:
                 break
 
 
-def _tail_search(c: _Columns, s: _State, max_moves: int = 100) -> None:
-    """Local search on each model's aggregated tail: drop up to three instances (of its least
-    efficient columns) and cover what they served with up to three others, while that pays."""
-    for _ in range(max_moves):
-        if not any([_rebuild_model(c, s, m) or _improve_model(c, s, m) for m in range(c.M)]):
+def _tail_search(c: _Columns, s: _State, max_passes: int = 50) -> None:
+    """Local search per model: one pass of rebuilds (each model served again from scratch), then
+    passes of tail exchanges (drop up to three of its least efficient instances, cover what they
+    served with up to three others) while any pays. More rebuild passes measured 2.5x slower for a
+    0.01% better plan."""
+    for k in range(max_passes):
+        if not any([(k == 0 and _rebuild_model(c, s, m)) or _improve_model(c, s, m) for m in range(c.M)]):
             return
 
 
@@ -1053,55 +1080,31 @@ def _join_abandoned() -> None:  # pragma: no cover - interpreter shutdown
         t.join()
 
 
-class _Worker:
-    """One HiGHS job in a worker thread that the caller can abandon at a deadline.
+class _LpThread:
+    """An LP job in a worker thread that the caller abandons at the deadline; the interrupt callback
+    then stops HiGHS at its next check (frequent in the simplex method)."""
 
-    The callback records improving MIP solutions and the dual bound, and interrupts HiGHS at its next
-    interrupt check once ``stop`` is set: by the caller at the deadline, or here once ``limit``
-    improving solutions were taken. HiGHS runs single-threaded, so its sequence of improving solutions
-    is the same every run: the count taken identifies the plan, which makes a deadline-cut solve
-    replayable. HiGHS's interrupt checks can be a second apart at the root, so at the deadline the
-    caller does not wait: the thread stops by itself at the next check.
-    """
-
-    def __init__(self, h: highspy.Highs | None, limit: int | None) -> None:
-        self.limit = limit
+    def __init__(self) -> None:
         self.stop = False
-        self.solutions: list[FloatArray] = []
-        self.dual_bound = -math.inf
-        self.nodes = 0
-        self.status: highspy.HighsModelStatus | None = None
-        if h is not None:
-            self.attach(h)
+        self.error: BaseException | None = None
 
     def attach(self, h: highspy.Highs) -> None:
-        """Let ``stop`` interrupt h, and record its improving MIP solutions."""
         h.setCallback(self._callback, None)
-        for kind in (*_INTERRUPT_CALLBACKS, cb.HighsCallbackType.kCallbackMipImprovingSolution):
+        for kind in _INTERRUPT_CALLBACKS:
             h.startCallback(kind)
 
     def _callback(self, kind: Any, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
-        if kind == cb.HighsCallbackType.kCallbackMipImprovingSolution:
-            if not self.stop:
-                self.solutions.append(np.array(data_out.mip_solution, dtype=np.float64))
-                if self.limit is not None and len(self.solutions) >= self.limit:
-                    self.stop = True
-            return
-        if kind == cb.HighsCallbackType.kCallbackMipInterrupt:
-            self.nodes = max(self.nodes, int(data_out.mip_node_count))
-            if math.isfinite(data_out.mip_dual_bound):
-                self.dual_bound = float(data_out.mip_dual_bound)
         if data_in is not None and self.stop:
             data_in.user_interrupt = True
 
-    def run(self, job: Any, deadline_at: float | None) -> bool:
+    def run(self, job: Callable[[], None], deadline_at: float | None) -> bool:
         """Run ``job()`` in a thread; True if it finished before the deadline."""
-        if self.limit == 0:
-            return False
 
         def target() -> None:
             try:
                 job()
+            except BaseException as exc:  # re-raised in the caller if it still waits
+                self.error = exc
             finally:
                 _LIVE_THREADS.discard(thread)
 
@@ -1111,11 +1114,127 @@ class _Worker:
         thread.join(None if deadline_at is None else max(deadline_at - time.perf_counter(), 0.0))
         if thread.is_alive():
             self.stop = True
-            self.limit = len(self.solutions)
             return False
+        if self.error is not None:
+            raise self.error
         return True
 
-    def taken(self) -> list[FloatArray]:
+
+_HEADER = struct.Struct("<cq")  # message kind, payload bytes
+_END = struct.Struct("<idqq")  # model status, dual bound, simplex iterations, nodes
+_BOUND = struct.Struct("<dq")  # dual bound, nodes
+
+
+def _send(fd: int, kind: bytes, payload: bytes) -> None:
+    data = memoryview(_HEADER.pack(kind, len(payload)) + payload)
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class _ForkedMip:
+    """A MIP solved by single-threaded HiGHS in a forked child process, killed at the deadline.
+
+    HiGHS cannot be stopped promptly: at the root of a large model its interrupt checks were up to
+    16 s apart, and it overran its own ``time_limit`` by 2-3x. So the child streams each improving
+    solution (the integer variables) and its dual bound through a pipe, and at the deadline the parent
+    keeps the solutions fully received and kills the child. Single-threaded HiGHS finds the same
+    solutions in the same order every run, so the number taken (``limit`` in a replay) fixes the plan.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.solutions: list[IntArray] = []
+        self.dual_bound = -math.inf
+        self.nodes = 0
+        self.iterations = 0
+        self.status: highspy.HighsModelStatus | None = None
+        self.finished = False
+
+    def run(self, build: Callable[[], highspy.Highs], num_int: int, deadline_at: float | None) -> None:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            os.close(read_fd)
+            code = 0
+            try:
+                self._child(build(), num_int, write_fd)
+            except BaseException as exc:
+                _send(write_fd, b"X", repr(exc).encode())
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        try:
+            self._receive(read_fd, deadline_at)
+        finally:
+            os.close(read_fd)
+            if not self.finished:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+    @staticmethod
+    def _child(h: highspy.Highs, num_int: int, fd: int) -> None:  # pragma: no cover - in the child
+        last = [-math.inf]
+
+        def callback(kind: Any, message: str, data_out: Any, data_in: Any, user_data: Any) -> None:
+            if kind == cb.HighsCallbackType.kCallbackMipImprovingSolution:
+                x = np.round(np.asarray(data_out.mip_solution)[:num_int]).astype(np.int64)
+                _send(fd, b"S", x.tobytes())
+            elif math.isfinite(data_out.mip_dual_bound) and data_out.mip_dual_bound > last[0]:
+                last[0] = float(data_out.mip_dual_bound)
+                _send(fd, b"B", _BOUND.pack(last[0], int(data_out.mip_node_count)))
+
+        h.setCallback(callback, None)
+        h.startCallback(cb.HighsCallbackType.kCallbackMipImprovingSolution)
+        h.startCallback(cb.HighsCallbackType.kCallbackMipInterrupt)
+        h.run()
+        info = h.getInfo()
+        status = int(h.getModelStatus())
+        _send(
+            fd,
+            b"E",
+            _END.pack(status, float(info.mip_dual_bound), int(info.simplex_iteration_count), int(info.mip_node_count)),
+        )
+
+    def _receive(self, fd: int, deadline_at: float | None) -> None:
+        buf = bytearray()
+        while not self.finished:
+            if self.limit is not None and len(self.solutions) >= self.limit:
+                return
+            timeout = None if deadline_at is None else deadline_at - time.perf_counter()
+            if timeout is not None and (timeout <= 0 or not select.select([fd], [], [], timeout)[0]):
+                return
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                raise RuntimeError("the HiGHS child process ended without a result")
+            buf += chunk
+            while len(buf) >= _HEADER.size and not self.finished:
+                kind, size = _HEADER.unpack_from(buf)
+                if len(buf) < _HEADER.size + size:
+                    break
+                payload = bytes(buf[_HEADER.size : _HEADER.size + size])
+                del buf[: _HEADER.size + size]
+                self._message(kind, payload)
+                if self.limit is not None and len(self.solutions) >= self.limit:
+                    return
+
+    def _message(self, kind: bytes, payload: bytes) -> None:
+        if kind == b"S":
+            self.solutions.append(np.frombuffer(payload, dtype=np.int64).copy())
+        elif kind == b"B":
+            bound, nodes = _BOUND.unpack(payload)
+            self.dual_bound, self.nodes = max(self.dual_bound, bound), max(self.nodes, nodes)
+        elif kind == b"E":
+            status, bound, self.iterations, nodes = _END.unpack(payload)
+            self.status = highspy.HighsModelStatus(status)
+            self.nodes = max(self.nodes, nodes)
+            if math.isfinite(bound):
+                self.dual_bound = max(self.dual_bound, bound)
+            self.finished = True
+        else:
+            raise RuntimeError(f"HiGHS child process failed: {payload.decode(errors='replace')}")
+
+    def taken(self) -> list[IntArray]:
         return self.solutions if self.limit is None else self.solutions[: self.limit]
 
 
@@ -1229,7 +1348,7 @@ _CG_INITIAL = 2  # best columns per (model, region, mode) that column generation
 _CG_ADD = 10  # most columns added per model and round
 
 
-def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome) -> None:
+def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, thread: _LpThread) -> None:
     """The LP relaxation by column generation over the x columns (keep, y, u are always in).
 
     Start from each (model, region, mode)'s best columns by capacity per USD/h and the current ones;
@@ -1249,6 +1368,7 @@ def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome) -> None:
     chosen[c.cur > 0] = True
     order_vars = np.concatenate([np.nonzero(chosen)[0], np.arange(J, mat.num_cols)])
     h = _highs(mat, mat.serve_obj, math.inf, mip_gap, mip=False, cols=order_vars)
+    thread.attach(h)
     ok = highspy.HighsModelStatus.kOptimal
     for objective in (mat.serve_obj, mat.cost_obj):
         if objective is mat.cost_obj:
@@ -1333,30 +1453,27 @@ def _mip_phase(
     deadline_at: float | None,
     mip_gap: float,
     cols: IntArray | None,
-) -> tuple[_Worker, list[IntArray], int, int]:
-    """One warm-started MIP (over the variables ``cols``, default all) in a worker:
-    (worker, plans it found, simplex iterations, nodes)."""
-    h = _highs(mat, objective, service_hi, mip_gap, mip=True, cols=cols)
+) -> tuple[_ForkedMip, list[IntArray]]:
+    """One MIP (over the variables ``cols``, default all), warm-started with plan ``start``, in a
+    child process: (the run, the plans it found, in order)."""
     vector = _plan_vector(c, mat, start)
-    h.setSolution(_highs_solution(vector if cols is None else vector[cols]))
-    worker = _Worker(h, limit)
-    iters = nodes = 0
-    if worker.run(h.run, deadline_at):
-        iters, nodes = _iterations(h)
-        worker.status = h.getModelStatus()
-        bound = float(h.getInfo().mip_dual_bound)
-        if math.isfinite(bound):
-            worker.dual_bound = bound
-    else:
-        nodes = worker.nodes
+
+    def build() -> highspy.Highs:
+        h = _highs(mat, objective, service_hi, mip_gap, mip=True, cols=cols)
+        h.setSolution(_highs_solution(vector if cols is None else vector[cols]))
+        return h
+
+    n_x = c.J + len(mat.keep_cols)
+    run = _ForkedMip(limit)
+    run.run(build, n_x if cols is None else int(np.sum(cols < n_x)), deadline_at)
     plans = []
-    for sol in worker.taken():
-        full = sol
-        if cols is not None:
-            full = np.zeros(mat.num_cols)
-            full[cols] = sol
-        plans.append(_x_of(c, mat, full))
-    return worker, plans, iters, nodes
+    for sol in run.taken():
+        full = np.zeros(n_x, dtype=np.int64)
+        full[np.arange(n_x) if cols is None else cols[cols < n_x]] = sol
+        x = full[: c.J].copy()
+        x[mat.keep_cols] += full[c.J :]
+        plans.append(x)
+    return run, plans
 
 
 def solve_allocation(
@@ -1412,14 +1529,14 @@ def solve_allocation(
         if limits.lp == 0 or out_of_time():
             used["lp"] = 0
         else:
+            thread = _LpThread()
             if columns == "all":
                 h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), mip_gap, mip=False)
-                worker = _Worker(h, None)
+                thread.attach(h)
                 job = functools.partial(_lp_job, h, c, mat, lp)
             else:
-                worker = _Worker(None, None)
-                job = functools.partial(_cg_job, c, mat, mip_gap, lp)
-            if worker.run(job, deadline_at):
+                job = functools.partial(_cg_job, c, mat, mip_gap, lp, thread)
+            if thread.run(job, deadline_at):
                 iters += lp.iterations
             else:
                 lp = _LpOutcome()
@@ -1451,17 +1568,15 @@ def solve_allocation(
             used["serve"] = 0
         else:
             half = None if deadline_at is None else t3 + 0.5 * (deadline_at - t3)
-            worker, plans, it, nd = _mip_phase(
-                c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap, mip_vars(best)
-            )
-            iters, nodes = iters + it, nodes + nd
-            used["serve"] = worker.limit if worker.stop else None
+            run, plans = _mip_phase(c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap, mip_vars(best))
+            iters, nodes = iters + run.iterations, nodes + run.nodes
+            used["serve"] = None if run.finished else len(run.taken())
             for x in plans:
                 if _better(c, x, best):
                     best, source = x, "mip"
             if columns == "all":
-                unmet_bound = max(unmet_bound, worker.dual_bound)
-            if columns == "all" and worker.status == highspy.HighsModelStatus.kOptimal:
+                unmet_bound = max(unmet_bound, run.dual_bound)
+            if columns == "all" and run.status == highspy.HighsModelStatus.kOptimal:
                 unmet_bound = max(unmet_bound, _unmet_total(c, best) * (1 - mip_gap))
     unmet_best = _unmet_total(c, best)
     service_proven = unmet_best <= unmet_bound + svc_tol or unmet_best * (1 - mip_gap) <= unmet_bound
@@ -1476,17 +1591,15 @@ def solve_allocation(
             used["cost"] = 0
         else:
             hi = _service_hi(c, unmet_best)
-            worker, plans, it, nd = _mip_phase(
-                c, mat, mat.cost_obj, hi, best, limits.cost, deadline_at, mip_gap, mip_vars(best)
-            )
-            iters, nodes = iters + it, nodes + nd
-            used["cost"] = worker.limit if worker.stop else None
+            run, plans = _mip_phase(c, mat, mat.cost_obj, hi, best, limits.cost, deadline_at, mip_gap, mip_vars(best))
+            iters, nodes = iters + run.iterations, nodes + run.nodes
+            used["cost"] = None if run.finished else len(run.taken())
             for x in plans:
                 if _unmet_total(c, x) <= unmet_best + svc_tol and _better(c, x, best):
                     best, source = x, "mip"
             if columns == "all":
-                cost_bound = worker.dual_bound
-                cost_optimal = worker.status == highspy.HighsModelStatus.kOptimal
+                cost_bound = run.dual_bound
+                cost_optimal = run.status == highspy.HighsModelStatus.kOptimal
     t5 = time.perf_counter()
     phase_s["cost"] = t5 - t4
 

@@ -1,8 +1,8 @@
-"""The production placer: exact on the option grid, and fast on the common cases.
+"""The production placer: exact on the option grid; fast (milliseconds) up to three nodes.
 
 ``place`` runs, in order, stopping at the first step that proves the optimum:
 
-1. Exact menu reductions (``reduce_problem``); each keeps the optimum value and some optimal placement:
+1. Exact menu reductions (``reduce_problem``); each keeps the optimum value and an optimal placement:
    - drop options with k > L;
    - drop an option whose latency, plus the least latency with which the other nodes could cover the
      remaining L - k layers (a knapsack over the other nodes, each used at most once), plus the least
@@ -12,22 +12,26 @@
      layers) and the capacity out of the source and into the sink;
    - drop an option dominated by another of the same node with the same k: capacity >= and latency
      <= in every metric (memory does not matter: every option already fits);
-   repeated until nothing changes. A node left without options proves the problem infeasible.
-2. The chain family (``pipeline_dp``): the best placement whose weakly connected components are chains,
-   i.e. pure pipelines and data-parallel replicas of them. For a chain, the node latencies add up
-   whatever the order, and the order only decides the link latencies and link capacities. So a
-   subset U of nodes in order pi is worth min(lc(pi), B_U(T - ll(pi))), where B_U(beta) is the largest
-   bottleneck capacity c such that a knapsack over U (each node one option with capacity >= c, the k
-   summing to L) fits in the latency budget beta. B_U is found by bisection over the capacities; the
-   knapsack is a min-plus convolution per node, in numpy. With one latency metric this is exact for
-   the family; with two it minimises each metric in turn (and their normalised sum), which can miss
-   a chain that is feasible only as a compromise (the later steps still catch it). A set-partition
-   DP over the subsets then adds replicas.
-3. Exact enumeration for n <= 2 nodes, where every placement is a single node, a two-node chain or two
-   replicas: all option pairs whose k add up to L, in numpy (method "shapes").
-4. A proof by bound: when the chain answer reaches UB, it is optimal ("dp-proven").
-5. Otherwise the reference MILP (``solvers.placement.milp_place``) on the reduced problem, warm-started
-   with the step 2 answer ("milp").
+   - drop a latency metric that no path can exceed (every node's largest latency plus n + 1 of the
+     largest link latencies fits its limit); edges unusable before stay unusable.
+   Repeated until nothing changes. A node left without options proves the problem infeasible.
+2. n <= 3 (``exact_small``, method "shapes"): every shape that three nodes allow is enumerated and
+   solved exactly (replicas, chains, one node feeding two, two feeding one; see that function).
+3. n >= 4: the chain family (``pipeline_dp``) gives a first placement: the best one whose weakly
+   connected components are chains (pure pipelines and replicas of them). For a chain, node latencies
+   add up whatever the order, which only decides the link latencies and capacities. So a subset U of
+   nodes in order pi is worth min(lc(pi), B_U(T - ll(pi))), where B_U(beta) is the largest bottleneck
+   capacity c such that a knapsack over U (one option per node with capacity >= c, the k summing to L)
+   fits the latency budget beta. B_U comes from bisection over the capacities; the knapsack is a
+   min-plus convolution per node in numpy. With one latency metric this is exact for the family; with
+   two it minimises each metric and their normalised sum in turn (a heuristic: the later steps stay
+   exact). A set-partition DP over the subsets adds the replicas.
+4. If that placement reaches UB, it is optimal ("dp-proven").
+5. The LP relaxation of the MILP bounds every placement; if it does not exceed the placement's value by
+   more than 1e-7 (relative) it proves it ("lp-proven"). Otherwise its reduced costs fix to zero every
+   option and edge that no placement better than the current one can use (LP duality), a few rounds.
+6. The reference MILP (``solvers.placement.milp_place``) on what is left, warm-started with the step 3
+   placement ("milp"). This is the slow step: the only one that can end unproven at ``time_limit``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from solvers.placement import LAT_RTOL, evaluate_placement, lp_reduce, milp_place, usable_edges
+from solvers.placement import (
+    LAT_RTOL,
+    evaluate_placement,
+    interchangeable,
+    lp_reduce,
+    milp_place,
+    usable_edges,
+)
 from solvers.problem import Edge, NodeMenu, PlacementProblem, PlacementResult, check_problem
 
 FloatArray = np.ndarray
@@ -389,17 +400,16 @@ def _chain_family(problem: PlacementProblem) -> PlacementResult | None:
     weights = [np.eye(nm)[m] for m in range(nm)] + ([np.ones(nm)] if nm > 1 else [])
     knaps = [_Knapsack(problem, w) for w in weights]
     chains: dict[int, _Chain] = {}
-    memo: dict[tuple[object, ...], _Chain | None] = {}
+    memo: dict[tuple[int, ...], _Chain | None] = {}
+    classes = _Classes(problem)
     for mask in range(1, 1 << n):
         nodes = tuple(i for i in range(n) if mask >> i & 1)
-        key = _subset_key(problem, nodes)
-        if key not in memo:
-            memo[key] = _best_chain(problem, nodes, edges, knaps)
-            ch = memo[key]
-        else:
-            ch = _relabel(memo[key], key, nodes, problem)
+        canon, relabel = classes.canonical(nodes)
+        if canon not in memo:
+            memo[canon] = _best_chain(problem, canon, edges, knaps)
+        ch = memo[canon]
         if ch is not None:
-            chains[mask] = ch
+            chains[mask] = attrs.evolve(ch, order=tuple(relabel[x] for x in ch.order))
     # set partition into chains
     best: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
     for mask in range(1, 1 << n):
@@ -437,14 +447,28 @@ def _chain_family(problem: PlacementProblem) -> PlacementResult | None:
     return PlacementResult(best[full][0], "feasible", math.inf, "dp", tuple(option), tuple(start), flows)
 
 
-def _subset_key(problem: PlacementProblem, nodes: tuple[int, ...]) -> tuple[object, ...]:
-    return (nodes,)
+class _Classes:
+    """Interchangeable nodes (same kind, menu and links): a subset of nodes and its canonical image,
+    which takes the lowest-numbered members of each class, have the same best chain up to relabelling."""
 
+    def __init__(self, problem: PlacementProblem) -> None:
+        n = problem.n
+        rep = list(range(n))
+        for j in range(n):
+            for i in range(j):
+                if rep[i] == i and interchangeable(problem, i, j):
+                    rep[j] = i
+                    break
+        self.rep = rep
+        self.members = {r: [x for x in range(n) if rep[x] == r] for r in set(rep)}
 
-def _relabel(
-    ch: _Chain | None, key: tuple[object, ...], nodes: tuple[int, ...], problem: PlacementProblem
-) -> _Chain | None:
-    return ch
+    def canonical(self, nodes: tuple[int, ...]) -> tuple[tuple[int, ...], dict[int, int]]:
+        """The canonical subset, and the map from its nodes to ``nodes``."""
+        relabel: dict[int, int] = {}
+        for r, mem in self.members.items():
+            mine = [x for x in nodes if self.rep[x] == r]
+            relabel.update(zip(mem[: len(mine)], mine, strict=True))
+        return tuple(sorted(relabel)), relabel
 
 
 def pipeline_dp(problem: PlacementProblem) -> PlacementResult:
@@ -714,7 +738,7 @@ def _lift(red: Reduced, res: PlacementResult, original: PlacementProblem, dt: fl
     ev = evaluate_placement(original, option, res.start, res.flows.keys())
     if ev is None:  # pragma: no cover - the reduced problem keeps every latency and layer count
         raise AssertionError("a reduced placement failed its check on the original problem")
-    bound = max(res.bound, ev[0]) if res.status != "optimal" else ev[0]
+    bound = ev[0] if res.status == "optimal" else max(min(res.bound, red.ub), ev[0])
     return attrs.evolve(res, value=ev[0], option=option, flows=ev[1], bound=bound, solve_s=dt)
 
 
@@ -739,8 +763,8 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementRe
     """The optimal placement of ``problem`` (see the module docstring for the method).
 
     ``method`` names the step that settled it: "reduce" (proved infeasible), "shapes", "dp-proven",
-    "lp-proven" or "milp". Only the MILP step can end unproven (``feasible`` with a bound, or
-    ``unknown``), when ``time_limit`` runs out.
+    "lp-proven" or "milp". ``time_limit`` bounds the MILP step only (HiGHS may overrun it); that step
+    is the only one that can end unproven (``feasible`` with a bound, or ``unknown``).
     """
     t0 = time.perf_counter()
     check_problem(problem)

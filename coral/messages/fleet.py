@@ -2,7 +2,8 @@
 
 Published by the supervisor:
 
-- ``fleet.update`` (``FleetUpdate``): every live instance (provisioning, loading, serving, draining) with
+- ``fleet.update`` (``FleetUpdate``): every live instance (provisioning, loading, serving, retiring,
+  draining) with
   its head worker and routing weight, what was lost or stopped since the previous update, starts waiting
   for capacity, the fleet's cost rate and what it has cost so far;
 - ``fleet.action`` (``FleetAction``): one start, stop, drain, release, refusal or loss decision;
@@ -21,8 +22,11 @@ import attrs
 
 from coral.kernel import message
 
-INSTANCE_STATES = ("provisioning", "loading", "serving", "draining", "stopped", "lost")
+INSTANCE_STATES = ("provisioning", "loading", "serving", "retiring", "draining", "stopped", "lost")
 LIVE_STATES = ("provisioning", "loading", "serving")
+"""States of the instances a plan counts as running (a ``retiring`` instance serves until its
+replacements do, then drains; the plan no longer counts it)."""
+ROUTABLE_STATES = ("serving", "retiring")
 FAULT_KINDS = ("node_loss", "preemption")
 
 
@@ -87,7 +91,8 @@ class FleetUpdate:
 @message("fleet.action")
 @attrs.frozen
 class FleetAction:
-    """One supervisor decision: ``start``, ``stop``, ``drain``, ``release``, ``refused``, ``serving``, ``lost``."""
+    """One supervisor decision: ``start``, ``serving``, ``retire``, ``drain``, ``stop``, ``release``,
+    ``refused`` or ``lost``."""
 
     at: float
     action: str

@@ -65,7 +65,7 @@ class MeshTiming:
     lookahead_ticks: int = 2
     decode_lag_ticks: int = 2
     warmup_s: float = 10.0
-    drain_s: float = 120.0
+    drain_s: float = 60.0
     queue_timeout_s: float = 60.0
     max_attempts: int = 4
 
@@ -179,6 +179,7 @@ class MeshSetup:
     catalog_digest: str
     perf_version: str
     templates: tuple[Template, ...]
+    columns: str = "all"
     version: int = SETUP_VERSION
 
 

@@ -381,7 +381,7 @@ def test_column_generation_reaches_the_full_lp_bound(scarcity: float) -> None:
     mat = alloc._matrix(c)
     full, generated = alloc._LpOutcome(), alloc._LpOutcome()
     alloc._lp_job(alloc._highs(mat, mat.cost_obj, alloc._service_hi(c, 0.0), 1e-4, mip=False), c, mat, full)
-    alloc._cg_job(c, mat, 1e-4, generated)
+    alloc._cg_job(c, mat, 1e-4, generated, alloc._LpThread())
     assert full.done and generated.done
     assert generated.columns is not None and len(generated.columns) < c.J
     assert generated.unmet == pytest.approx(full.unmet, rel=1e-6, abs=1e-6)
@@ -438,6 +438,9 @@ def test_bad_input_is_rejected_with_a_clear_error() -> None:
     ok = one_region_problem([agg], demand=1.0)
     cases: list[tuple[dict[str, object], str]] = [
         ({"demand_rps": [-1.0]}, "demand_rps"),
+        ({"demand_rps": ["lots"]}, "demand_rps"),
+        ({"templates": ("a",)}, "must be an AllocTemplate"),
+        ({"current": {"a": 1}}, "pairs"),
         ({"avail": [[-1, 0], [0, 0]]}, "avail"),
         ({"avail": [[1.5, 0], [0, 0]]}, "avail"),
         ({"price": [[1.0, 1.0]]}, "price"),

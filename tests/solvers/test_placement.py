@@ -20,7 +20,7 @@ RTOL = 1e-6
 def _same(a: PlacementResult, b: PlacementResult) -> bool:
     if a.status != b.status:
         return False
-    return abs(a.value - b.value) <= RTOL * max(1.0, abs(a.value))
+    return abs(a.value - b.value) <= RTOL * max(abs(a.value), abs(b.value)) + 1e-12
 
 
 def _check_placement(problem: PlacementProblem, res: PlacementResult) -> None:

@@ -1,0 +1,273 @@
+"""The allocator: re-plans on demand, market and fleet changes, and publishes each plan with its diff.
+
+At a tick where something changed (a demand, market or fleet update, an operator command, or the
+scenario's re-plan interval elapsed), and unless paused, it builds a ``PlanRequest`` from the latest
+demand, market and live fleet, solves it (``solvers.planning.Planner``) in a worker thread so that the
+event loop keeps running, and publishes ``NewPlan``. Several changes within one tick give one plan.
+
+Templates: for each deployment the library holds every stored template of its model and shape on the
+scenario's node types. A deployment uses those built for its SLO; after an SLO change to one that has no
+templates of its own, those built for a stricter SLO (whose placements meet the new one, with capacities
+measured at the stricter SLO, a safe under-estimate). Forbidden templates are left out; a pinned
+deployment uses only its pinned template. The churn-penalty factor overrides the scenario's.
+
+Determinism: online the solve runs under the scenario's wall-clock deadline and the plan records the
+solver effort it took (``Plan.effort``); given ``efforts`` (plan sequence -> effort, from a journal) the
+allocator re-solves each plan with exactly that effort; with ``deterministic`` it solves without a
+deadline (each phase to completion), so that a recording is reproducible on any machine.
+``columns="generated"`` solves by column generation (``solve_allocation``): much faster MIPs, with
+optimality proven over the generated columns only (the plan reports the LP bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import anyio
+import attrs
+
+from actors.base import TickActor
+from coral.catalog.types import Catalog
+from coral.kernel import Envelope
+from coral.messages.control import (
+    ALLOCATOR,
+    ForbidTemplate,
+    PauseAllocator,
+    PinTemplate,
+    Replan,
+    SetChurn,
+    SetSlo,
+    SloChanged,
+)
+from coral.messages.demand import DemandUpdate
+from coral.messages.fleet import FleetUpdate
+from coral.messages.market import MarketUpdate
+from coral.messages.plan import NewPlan, PlanChange, PlanInputs
+from coral.perf import PerfModel
+from coral.plan import Plan, PlanRequest
+from coral.scenario import Deployment, Scenario
+from coral.templates import Template
+from coral.workload import Slo
+from solvers.allocation import SolverEffort, solve_allocation
+from solvers.planning import Planner, policy_admits, to_plan
+
+
+def servable(templates: Sequence[Template]) -> bool:
+    """Whether a set of templates can serve a deployment: an aggregated one, or prefill and decode."""
+    modes = {t.mode for t in templates}
+    return "aggregated" in modes or {"prefill", "decode"} <= modes
+
+
+def meets(t: Template, slo: Slo) -> bool:
+    """Whether a template built for ``t.slo`` also meets ``slo`` (its targets are at least as strict)."""
+    return t.slo.ttft_s <= slo.ttft_s and t.slo.tpot_s <= slo.tpot_s and t.slo.attainment >= slo.attainment
+
+
+def effort_of(plan: Plan) -> SolverEffort:
+    """The solver effort a plan recorded, as ``solve_allocation`` takes it back."""
+    return SolverEffort(**{k: int(v) for k, v in plan.effort.items()})
+
+
+class Allocator(TickActor):
+    """Plans instances per region from demand, market and fleet (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str = ALLOCATOR,
+        *,
+        tick_s: float,
+        scenario: Scenario,
+        catalog: Catalog,
+        perf: PerfModel,
+        library: Mapping[str, Sequence[Template]],
+        policy: str = "coral",
+        deadline_s: float | None = None,
+        deterministic: bool = False,
+        efforts: Mapping[int, SolverEffort] | None = None,
+        prior_demand: Mapping[str, float] | None = None,
+        columns: str = "all",
+    ) -> None:
+        super().__init__(name, tick_s=tick_s, subscribe=["dem.update", "mkt.update", "fleet.update"])
+        self.scenario = scenario
+        self.catalog = catalog
+        self.perf = perf
+        self.library = {d.name: list(library.get(d.name, ())) for d in scenario.deployments}
+        self.by_id = {t.id: t for ts in self.library.values() for t in ts}
+        self.deployments: dict[str, Deployment] = {d.name: d for d in scenario.deployments}
+        self.policy = policy
+        self.deadline_s = deadline_s if deadline_s is not None else scenario.planner.deadline_s
+        self.deterministic = deterministic
+        self.columns = columns
+        self.efforts = dict(efforts or {})
+        self.demand = dict(prior_demand or {d.name: d.demand.at(0.0) for d in scenario.deployments})
+        self.prices: dict[tuple[str, str], float] | None = None
+        self.avail: dict[tuple[str, str], int] = {}
+        self.current: dict[tuple[str, str, str], int] = {}
+        self.inputs = PlanInputs()
+        self.slo: dict[str, Slo] = {}
+        self.forbidden: set[str] = set()
+        self.pins: dict[str, str] = {}
+        self.churn = scenario.planner.churn_factor
+        self.paused = False
+        self.triggers: set[str] = {"initial"}
+        self.last_plan: Plan | None = None
+        self.last_plan_at = 0.0
+        self.seq = 0
+
+    # -- templates -----------------------------------------------------------------------------------
+
+    def usable(
+        self, d: str, *, slo: Slo | None = None, forbidden: set[str] | None = None, pin: str | None = ""
+    ) -> list[Template]:
+        """The templates deployment ``d`` may use now (or under the given SLO, forbids and pin)."""
+        s = slo if slo is not None else self.slo.get(d, self.deployments[d].slo)
+        fb = self.forbidden if forbidden is None else forbidden
+        p = self.pins.get(d) if pin == "" else pin
+        cands = [t for t in self.library[d] if policy_admits(self.policy, t) and t.id not in fb]
+        exact = [t for t in cands if t.slo == s]
+        base = exact or [t for t in cands if meets(t, s)]
+        if p is not None:
+            base = [t for t in base if t.id == p]
+        return base
+
+    # -- inputs --------------------------------------------------------------------------------------
+
+    async def on_message(self, env: Envelope) -> None:
+        msg = env.msg
+        if isinstance(msg, DemandUpdate):
+            self.demand = dict(msg.demand)
+            self.inputs = attrs.evolve(self.inputs, demand_seq=msg.seq)
+            self.triggers.add("demand")
+        elif isinstance(msg, MarketUpdate):
+            self.prices = msg.prices()
+            self.avail = msg.availability()
+            self.inputs = attrs.evolve(self.inputs, market_seq=msg.seq)
+            self.triggers.add("market")
+        elif isinstance(msg, FleetUpdate):
+            self.current = msg.live_counts()
+            self.inputs = attrs.evolve(self.inputs, fleet_seq=msg.seq)
+            if msg.lost or msg.drained_by_operator:
+                self.triggers.add("fleet")
+
+    async def command(self, msg: object) -> tuple[str, str] | None:
+        if isinstance(msg, Replan):
+            self.triggers.add("operator")
+        elif isinstance(msg, PauseAllocator):
+            self.paused = msg.paused
+        elif isinstance(msg, SetChurn):
+            self.churn = float(msg.factor)
+            self.triggers.add("churn")
+        elif isinstance(msg, SetSlo):
+            return await self._set_slo(msg)
+        elif isinstance(msg, ForbidTemplate):
+            return self._forbid(msg)
+        elif isinstance(msg, PinTemplate):
+            return self._pin(msg)
+        else:
+            return await super().command(msg)
+        return None
+
+    def _unknown_deployment(self, name: str) -> tuple[str, str] | None:
+        if name not in self.deployments:
+            return ("deployment", f"unknown deployment {name!r} (known: {', '.join(self.deployments)})")
+        return None
+
+    async def _set_slo(self, msg: SetSlo) -> tuple[str, str] | None:
+        if (bad := self._unknown_deployment(msg.deployment)) is not None:
+            return bad
+        slo = Slo(float(msg.ttft_s), float(msg.tpot_s), float(msg.attainment))
+        if not servable(self.usable(msg.deployment, slo=slo)):
+            lib = [t for t in self.library[msg.deployment] if policy_admits(self.policy, t)]
+            field = (
+                "ttft_s"
+                if not any(t.slo.ttft_s <= slo.ttft_s for t in lib)
+                else "tpot_s"
+                if not any(t.slo.tpot_s <= slo.tpot_s for t in lib)
+                else "attainment"
+            )
+            model = self.deployments[msg.deployment].model
+            return (
+                field,
+                f"no template of {model} meets TTFT {slo.ttft_s:g} s / TPOT {slo.tpot_s:g} s / attainment "
+                f"{slo.attainment:g}; build them with `coral templates build` for that SLO",
+            )
+        self.slo[msg.deployment] = slo
+        self.triggers.add("slo")
+        await self.ctx.publish(SloChanged(msg.deployment, slo.ttft_s, slo.tpot_s, slo.attainment, self.ctx.now()))
+        return None
+
+    def _forbid(self, msg: ForbidTemplate) -> tuple[str, str] | None:
+        tid = msg.template_id
+        if tid not in self.by_id:
+            return ("template_id", f"unknown template {tid!r}")
+        if msg.forbid:
+            trial = self.forbidden | {tid}
+            for d in self.deployments:
+                if servable(self.usable(d)) and not servable(self.usable(d, forbidden=trial)):
+                    return (
+                        "template_id",
+                        f"forbidding {tid} leaves deployment {d!r} without a template that serves it",
+                    )
+            if any(p == tid for p in self.pins.values()):
+                return ("template_id", f"template {tid} is pinned; unpin it first")
+            self.forbidden = trial
+        else:
+            self.forbidden.discard(tid)
+        self.triggers.add("templates")
+        return None
+
+    def _pin(self, msg: PinTemplate) -> tuple[str, str] | None:
+        if (bad := self._unknown_deployment(msg.deployment)) is not None:
+            return bad
+        tid = msg.template_id
+        if tid is None:
+            self.pins.pop(msg.deployment, None)
+        else:
+            if tid not in self.by_id:
+                return ("template_id", f"unknown template {tid!r}")
+            if tid not in {t.id for t in self.usable(msg.deployment, pin=None)}:
+                return ("template_id", f"template {tid} cannot serve deployment {msg.deployment!r} now")
+            if self.by_id[tid].mode != "aggregated":
+                return ("template_id", f"template {tid} is a {self.by_id[tid].mode} template; pin an aggregated one")
+            self.pins[msg.deployment] = tid
+        self.triggers.add("templates")
+        return None
+
+    # -- planning ------------------------------------------------------------------------------------
+
+    async def on_tick(self, now: float) -> None:
+        if self.last_plan is not None and now - self.last_plan_at >= self.scenario.planner.replan_interval_s:
+            self.triggers.add("interval")
+        if self.paused or self.prices is None or not self.triggers:
+            return
+        trigger = "+".join(sorted(self.triggers))
+        self.triggers.clear()
+        await self.solve(now, trigger)
+
+    async def solve(self, now: float, trigger: str) -> NewPlan:
+        """Solve for the current state and publish the plan."""
+        assert self.prices is not None
+        sc = self.scenario
+        if self.churn != sc.planner.churn_factor:
+            sc = attrs.evolve(sc, planner=attrs.evolve(sc.planner, churn_factor=self.churn))
+        tpls = {d: self.usable(d) for d in self.deployments}
+        planner = Planner(self.policy, sc, self.catalog, self.perf, tpls, self.deadline_s)
+        req = PlanRequest(now, dict(self.demand), dict(self.prices), dict(self.avail), dict(self.current), trigger)
+        seq = self.seq + 1
+        effort = self.efforts.get(seq)
+        if effort is None and self.deterministic:
+            effort = SolverEffort()
+
+        def run() -> Plan:
+            prob, index = planner.problem(req)
+            res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
+            return to_plan(planner, req, prob, index, res, seq=seq)
+
+        plan = await anyio.to_thread.run_sync(run)
+        diff = tuple(PlanChange(d, t, r, n) for (d, t, r), n in plan.diff(self.last_plan).items())
+        self.seq = seq
+        self.last_plan = plan
+        self.last_plan_at = now
+        msg = NewPlan(plan, diff, self.inputs)
+        await self.ctx.publish(msg)
+        return msg

@@ -1,0 +1,115 @@
+"""The tick discipline every Coral actor follows, which makes a run deterministic under a virtual clock.
+
+A run is bulk-synchronous: all actors tick at the same instants (multiples of ``tick_s`` of the kernel
+clock). ``handle`` only buffers: each message is stamped with the kernel time at which it was received.
+At a tick at time ``t`` the actor takes the buffered messages stamped before ``t``, in a canonical order
+(receipt time, sender, directed before published; each sender's own order kept), applies them, then does
+its periodic work and sends what it decided. A message sent during the tick at ``t`` is therefore applied
+at the receiver's tick at ``t + tick_s``, however the actors' tasks interleave within the tick; and because
+the mesh quiesces before the clock moves, everything sent at ``t`` has been received (stamped ``t``) before
+the next tick. Decisions thus depend only on the inputs and their times, never on scheduling.
+
+Operator commands (``coral.messages.control``) are buffered like everything else and answered at the next
+tick: validated (static checks, then the owner's ``command``), confirmed with a ``CommandResult``
+(published on ``ctl.result``, and as the reply when the command came as a request).
+
+A crash in a tick drops the message being applied (as the kernel does for ``handle``); the rest of that
+tick's batch is kept and applied first after the restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from coral.kernel import Actor, Envelope
+from coral.messages.control import OWNERS, CommandResult, is_command
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, *keys: int) -> float:
+    """A uniform number in [0, 1) determined by ``seed`` and ``keys`` (splitmix64), independent of call order."""
+    h = _mix(seed & _MASK)
+    for k in keys:
+        h = _mix(h ^ (k & _MASK))
+    return (h >> 11) * (1.0 / (1 << 53))
+
+
+def first_tick(now: float, tick_s: float) -> float:
+    """The first tick instant strictly after ``now``."""
+    return (math.floor(now / tick_s) + 1) * tick_s
+
+
+class TickActor(Actor):
+    """An actor that applies its inbox at its ticks (see the module docstring).
+
+    Override ``on_message(env)`` (apply one non-command message), ``command(msg)`` (apply one operator
+    command; return ``(field, reason)`` to refuse it) and ``on_tick(now)`` (periodic work after the batch).
+    """
+
+    def __init__(self, name: str, *, tick_s: float, subscribe: Iterable[str] = (), inbox_size: int = 4096) -> None:
+        super().__init__(name, subscribe=subscribe, inbox_size=inbox_size)
+        self.tick_s = tick_s
+        self._pending: list[tuple[float, int, Envelope]] = []
+        self._carry: list[Envelope] = []
+
+    async def on_start(self) -> None:
+        if self._carry:  # the rest of a batch whose tick crashed: older than anything else buffered
+            self._pending = [(-math.inf, 0, e) for e in self._carry] + self._pending
+            self._carry = []
+        self.ctx.every(self.tick_s, self._tick, first=first_tick(self.ctx.now(), self.tick_s))
+        await self.started()
+
+    async def started(self) -> None:
+        """Called at the end of every ``on_start`` (also after a restart)."""
+
+    async def handle(self, env: Envelope) -> None:
+        self._pending.append((self.ctx.now(), 1 if env.kind == "publish" else 0, env))
+
+    async def _tick(self) -> None:
+        now = self.ctx.now()
+        ready = [p for p in self._pending if p[0] < now]
+        if ready:
+            self._pending = [p for p in self._pending if p[0] >= now]
+            ready.sort(key=lambda p: (p[0], p[2].source, p[1]))
+            batch = [p[2] for p in ready]
+            for i, env in enumerate(batch):
+                self._carry = batch[i + 1 :]
+                await self._apply(env, now)
+            self._carry = []
+        await self.on_tick(now)
+
+    async def _apply(self, env: Envelope, now: float) -> None:
+        msg = env.msg
+        if not is_command(msg):
+            await self.on_message(env)
+            return
+        owner = OWNERS[type(msg)]
+        bad = msg.problems()
+        if bad is None and owner != self.name:
+            bad = ("command", f"{env.tag} is handled by {owner}, not {self.name}")
+        if bad is None:
+            bad = await self.command(msg)
+        field, reason = bad if bad is not None else ("", "")
+        result = CommandResult(env.tag, bad is None, self.name, now, field, reason, msg.ref)
+        await self.ctx.publish(result)
+        if env.kind == "request":
+            await self.ctx.reply(env, result)
+
+    async def on_message(self, env: Envelope) -> None:
+        """Apply one buffered message (not a command)."""
+
+    async def command(self, msg: object) -> tuple[str, str] | None:
+        """Apply an operator command; return (field, reason) to refuse it."""
+        return ("command", f"{type(msg).__name__} is not handled by {self.name}")
+
+    async def on_tick(self, now: float) -> None:
+        """Periodic work, after the tick's batch was applied."""

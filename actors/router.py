@@ -1,0 +1,305 @@
+"""The router: places requests on live instances, retries what a lost instance held, reports traffic.
+
+Placement: a request goes to one of its deployment's serving entry instances (aggregated or prefill),
+drawn with probability proportional to the instances' capacity (the template's req/s at the deployment's
+shape, as the simulator routes). The draw is a hash of (seed, request id, attempt), so it does not depend
+on the order in which requests are handled. A prefill instance's ``handoff`` is sent on, the same way, to
+a serving decode instance of the same region with the KV transfer's bandwidth. A request with no
+instance to go to waits (``queue_timeout_s``, then it fails as ``no_capacity``).
+
+Retries: when the fleet reports an instance lost, each request it held is placed again (attempt + 1, from
+its prompt; its first token, if one was already streamed, keeps its time); after ``max_attempts`` it fails
+as ``retries_exhausted``. A draining instance's unstarted requests come back and are placed again without
+counting a retry. At the end of a run (``req.finish``) whatever is still open fails as ``unfinished``, so
+every arrival ends completed or failed with a reason.
+
+Reports, every ``report_s``: ``req.counts`` (arrivals per deployment whose arrival time has passed, for
+the demand monitor) and ``req.stats`` (totals, SLO attainment and latency quantiles per deployment).
+A completion meets the SLO when its TTFT and its TPOT (time per output token after the first) are
+within the deployment's targets.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+
+import attrs
+
+from actors.base import TickActor, uniform
+from coral.kernel import Envelope
+from coral.messages.control import ROUTER, SloChanged
+from coral.messages.fleet import ROUTABLE_STATES, FleetUpdate, InstanceInfo
+from coral.messages.mesh import MeshTiming
+from coral.messages.requests import (
+    ArrivalBatch,
+    ArrivalCounts,
+    Completions,
+    DeploymentTraffic,
+    Dispatch,
+    FinishTraffic,
+    RequestSpec,
+    RoutingStats,
+    WorkItem,
+)
+from coral.scenario import Deployment
+from coral.sim.report import LogHist
+from coral.workload import Slo
+
+
+@attrs.define
+class OpenRequest:
+    """A request the router is responsible for until it completes or fails."""
+
+    spec: RequestSpec
+    attempt: int = 0
+    instance: str = ""
+    phase: str = "entry"  # entry | decode
+    t_first: float = -1.0
+    handoff_t: float = 0.0
+    kv_nic: float = 0.0
+    region: str = ""
+    queued_at: float | None = None
+
+
+@attrs.define
+class TrafficStats:
+    """Totals of one deployment."""
+
+    arrivals: int = 0
+    dispatched: int = 0
+    completed: int = 0
+    failed: int = 0
+    failed_by: dict[str, int] = attrs.field(factory=dict)
+    retries: int = 0
+    slo_met: int = 0
+    win_met: int = 0
+    win_done: int = 0
+    ttft: LogHist = attrs.field(factory=LogHist)
+    tpot: LogHist = attrs.field(factory=LogHist)
+    e2e: LogHist = attrs.field(factory=LogHist)
+
+
+def _inst_order(i: InstanceInfo) -> tuple[int, str]:
+    return (len(i.id), i.id)
+
+
+def pick(instances: Sequence[InstanceInfo], u: float) -> InstanceInfo:
+    """The instance whose share of the total weight holds ``u`` in [0, 1)."""
+    cum = list(itertools.accumulate(i.weight for i in instances))
+    return instances[min(bisect.bisect_right(cum, u * cum[-1]), len(instances) - 1)]
+
+
+class Router(TickActor):
+    """Routes requests to instances (see the module docstring)."""
+
+    def __init__(self, name: str = ROUTER, *, timing: MeshTiming, deployments: Sequence[Deployment], seed: int) -> None:
+        super().__init__(name, tick_s=timing.tick_s, subscribe=["fleet.update", "slo.changed"])
+        self.timing = timing
+        self.seed = seed
+        self.slo: dict[str, Slo] = {d.name: d.slo for d in deployments}
+        self.stats: dict[str, TrafficStats] = {d.name: TrafficStats() for d in deployments}
+        self.open: dict[int, OpenRequest] = {}
+        self.todo: set[int] = set()
+        self.serving: list[InstanceInfo] = []
+        self.known: dict[str, InstanceInfo] = {}
+        self.uncounted: list[tuple[float, str]] = []
+        self.last_report: float | None = None
+        self.report_every = timing.ticks(timing.report_s)
+        self.ticks = 0
+        self.finishing = False
+        self.seq = 0
+
+    # -- inputs --------------------------------------------------------------------------------------
+
+    async def on_message(self, env: Envelope) -> None:
+        msg = env.msg
+        if isinstance(msg, ArrivalBatch):
+            for spec in msg.requests:
+                if spec.deployment not in self.stats or spec.id in self.open:
+                    continue
+                self.open[spec.id] = OpenRequest(spec)
+                self.todo.add(spec.id)
+                self.stats[spec.deployment].arrivals += 1
+                self.uncounted.append((spec.t, spec.deployment))
+        elif isinstance(msg, Completions):
+            self._outcomes(msg)
+        elif isinstance(msg, FleetUpdate):
+            for i in msg.instances:
+                self.known[i.id] = i
+            self.serving = sorted((i for i in msg.instances if i.state in ROUTABLE_STATES), key=_inst_order)
+            lost, stopped = set(msg.lost), set(msg.stopped)
+            for rid in sorted(self.open):
+                r = self.open[rid]
+                if r.instance in lost:
+                    self._retry(r)
+                elif r.instance in stopped:
+                    r.instance = ""
+                    self.todo.add(rid)
+        elif isinstance(msg, SloChanged):
+            self.slo[msg.deployment] = Slo(msg.ttft_s, msg.tpot_s, msg.attainment)
+        elif isinstance(msg, FinishTraffic):
+            self.finishing = True
+
+    def _outcomes(self, msg: Completions) -> None:
+        info = self.known.get(msg.instance)
+        for o in msg.outcomes:
+            r = self.open.get(o.id)
+            if r is None or r.instance != msg.instance:
+                continue  # a stale report from an attempt already given up
+            if o.kind == "done":
+                self._complete(r, o.t, o.t_first)
+            elif o.kind == "failed":
+                self._fail(r, o.reason or "engine")
+            elif o.kind == "handoff" and info is not None:
+                r.phase = "decode"
+                r.t_first = o.t_first if r.t_first < 0 else r.t_first
+                r.handoff_t = o.t
+                r.kv_nic = info.kv_nic
+                r.region = info.region
+                r.instance = ""
+                self.todo.add(o.id)
+            else:  # returned by a draining instance (or a handoff from an instance never seen)
+                r.instance = ""
+                self.todo.add(o.id)
+
+    def _retry(self, r: OpenRequest) -> None:
+        r.attempt += 1
+        self.stats[r.spec.deployment].retries += 1
+        if r.attempt >= self.timing.max_attempts:
+            self._fail(r, "retries_exhausted")
+            return
+        r.phase = "entry"
+        r.instance = ""
+        self.todo.add(r.spec.id)
+
+    def _complete(self, r: OpenRequest, t_done: float, t_first: float) -> None:
+        spec = r.spec
+        st = self.stats[spec.deployment]
+        slo = self.slo[spec.deployment]
+        first = r.t_first if r.t_first >= 0 else t_first
+        ttft = first - spec.t
+        st.ttft.add(ttft)
+        st.e2e.add(t_done - spec.t)
+        ok = ttft <= slo.ttft_s
+        if spec.out > 1:
+            tpot = (t_done - first) / (spec.out - 1)
+            st.tpot.add(tpot)
+            ok = ok and tpot <= slo.tpot_s
+        st.completed += 1
+        st.win_done += 1
+        if ok:
+            st.slo_met += 1
+            st.win_met += 1
+        del self.open[spec.id]
+        self.todo.discard(spec.id)
+
+    def _fail(self, r: OpenRequest, reason: str) -> None:
+        st = self.stats[r.spec.deployment]
+        st.failed += 1
+        st.win_done += 1
+        st.failed_by[reason] = st.failed_by.get(reason, 0) + 1
+        del self.open[r.spec.id]
+        self.todo.discard(r.spec.id)
+
+    # -- the tick ------------------------------------------------------------------------------------
+
+    async def on_tick(self, now: float) -> None:
+        self.ticks += 1
+        if self.last_report is None:
+            self.last_report = now
+        await self._route(now)
+        if self.finishing:
+            for rid in sorted(self.open):
+                self._fail(self.open[rid], "unfinished")
+            self.finishing = False
+            await self._report(now, final=True)
+        elif self.ticks % self.report_every == 0:
+            await self._report(now)
+
+    async def _route(self, now: float) -> None:
+        entry: dict[str, list[InstanceInfo]] = {}
+        decode: dict[tuple[str, str], list[InstanceInfo]] = {}
+        for i in self.serving:
+            if i.mode == "decode":
+                decode.setdefault((i.deployment, i.region), []).append(i)
+            else:
+                entry.setdefault(i.deployment, []).append(i)
+        work: dict[str, list[WorkItem]] = {}
+        keep: set[int] = set()
+        for rid in sorted(self.todo):
+            r = self.open.get(rid)
+            if r is None or r.instance:
+                continue
+            spec = r.spec
+            if r.phase == "entry":
+                cands = entry.get(spec.deployment, [])
+            else:
+                cands = decode.get((spec.deployment, r.region), [])
+            if not cands:
+                if r.queued_at is None:
+                    r.queued_at = now
+                if now - r.queued_at > self.timing.queue_timeout_s:
+                    self._fail(r, "no_capacity" if r.phase == "entry" else "no_decode_capacity")
+                else:
+                    keep.add(rid)
+                continue
+            inst = pick(cands, uniform(self.seed, rid, r.attempt, 0 if r.phase == "entry" else 1))
+            r.instance = inst.id
+            r.queued_at = None
+            self.stats[spec.deployment].dispatched += 1
+            if r.phase == "entry":
+                item = WorkItem(rid, spec.deployment, spec.t, max(spec.t, now), spec.prompt, spec.out, r.attempt)
+            else:
+                item = WorkItem(
+                    rid, spec.deployment, spec.t, r.handoff_t, spec.prompt, spec.out, r.attempt, 1, r.t_first, r.kv_nic
+                )
+            work.setdefault(inst.id, []).append(item)
+        self.todo = keep
+        for iid in sorted(work, key=lambda s: (len(s), s)):
+            info = self.known[iid]
+            await self.ctx.send(info.head, Dispatch(iid, tuple(work[iid])))
+
+    async def _report(self, now: float, *, final: bool = False) -> None:
+        counts: dict[str, int] = {}
+        later = []
+        for t, d in self.uncounted:
+            if t < now:
+                counts[d] = counts.get(d, 0) + 1
+            else:
+                later.append((t, d))
+        self.uncounted = later
+        since = self.last_report if self.last_report is not None else now
+        self.last_report = now
+        await self.ctx.publish(ArrivalCounts(now, since, counts))
+        in_flight: dict[str, int] = {}
+        queued: dict[str, int] = {}
+        for r in self.open.values():
+            side = in_flight if r.instance else queued
+            side[r.spec.deployment] = side.get(r.spec.deployment, 0) + 1
+        deps = []
+        for d, st in self.stats.items():
+            deps.append(
+                DeploymentTraffic(
+                    d,
+                    st.arrivals,
+                    st.dispatched,
+                    st.completed,
+                    st.failed,
+                    dict(sorted(st.failed_by.items())),
+                    st.retries,
+                    in_flight.get(d, 0),
+                    queued.get(d, 0),
+                    st.slo_met,
+                    st.ttft.quantile(0.5),
+                    st.ttft.quantile(0.99),
+                    st.tpot.quantile(0.5),
+                    st.tpot.quantile(0.99),
+                    st.e2e.quantile(0.5),
+                    st.win_met / st.win_done if st.win_done else -1.0,
+                )
+            )
+            st.win_met = st.win_done = 0
+        self.seq += 1
+        await self.ctx.publish(RoutingStats(self.seq, now, tuple(deps), final))

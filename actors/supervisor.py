@@ -1,0 +1,404 @@
+"""The instance supervisor: reconciles the fleet to each plan through a cloud provider.
+
+On a plan it stops surplus instances (the ones still provisioning first, then loading, then serving;
+newest first) and starts missing ones: one node per template stage from the cloud (all or none; a
+refusal waits as a pending start, retried every tick until the next plan). Make before break: a surplus
+serving instance keeps serving (``retiring``) until every instance the plan wants for its deployment
+serves, then drains (hands back the requests it had not started and releases its nodes once the rest finished); it
+drains at once when its deployment has starts waiting for nodes, which it may be holding. The first
+plan's instances start warm when ``warm_start`` (the fleet that exists when a run begins).
+
+Each tick it spawns a stage worker on every node the cloud reports ready and tells it which stage to
+load; marks an instance serving once all its stages are loaded (and tells its head worker to serve);
+releases drained instances; and watches heartbeats: a node silent for ``heartbeat_timeout_s`` is lost,
+and with it its instance (the other nodes are released). A preempted node (the cloud gives notice) is
+lost at once. It publishes ``FleetUpdate`` when anything changed, a ``FleetAction`` per decision and
+``NodeLost`` per lost node.
+
+Fault injections (``fleet.fault``) go to its cloud, which kills nodes by telling their workers to die:
+that is the simulated world acting, so the supervisor learns of a silent loss only from the missing
+heartbeats, like it would of a real one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+
+from actors.base import TickActor
+from actors.cloud import CloudProvider
+from coral.catalog.types import Catalog
+from coral.kernel import Envelope
+from coral.messages.control import SUPERVISOR, DrainInstance
+from coral.messages.fleet import (
+    LIVE_STATES,
+    DrainOrder,
+    FaultInjected,
+    FleetAction,
+    FleetUpdate,
+    InstanceDrained,
+    InstanceInfo,
+    KillNode,
+    LoadStage,
+    NodeLost,
+    PendingStart,
+    ReleaseNode,
+    ServeInstance,
+    StageLoaded,
+    WorkerHeartbeat,
+)
+from coral.messages.market import MarketUpdate
+from coral.messages.mesh import MeshTiming
+from coral.messages.plan import NewPlan
+from coral.scenario import Deployment
+from coral.templates import Template
+
+Key = tuple[str, str, str]
+SpawnWorker = Callable[[str, str, str], Awaitable[str]]
+"""Start the stage worker of a node: (node id, region, node type) -> the worker's actor name."""
+
+_VICTIM_RANK = {"provisioning": 0, "loading": 1, "serving": 2, "retiring": 2}
+_PLANNABLE = (*LIVE_STATES, "retiring")
+
+
+@attrs.define
+class NodeRec:
+    id: str
+    region: str
+    node: str
+    instance: str
+    stage: int
+    state: str = "provisioning"  # provisioning | up | lost | released
+    worker: str = ""
+    last_seen: float = 0.0
+    loaded: bool = False
+
+
+@attrs.define
+class InstRec:
+    id: str
+    num: int
+    deployment: str
+    template: Template
+    region: str
+    state: str
+    since: float
+    nodes: list[str]
+    warm: bool
+    drained: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.deployment, self.template.id, self.region)
+
+
+def instance_weight(t: Template, d: Deployment) -> float:
+    """Requests/s an instance of ``t`` serves at ``d``'s shape (its routing weight), as the simulator uses."""
+    if t.mode == "prefill":
+        w = t.prefill_tok_s / d.shape.mean_in
+    elif t.mode == "decode":
+        w = t.decode_tok_s / d.shape.mean_out
+    else:
+        w = t.requests_per_s(d.shape.mean_in, d.shape.mean_out)
+    return w if w > 0 else 1.0
+
+
+class Supervisor(TickActor):
+    """Reconciles the fleet to the plan (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str = SUPERVISOR,
+        *,
+        timing: MeshTiming,
+        cloud: CloudProvider,
+        templates: Mapping[str, Template],
+        deployments: Mapping[str, Deployment],
+        catalog: Catalog,
+        spawn_worker: SpawnWorker,
+        warm_start: bool = True,
+    ) -> None:
+        super().__init__(name, tick_s=timing.tick_s, subscribe=["plan.new", "mkt.update"])
+        self.timing = timing
+        self.cloud = cloud
+        self.templates = dict(templates)
+        self.deployments = dict(deployments)
+        self.catalog = catalog
+        self.spawn_worker = spawn_worker
+        self.warm_start = warm_start
+        self.planned = False
+        self.nodes: dict[str, NodeRec] = {}
+        self.instances: dict[str, InstRec] = {}
+        self.pending: dict[Key, int] = {}
+        self.target: dict[Key, int] = {}
+        self.next_num = 0
+        self.seq = 0
+        self.cost_rate = 0.0
+        self.spent = 0.0
+        self.changed: set[str] = set()
+        self.lost: list[str] = []
+        self.stopped: list[str] = []
+        self.by_operator: list[str] = []
+        self.out: list[object] = []
+
+    # -- inputs --------------------------------------------------------------------------------------
+
+    async def on_message(self, env: Envelope) -> None:
+        msg = env.msg
+        now = self.ctx.now()
+        if isinstance(msg, WorkerHeartbeat):
+            rec = self.nodes.get(msg.node_id)
+            if rec is not None and rec.state == "up":
+                rec.last_seen = max(rec.last_seen, msg.at)
+        elif isinstance(msg, StageLoaded):
+            rec = self.nodes.get(msg.node_id)
+            if rec is not None and rec.instance == msg.instance:
+                rec.loaded = True
+        elif isinstance(msg, InstanceDrained):
+            inst = self.instances.get(msg.instance)
+            if inst is not None:
+                inst.drained = True
+        elif isinstance(msg, NewPlan):
+            await self._reconcile(msg, now)
+        elif isinstance(msg, MarketUpdate):
+            self.cloud.set_market(msg)
+            self.changed.add("market")
+        elif isinstance(msg, FaultInjected):
+            for nid in self.cloud.inject(msg, now):
+                rec = self.nodes.get(nid)
+                if rec is not None and rec.worker:
+                    await self.ctx.send(rec.worker, KillNode(nid, msg.kind))
+
+    async def command(self, msg: object) -> tuple[str, str] | None:
+        if not isinstance(msg, DrainInstance):
+            return await super().command(msg)
+        inst = self.instances.get(msg.instance)
+        if inst is None:
+            return ("instance", f"unknown instance {msg.instance!r}")
+        if inst.state not in _PLANNABLE:
+            return ("instance", f"instance {msg.instance} is {inst.state}, not running")
+        await self._stop(inst, self.ctx.now(), "operator", at_once=True)
+        self.by_operator.append(inst.id)
+        return None
+
+    # -- decisions -----------------------------------------------------------------------------------
+
+    def _action(self, now: float, action: str, inst: InstRec, reason: str) -> None:
+        self.out.append(FleetAction(now, action, inst.id, inst.deployment, inst.template.id, inst.region, reason))
+        self.changed.add(inst.id)
+
+    async def _reconcile(self, msg: NewPlan, now: float) -> None:
+        plan = msg.plan
+        target = plan.counts()
+        live: dict[Key, list[InstRec]] = {}
+        for inst in self.instances.values():
+            if inst.state in _PLANNABLE:
+                live.setdefault(inst.key, []).append(inst)
+        for key in sorted(set(target) | set(live)):
+            have = sorted(live.get(key, []), key=lambda i: (_VICTIM_RANK[i.state], -i.num))
+            cut = max(0, len(have) - target.get(key, 0))
+            for inst in have[:cut]:
+                await self._stop(inst, now, f"plan {plan.seq}")
+            for inst in have[cut:]:
+                if inst.state == "retiring":  # wanted again
+                    inst.state = "serving"
+                    self.changed.add(inst.id)
+            live[key] = have[cut:]
+        self.target = target
+        warm = self.warm_start and not self.planned
+        self.planned = True
+        self.pending = {}
+        for key in sorted(target):
+            for _ in range(target[key] - len(live.get(key, []))):
+                if not self._start(key, now, warm, f"plan {plan.seq}"):
+                    self.pending[key] = self.pending.get(key, 0) + 1
+                    d, tid, region = key
+                    self.out.append(FleetAction(now, "refused", "", d, tid, region, "no capacity"))
+        self.changed.add("plan")
+
+    def _start(self, key: Key, now: float, warm: bool, reason: str) -> bool:
+        dep, tid, region = key
+        tpl = self.templates[tid]
+        got: list[str] = []
+        for s in tpl.stages:
+            nid = self.cloud.provision(region, s.node, now, warm=warm)
+            if nid is None:
+                for g in got:
+                    self.cloud.release(g, now)
+                return False
+            got.append(nid)
+        self.next_num += 1
+        inst = InstRec(f"i{self.next_num}", self.next_num, dep, tpl, region, "provisioning", now, got, warm)
+        self.instances[inst.id] = inst
+        for stage, nid in enumerate(got):
+            self.nodes[nid] = NodeRec(nid, region, tpl.stages[stage].node, inst.id, stage)
+        self._action(now, "start", inst, reason)
+        return True
+
+    async def _stop(self, inst: InstRec, now: float, reason: str, *, at_once: bool = False) -> None:
+        if inst.state in ("serving", "retiring") and not at_once:
+            if inst.state == "serving":
+                inst.state = "retiring"
+                self._action(now, "retire", inst, reason)
+            return
+        if inst.state in ("serving", "retiring"):
+            await self._drain(inst, now, reason)
+            return
+        await self._release_nodes(inst, now, reason)
+        inst.state = "stopped"
+        self.stopped.append(inst.id)
+        self._action(now, "stop", inst, reason)
+
+    async def _drain(self, inst: InstRec, now: float, reason: str) -> None:
+        inst.state = "draining"
+        await self.ctx.send(self.nodes[inst.nodes[0]].worker, DrainOrder(inst.id, reason))
+        self._action(now, "drain", inst, reason)
+
+    async def _release_nodes(self, inst: InstRec, now: float, reason: str) -> None:
+        for nid in inst.nodes:
+            rec = self.nodes[nid]
+            if rec.state in ("lost", "released"):
+                continue
+            if rec.state == "up" and rec.worker:
+                await self.ctx.send(rec.worker, ReleaseNode(nid, reason))
+            rec.state = "released"
+            self.cloud.release(nid, now)
+
+    async def _lose(self, rec: NodeRec, now: float, cause: str) -> None:
+        if rec.state in ("lost", "released"):
+            return
+        rec.state = "lost"
+        self.cloud.release(rec.id, now)
+        self.out.append(NodeLost(now, rec.id, rec.region, rec.node, rec.instance, cause))
+        inst = self.instances[rec.instance]
+        if inst.state in ("stopped", "lost"):
+            return
+        await self._release_nodes(inst, now, f"node {rec.id} lost")
+        inst.state = "lost"
+        self.lost.append(inst.id)
+        self._action(now, "lost", inst, f"node {rec.id}: {cause}")
+
+    async def _node_up(self, rec: NodeRec, now: float) -> None:
+        inst = self.instances[rec.instance]
+        try:
+            rec.worker = await self.spawn_worker(rec.id, rec.region, rec.node)
+        except Exception as exc:  # a worker that cannot start is a node we cannot use
+            await self._lose(rec, now, f"worker did not start: {type(exc).__name__}: {exc}")
+            return
+        rec.state = "up"
+        rec.last_seen = now
+        if inst.state not in LIVE_STATES:
+            await self.ctx.send(rec.worker, ReleaseNode(rec.id, f"instance {inst.id} is {inst.state}"))
+            rec.state = "released"
+            self.cloud.release(rec.id, now)
+            return
+        head = rec.stage == 0
+        msg = LoadStage(inst.id, inst.deployment, inst.template.id, rec.stage, inst.region, head, inst.warm)
+        await self.ctx.send(rec.worker, msg)
+
+    async def on_tick(self, now: float) -> None:
+        self.spent += self.cost_rate * self.tick_s / 3600.0
+        for ev in self.cloud.poll(now):
+            rec = self.nodes.get(ev.node_id)
+            if rec is None:
+                continue
+            if ev.kind == "ready" and rec.state == "provisioning":
+                await self._node_up(rec, now)
+            elif ev.kind in ("preempted", "failed"):
+                await self._lose(rec, now, "preempted" if ev.kind == "preempted" else "failed while provisioning")
+        timeout = self.timing.heartbeat_timeout_s
+        for rec in sorted(self.nodes.values(), key=lambda r: (len(r.id), r.id)):
+            if rec.state == "up" and now - rec.last_seen > timeout:
+                await self._lose(rec, now, "heartbeat")
+        for inst in sorted(self.instances.values(), key=lambda i: i.num):
+            recs = [self.nodes[n] for n in inst.nodes]
+            if inst.state == "provisioning" and all(r.state == "up" for r in recs):
+                inst.state = "loading"
+                self.changed.add(inst.id)
+            if inst.state == "loading" and all(r.loaded for r in recs):
+                inst.state = "serving"
+                await self.ctx.send(recs[0].worker, ServeInstance(inst.id))
+                self._action(now, "serving", inst, "all stages loaded")
+            if inst.state == "draining" and inst.drained:
+                await self._release_nodes(inst, now, "drained")
+                inst.state = "stopped"
+                self.stopped.append(inst.id)
+                self._action(now, "release", inst, "drained")
+        serving: dict[Key, int] = {}
+        for i in self.instances.values():
+            if i.state == "serving":
+                serving[i.key] = serving.get(i.key, 0) + 1
+        short = {k[0] for k, n in self.target.items() if serving.get(k, 0) < n}
+        waiting = {d for (d, _, _), n in self.pending.items() if n > 0}
+        for inst in sorted(self.instances.values(), key=lambda i: i.num):
+            if inst.state == "retiring" and (inst.deployment not in short or inst.deployment in waiting):
+                await self._drain(inst, now, "nodes needed" if inst.deployment in waiting else "replacement serving")
+        for key in sorted(self.pending):
+            while self.pending[key] > 0 and self._start(key, now, False, "pending start"):
+                self.pending[key] -= 1
+                self.changed.add("pending")
+        self.pending = {k: v for k, v in self.pending.items() if v > 0}
+        rate = sum(self.cloud.price(r.id) for r in self.nodes.values() if r.state in ("provisioning", "up"))
+        if rate != self.cost_rate:
+            self.cost_rate = rate
+            self.changed.add("cost")
+        await self._publish(now)
+
+    async def _publish(self, now: float) -> None:
+        for msg in self.out:
+            await self.ctx.publish(msg)
+        self.out = []
+        if not self.changed:
+            return
+        trigger = "+".join(sorted(c for c in self.changed if not c.startswith("i")) or ["instances"])
+        self.changed = set()
+        infos = []
+        for inst in sorted(self.instances.values(), key=lambda i: i.num):
+            if inst.state in ("stopped", "lost"):
+                continue
+            d = self.deployments[inst.deployment]
+            head = self.nodes[inst.nodes[0]].worker
+            kv_nic = min(self.catalog.nodes[n].nic_bytes_per_s for n in inst.template.nodes)
+            infos.append(
+                InstanceInfo(
+                    inst.id,
+                    inst.deployment,
+                    inst.template.id,
+                    inst.region,
+                    inst.template.mode,
+                    inst.state,
+                    inst.template.nodes,
+                    tuple(inst.nodes),
+                    head,
+                    instance_weight(inst.template, d),
+                    kv_nic,
+                    inst.since,
+                )
+            )
+        pending = tuple(PendingStart(d, t, r, n) for (d, t, r), n in sorted(self.pending.items()))
+        self.seq += 1
+        await self.ctx.publish(
+            FleetUpdate(
+                self.seq,
+                now,
+                tuple(infos),
+                tuple(self.lost),
+                tuple(self.stopped),
+                tuple(self.by_operator),
+                pending,
+                self.cost_rate,
+                self.spent,
+                trigger,
+            )
+        )
+        for iid in self.lost + self.stopped:
+            inst = self.instances.pop(iid)
+            for nid in inst.nodes:
+                self.nodes.pop(nid, None)
+        self.lost, self.stopped, self.by_operator = [], [], []
+
+    @property
+    def live(self) -> list[InstRec]:
+        """Instances provisioning, loading, serving, retiring or draining."""
+        return [i for i in self.instances.values() if i.state not in ("stopped", "lost")]

@@ -1,0 +1,146 @@
+"""The stage worker: one per node of an instance; it owns the node's engine.
+
+The supervisor tells it which stage to load (``LoadStage``); it reports ``StageLoaded`` at the first tick
+the engine is ready, heartbeats every ``heartbeat_s`` and, on the instance's head node, runs the engine:
+takes the router's work (``Dispatch``), polls the engine at every tick and sends the outcomes to the
+router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
+engine is empty; a release stops the engine and ends the worker (through ``on_exit``, so that the mesh
+stops it between ticks rather than while it synchronises). ``KillNode`` (the simulated cloud's
+fault) ends it at once, without a word: its node is dead.
+
+Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
+handoff (prefill head -> router -> decode head, one tick per hop) is admitted at its exact time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from actors.base import TickActor
+from coral.engines import Engine, StageAssignment
+from coral.kernel import Envelope
+from coral.messages.control import ROUTER, SUPERVISOR
+from coral.messages.fleet import (
+    DrainOrder,
+    InstanceDrained,
+    KillNode,
+    LoadStage,
+    ReleaseNode,
+    ServeInstance,
+    StageLoaded,
+    WorkerHeartbeat,
+)
+from coral.messages.mesh import MeshTiming
+from coral.messages.requests import Completions, Dispatch
+from coral.scenario import Deployment
+from coral.templates import Template
+
+
+def worker_name(node_id: str) -> str:
+    """The actor name of a node's stage worker."""
+    return f"worker-{node_id}"
+
+
+class StageWorker(TickActor):
+    """A node's agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        *,
+        region: str,
+        node_type: str,
+        timing: MeshTiming,
+        engine: Engine,
+        templates: Mapping[str, Template],
+        deployments: Mapping[str, Deployment],
+        router: str = ROUTER,
+        supervisor: str = SUPERVISOR,
+        on_exit: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(worker_name(node_id), tick_s=timing.tick_s)
+        self.node_id = node_id
+        self.region = region
+        self.node_type = node_type
+        self.timing = timing
+        self.engine = engine
+        self.templates = templates
+        self.deployments = deployments
+        self.router = router
+        self.supervisor = supervisor
+        self.on_exit = on_exit
+        self.exited = False
+        self.state = "idle"  # idle | loading | loaded | serving | draining | released | dead
+        self.instance = ""
+        self.head = False
+        self.lag = 0.0
+        self.ready_at: float | None = None
+        self.loaded_sent = False
+        self.drained_sent = False
+        self.hb_every = timing.ticks(timing.heartbeat_s)
+        self.ticks = 0
+
+    def engine_now(self, now: float) -> float:
+        return now - self.lag
+
+    async def on_message(self, env: Envelope) -> None:
+        msg = env.msg
+        now = self.ctx.now()
+        if self.state in ("dead", "released"):
+            return
+        if isinstance(msg, KillNode):
+            self.state = "dead"
+        elif isinstance(msg, LoadStage):
+            tpl = self.templates[msg.template_id]
+            self.instance = msg.instance
+            self.head = msg.head
+            if msg.head and tpl.mode == "decode":
+                self.lag = self.timing.decode_lag_ticks * self.tick_s
+            stage = StageAssignment(
+                msg.instance, self.deployments[msg.deployment], tpl, msg.stage, msg.region, msg.head, msg.warm
+            )
+            self.ready_at = self.engine.load(stage, self.engine_now(now)) + self.lag
+            self.state = "loading"
+        elif isinstance(msg, ServeInstance) and msg.instance == self.instance:
+            self.engine.serve(self.engine_now(now))
+            self.state = "serving"
+        elif isinstance(msg, Dispatch) and msg.instance == self.instance and self.head:
+            self.engine.submit(msg.items, self.engine_now(now))
+        elif isinstance(msg, DrainOrder) and msg.instance == self.instance:
+            back = self.engine.drain(self.engine_now(now))
+            self.state = "draining"
+            if back:
+                await self.ctx.send(self.router, Completions(self.instance, now, tuple(back)))
+        elif isinstance(msg, ReleaseNode):
+            self.engine.stop(self.engine_now(now))
+            self.state = "released"
+
+    async def on_tick(self, now: float) -> None:
+        if self.state in ("dead", "released"):
+            if not self.exited:
+                self.exited = True
+                if self.on_exit is not None:
+                    self.on_exit(self.name)  # the mesh ends it between ticks
+                else:
+                    self.ctx.bus.stop_receiving()  # the actor ends once its inbox is drained
+            return
+        self.ticks += 1
+        if self.state == "loading" and self.ready_at is not None and now >= self.ready_at:
+            self.state = "loaded"
+        if self.state in ("loaded", "serving", "draining") and not self.loaded_sent:
+            self.loaded_sent = True
+            await self.ctx.send(self.supervisor, StageLoaded(self.node_id, self.instance, now))
+        if self.head and self.state in ("serving", "draining"):
+            out = self.engine.poll(self.engine_now(now))
+            if out:
+                await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
+        if self.state == "draining" and not self.drained_sent and self.engine.drained:
+            self.drained_sent = True
+            await self.ctx.send(self.supervisor, InstanceDrained(self.instance, self.node_id, now))
+        if self.ticks % self.hb_every == 1 or self.hb_every == 1:
+            m = self.engine.metrics()
+            await self.ctx.send(self.supervisor, WorkerHeartbeat(self.node_id, now, self.state, m.in_flight))
+
+
+EngineFactory = Callable[[str], Engine]
+"""Make the engine of a node (given its id)."""

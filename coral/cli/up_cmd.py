@@ -1,0 +1,391 @@
+"""``coral up``: run the whole mesh (kernel and actors) on a scenario, with a live status.
+
+With no arguments it runs the bundled ``default`` scenario on the simulated cloud and simulated stage
+workers, 60 times faster than real time (a one-hour scenario in about a minute, when the machine keeps
+up; the status shows any lag). It builds missing templates first. The run is bulk-synchronous on a
+virtual clock paced against the wall clock, so ``--record`` gives a journal that ``coral replay``
+reproduces exactly. It ends at the end of the scenario (plus a drain for requests in flight), after
+``--for`` of wall time, or on Ctrl-C / SIGTERM.
+
+Other programs attach through ``--bind`` (the kernel's ROUTER at the given port, its PUB at the next):
+send control commands (``coral.messages.control``) to the ``operator`` gateway, which applies them at the
+next quiet point of the run and replies with the ``CommandResult``. The terminal UI attaches the same way
+(``run_up(..., on_start=...)`` is where ``coral up --tui`` will start it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from coral.cli.common import catalog_from, perf_from
+from coral.errors import CoralError
+from coral.kernel import Endpoints, Mesh
+from coral.scenario import load_scenario
+from coral.store import TemplateStore, default_store_path
+
+DEFAULT_SPEED = 60.0
+DEFAULT_BIND = "tcp://127.0.0.1:7450"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h)?\s*$")
+_UNIT = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def add(sub: Any, parent: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("up", parents=[parent], help="run the mesh (kernel and actors) on a scenario, with live status")
+    p.add_argument("--scenario", default="default", help="scenario NAME (bundled) or FILE (default: default)")
+    p.add_argument(
+        "--speed",
+        default=str(DEFAULT_SPEED),
+        help=f"scenario seconds per wall second, or 'max' for as fast as possible (default: {DEFAULT_SPEED:g})",
+    )
+    p.add_argument(
+        "--for", dest="for_", default=None, metavar="DURATION", help="stop after this wall time (90s, 5m, 1h)"
+    )
+    p.add_argument("--record", type=Path, default=None, metavar="JOURNAL", help="record every message to a new journal")
+    p.add_argument(
+        "--bind",
+        default=DEFAULT_BIND,
+        help=f"kernel address: tcp://HOST:PORT, ipc://PATH or inproc (default: {DEFAULT_BIND})",
+    )
+    p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
+    p.add_argument("--policy", default="coral", choices=("coral", "homo", "pd-homo"))
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and faults (default: 0)")
+    p.add_argument(
+        "--no-deadline",
+        action="store_true",
+        help="solve every plan to completion instead of under the scenario's deadline (reproducible anywhere)",
+    )
+    p.add_argument(
+        "--columns",
+        default="all",
+        choices=("all", "generated"),
+        help="allocation MIP over all template columns (exact) or generated ones (faster, LP bound only)",
+    )
+    p.add_argument("--no-build", action="store_true", help="fail instead of building missing templates")
+    p.add_argument("--no-status", action="store_true", help="no live status, only the summary at the end")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run_up)
+
+
+def parse_duration(text: str, what: str = "--for") -> float:
+    """Seconds in ``90``, ``90s``, ``5m``, ``1.5h``, ``500ms``."""
+    m = _DURATION.match(text)
+    if m is None:
+        raise CoralError(f"{what}: expected a duration like 90s, 5m or 1h, got {text!r}")
+    v = float(m.group(1)) * _UNIT[m.group(2)]
+    if not v > 0:
+        raise CoralError(f"{what}: must be positive, got {text!r}")
+    return v
+
+
+def parse_speed(text: str) -> float | None:
+    """Scenario seconds per wall second; None for 'max'."""
+    if text.strip().lower() == "max":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise CoralError(f"--speed: expected a number or 'max', got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise CoralError(f"--speed: must be a positive number, got {text!r}")
+    return v
+
+
+def parse_bind(text: str) -> Endpoints | None:
+    """The kernel's endpoints for ``--bind`` (None: in-process only)."""
+    t = text.strip()
+    if t == "inproc":
+        return None
+    m = re.match(r"^tcp://([^:/]+):(\d+)$", t)
+    if m:
+        host, port = m.group(1), int(m.group(2))
+        if port == 0:
+            return Endpoints(f"tcp://{host}:0", f"tcp://{host}:0")
+        if not 0 < port < 65535:
+            raise CoralError(f"--bind: port must be in 1..65534 (or 0 for any), got {port}")
+        return Endpoints(f"tcp://{host}:{port}", f"tcp://{host}:{port + 1}")
+    if t.startswith("ipc://") and len(t) > len("ipc://"):
+        return Endpoints(f"{t}.router", f"{t}.pub")
+    raise CoralError(f"--bind: expected tcp://HOST:PORT, ipc://PATH or inproc, got {text!r}")
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from actors.compose import RunOptions, library_for, make_setup
+
+    speed = parse_speed(args.speed)
+    wall_limit = parse_duration(args.for_) if args.for_ is not None else None
+    endpoints = parse_bind(args.bind)
+    if args.seed < 0:
+        raise CoralError(f"--seed: must be >= 0, got {args.seed}")
+    if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
+        raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+    cat = catalog_from(args)
+    perf = perf_from(args, cat)
+    sc = load_scenario(args.scenario, cat)
+    path = args.store or default_store_path()
+    with TemplateStore(path) as store:
+        if not args.no_build:
+            from coral.cli.plan_cmd import ensure_templates
+
+            ensure_templates(sc, cat, perf, store, args, quiet=args.json)
+        library = library_for(store, sc)
+    options = RunOptions(seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns)
+    setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
+    console = Console(stderr=args.json)
+    summary = anyio.run(
+        _run,
+        setup,
+        sc,
+        cat,
+        perf,
+        args.record,
+        endpoints,
+        speed,
+        wall_limit,
+        console,
+        not (args.no_status or args.json),
+        backend="asyncio",
+    )
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print_summary(summary, console)
+    return 0
+
+
+async def run_up_async(
+    setup: Any,
+    scenario: Any,
+    catalog: Any,
+    perf: Any,
+    *,
+    journal: Path | None,
+    endpoints: Endpoints | None,
+    speed: float | None,
+    wall_limit: float | None,
+    console: Console,
+    live: bool,
+    on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary."""
+    from actors.compose import RunState, run_mesh
+
+    stop = anyio.Event()
+    state = RunState()
+    t0 = time.monotonic()
+    info: dict[str, Any] = {"endpoints": None}
+
+    async def started(mesh: Mesh, cm: Any) -> None:
+        info["endpoints"] = mesh.endpoints
+        if not live:
+            console.print(f"coral up: {setup.scenario_name}, kernel at {mesh.endpoints.router} / {mesh.endpoints.pub}")
+        if on_start is not None:
+            await on_start(mesh, cm)
+
+    async with anyio.create_task_group() as tg:
+
+        async def signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+                async for _ in sigs:
+                    stop.set()
+                    return
+
+        async def limit() -> None:
+            assert wall_limit is not None
+            await anyio.sleep(wall_limit)
+            stop.set()
+
+        async def show() -> None:
+            with Live(console=console, refresh_per_second=4, transient=False) as view:
+                while True:
+                    view.update(render_status(setup, state, time.monotonic() - t0, speed, info["endpoints"]))
+                    await anyio.sleep(0.25)
+
+        tg.start_soon(signals)
+        if wall_limit is not None:
+            tg.start_soon(limit)
+        if live:
+            tg.start_soon(show)
+        result = await run_mesh(
+            setup,
+            scenario,
+            catalog,
+            perf,
+            journal=journal,
+            endpoints=endpoints,
+            pace=speed,
+            stop=stop,
+            gateway=True,
+            state=state,
+            on_start=started,
+        )
+        tg.cancel_scope.cancel()
+    return summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+
+
+async def _run(
+    setup: Any,
+    sc: Any,
+    cat: Any,
+    perf: Any,
+    journal: Path | None,
+    endpoints: Endpoints | None,
+    speed: float | None,
+    wall_limit: float | None,
+    console: Console,
+    live: bool,
+) -> dict[str, Any]:
+    return await run_up_async(
+        setup,
+        sc,
+        cat,
+        perf,
+        journal=journal,
+        endpoints=endpoints,
+        speed=speed,
+        wall_limit=wall_limit,
+        console=console,
+        live=live,
+    )
+
+
+def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journal: Path | None) -> dict[str, Any]:
+    """The end-of-run summary (what ``--json`` prints)."""
+    deps = {}
+    if st.stats is not None:
+        for d in st.stats.deployments:
+            deps[d.deployment] = {
+                "arrivals": d.arrivals,
+                "completed": d.completed,
+                "failed": d.failed,
+                "failed_by": d.failed_by,
+                "retries": d.retries,
+                "open": d.in_flight + d.queued,
+                "slo_attainment": d.attainment,
+                "ttft_p50_s": d.ttft_p50,
+                "tpot_p50_s": d.tpot_p50,
+            }
+    fleet = st.fleet
+    return {
+        "scenario": setup.scenario_name,
+        "end_s": end,
+        "reason": reason,
+        "wall_s": round(wall_s, 3),
+        "plans": st.plans,
+        "cost_per_hour": fleet.cost_per_hour if fleet is not None else 0.0,
+        "spent_usd": fleet.spent_usd if fleet is not None else 0.0,
+        "instances": len(fleet.instances) if fleet is not None else 0,
+        "actor_crashes": st.crashes,
+        "bus_errors": st.errors,
+        "deployments": deps,
+        "journal": str(journal) if journal is not None else None,
+    }
+
+
+def _print_summary(s: dict[str, Any], con: Console) -> None:
+    con.print(
+        f"coral up: {s['scenario']} stopped at t={s['end_s']:.0f} s ({s['reason']}) after {s['wall_s']:.1f} s; "
+        f"{s['plans']} plans, ${s['spent_usd']:.2f} spent" + (f"; journal {s['journal']}" if s["journal"] else "")
+    )
+
+
+def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoints: Endpoints | None) -> Group:
+    """The live status: clock, cost, plan, demand vs capacity with SLO attainment, instances per region."""
+    end = setup.duration_s
+    lag = ""
+    if speed is not None and wall > 0:
+        behind = wall * speed - (st.now + setup.timing.warmup_s)
+        if behind > 5 * setup.timing.tick_s:
+            lag = f"  [yellow]{behind:,.0f} s behind[/]"
+    fleet = st.fleet
+    rate, spent = (fleet.cost_per_hour, fleet.spent_usd) if fleet is not None else (0.0, 0.0)
+    head = (
+        f"[bold]{setup.scenario_name}[/]  t={st.now:,.0f}/{end:,.0f} s  "
+        f"speed {'max' if speed is None else f'{speed:g}x'}  wall {wall:,.0f} s{lag}  "
+        f"cost [bold]${rate:,.2f}/h[/] (spent ${spent:,.2f})"
+    )
+    lines: list[Any] = [Text.from_markup(head)]
+    if endpoints is not None:
+        lines.append(
+            Text(f"kernel {endpoints.router}  events {endpoints.pub}  control: send to 'operator'", style="dim")
+        )
+    if st.plan is not None:
+        p = st.plan.plan
+        diff = " ".join(
+            f"{'+' if c.delta > 0 else ''}{c.delta} {c.deployment}/{c.template_id[:6]}@{c.region}" for c in st.plan.diff
+        )
+        lines.append(
+            Text(
+                f"plan #{p.seq} at t={p.at:,.0f} ({p.trigger}): ${p.cost_per_hour:,.2f}/h, {p.status}, "
+                f"solve {p.solve_s * 1e3:,.0f} ms; diff {diff or 'none'}"
+            )
+        )
+    t = Table(title="deployments", title_justify="left")
+    for c in (
+        "deployment",
+        "demand req/s",
+        "capacity req/s",
+        "serving",
+        "done",
+        "failed",
+        "open",
+        "SLO met",
+        "TTFT p50",
+        "TPOT p50",
+    ):
+        t.add_column(c, justify="left" if c == "deployment" else "right")
+    cap: dict[str, float] = {}
+    serving: dict[str, int] = {}
+    if fleet is not None:
+        for i in fleet.instances:
+            if i.state in ("serving", "retiring") and i.mode != "decode":
+                cap[i.deployment] = cap.get(i.deployment, 0.0) + i.weight
+                serving[i.deployment] = serving.get(i.deployment, 0) + 1
+    traffic = {d.deployment: d for d in st.stats.deployments} if st.stats is not None else {}
+    demand = st.demand.demand if st.demand is not None else {}
+    for name in [d for d in traffic] or list(demand):
+        d = traffic.get(name)
+        row = [name, f"{demand.get(name, 0.0):,.2f}", f"{cap.get(name, 0.0):,.2f}", str(serving.get(name, 0))]
+        if d is not None:
+            att = d.attainment
+            color = "green" if att >= 0.9 else "yellow" if att >= 0.5 else "red"
+            row += [
+                f"{d.completed:,}", f"{d.failed:,}", f"{d.in_flight + d.queued:,}", f"[{color}]{att:.0%}[/]",
+                f"{d.ttft_p50:.2f} s", f"{d.tpot_p50 * 1e3:.0f} ms",
+            ]  # fmt: skip
+        else:
+            row += ["-"] * 6
+        t.add_row(*row)
+    lines.append(t)
+    if fleet is not None:
+        r = Table(title="instances per region", title_justify="left")
+        for c in ("region", "provisioning", "loading", "serving", "retiring", "draining", "nodes"):
+            r.add_column(c, justify="left" if c == "region" else "right")
+        per: dict[str, dict[str, int]] = {}
+        for i in fleet.instances:
+            row_d = per.setdefault(i.region, {})
+            row_d[i.state] = row_d.get(i.state, 0) + 1
+            row_d["nodes"] = row_d.get("nodes", 0) + len(i.node_ids)
+        for region in sorted(per):
+            v = per[region]
+            r.add_row(
+                region,
+                *(str(v.get(k, 0)) for k in ("provisioning", "loading", "serving", "retiring", "draining", "nodes")),
+            )
+        lines.append(r)
+    return Group(*lines)

@@ -1,0 +1,83 @@
+"""Deterministic replay: the committed journals replay exactly, re-recording reproduces them, and a
+journal whose decisions were altered is caught with a readable diff."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from actors.replay import ReplayError, compare, decisions_of, read_recording, replay_journal
+from coral.kernel import Journal, encode, read_journal
+from coral.messages import FleetAction, RoutingStats
+
+from .helpers import SCENARIOS, World, journal_path
+
+
+def final_stats(path: Path) -> RoutingStats:
+    (last,) = [d.msg for d in decisions_of(path) if isinstance(d.msg, RoutingStats) and d.msg.final]
+    return last
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+async def test_committed_journal_replays_exactly(name: str) -> None:
+    path = journal_path(name)
+    report = await replay_journal(path)
+    assert report.ok, "\n".join(report.diffs)
+    assert report.counts["plan.new"] >= 4 and report.counts["req.stats"] > 20 and report.inputs > 50
+    for d in final_stats(path).deployments:  # every arrival ended completed or failed with a reason
+        assert d.arrivals > 150 and d.arrivals == d.completed + d.failed
+        assert d.in_flight == d.queued == 0 and sum(d.failed_by.values()) == d.failed
+
+
+def test_committed_journals_show_their_scenarios() -> None:
+    stock = read_recording(journal_path("mesh-stockout"))
+    tags = [d.tag for d in stock.decisions]
+    assert "fleet.node_lost" in tags
+    triggers = [d.msg.plan.trigger for d in stock.decisions if d.tag == "plan.new"]
+    assert "market" in triggers and "fleet" in triggers
+    surge = read_recording(journal_path("mesh-surge"))
+    assert sum(d.tag == "dem.update" for d in surge.decisions) >= 5
+    starts = [d for d in surge.decisions if isinstance(d.msg, FleetAction) and d.msg.action == "start"]
+    assert len(starts) >= 3
+
+
+async def test_re_recording_reproduces_the_committed_journal(world: World, tmp_path: Path) -> None:
+    new = tmp_path / "again.journal"
+    await world.record("mesh-stockout", new)
+    assert compare(decisions_of(journal_path("mesh-stockout")), decisions_of(new)) == []
+
+
+def tamper(src: Path, dst: Path) -> None:
+    """Copy a journal, changing the reason of its first fleet.action."""
+    done = False
+    with Journal.open(dst) as j:
+        for r in read_journal(src):
+            body = r.body
+            if r.tag == "fleet.action" and not done:
+                body = encode(attrs.evolve(r.decode(), reason="tampered"))[1]
+                done = True
+            j.append(r.time, r.kind, r.source, r.dest, r.tag, body, r.corr)
+
+
+async def test_an_altered_decision_is_reported(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.journal"
+    tamper(journal_path("mesh-steady"), bad)
+    report = await replay_journal(bad)
+    assert not report.ok
+    (diff,) = report.diffs
+    assert diff.startswith("fleet.action #1 (t=-6)") and "reason: 'tampered' -> 'plan 1'" in diff
+
+
+async def test_a_journal_without_a_setup_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plain.journal"
+    with Journal.open(path) as j:
+        j.append(0.0, "publish", "x", "mkt.update", "mkt.update", b"\x90")
+    with pytest.raises(ReplayError, match=r"no mesh\.setup record before 'mkt\.update'"):
+        await replay_journal(path)
+    bad = tmp_path / "bad.journal"
+    with Journal.open(bad) as j:
+        j.append(0.0, "publish", "mesh", "mesh.setup", "mesh.setup", b"\x90")
+    with pytest.raises(ReplayError, match=r"record 0 \(mesh.setup\) does not decode"):
+        await replay_journal(bad)

@@ -1,0 +1,1 @@
+"""Modal screens: steering forms, confirmation, the steering menu and one plan in full."""

@@ -1,0 +1,97 @@
+"""One plan, whole: its instances with their stage bars, capacity against demand, and its diff."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Label, Static
+
+from tui.state import PlanView, State
+from tui.widgets.bars import clock, money, rate, stage_bar, stage_summary
+from tui.widgets.tables import selected_key
+
+
+class PlanScreen(ModalScreen[None]):
+    """Shows a plan; on an instance row, ``f`` forbids its template and ``n`` pins it for its deployment."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "close", "Close"),
+        Binding("f", "template('forbid')", "Forbid template"),
+        Binding("n", "template('pin')", "Pin template"),
+    ]
+
+    class TemplateAction(Message):
+        """The operator asked to forbid or pin a template of this plan."""
+
+        def __init__(self, action: str, template_id: str, deployment: str) -> None:
+            super().__init__()
+            self.action = action
+            self.template_id = template_id
+            self.deployment = deployment
+
+    def __init__(self, state: State, plan: PlanView) -> None:
+        super().__init__()
+        self.state = state
+        self.plan = plan
+        self._rows: dict[str, tuple[str, str]] = {}
+
+    def compose(self) -> ComposeResult:
+        p = self.plan
+        with Vertical(id="plan-box", classes="dialog"):
+            head = Text(no_wrap=True, overflow="ellipsis")
+            head.append(f"Plan #{p.seq}", style="bold")
+            head.append(f" at {clock(p.at)} · {p.policy} · trigger {p.trigger} · {p.status}")
+            head.append(f" gap {p.gap:.2%}" if p.gap > 0 else "")
+            head.append(f" · solved in {p.solve_s * 1000:.0f} ms")
+            yield Label(head, classes="dialog-title")
+            cost = Text(no_wrap=True, overflow="ellipsis")
+            cost.append(f"{money(p.cost_per_hour)}/h", style="bold")
+            cost.append(f" (churn {money(p.churn_cost)}) · demand {rate(p.demand)} req/s · ")
+            cost.append(f"unmet {rate(p.unmet)} req/s", style="bold red" if p.unmet > 1e-9 else "")
+            cost.append(f" · diff +{p.starts} -{p.stops}")
+            yield Static(cost)
+            yield DataTable(id="plan-instances", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="plan-serving", cursor_type="row", zebra_stripes=True)
+            yield DataTable(id="plan-diff", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        st, p = self.state, self.plan
+        inst: DataTable[Any] = self.query_one("#plan-instances", DataTable)
+        cols = ("Deployment", "Region", "Count", "Stages", "Template", "Mode", "Nodes", "$/h each", "req/s each")
+        inst.add_columns(*cols)
+        for i, r in enumerate(p.instances):
+            tpl = st.templates.get(r.template_id)
+            key = str(i)
+            self._rows[key] = (r.template_id, r.deployment)
+            inst.add_row(
+                r.deployment, r.region, str(r.count), stage_bar(tpl, r.nodes, st.gpu_of, 20), r.template_id[:8],
+                r.mode, stage_summary(tpl, r.nodes, st.gpu_of), money(r.cost_per_hour), rate(r.capacity_rps), key=key,
+            )  # fmt: skip
+        inst.border_title = "instances"
+        serving: DataTable[Any] = self.query_one("#plan-serving", DataTable)
+        serving.add_columns("Deployment", "Model", "Demand", "Capacity", "Unmet")
+        for s in p.serving:
+            unmet = Text(rate(s.unmet), style="bold red" if s.unmet > 1e-9 else "dim")
+            serving.add_row(s.deployment, s.model, rate(s.demand), rate(s.capacity), unmet)
+        serving.border_title = "capacity vs demand (req/s)"
+        diff: DataTable[Any] = self.query_one("#plan-diff", DataTable)
+        diff.add_columns("Change", "Deployment", "Template", "Region")
+        for c in p.diff:
+            ch = Text(f"{c.delta:+d}", style="green" if c.delta > 0 else "red")
+            diff.add_row(ch, c.deployment, c.template_id[:8], c.region)
+        diff.border_title = f"diff against the previous plan ({len(p.diff)} changes)"
+        inst.focus()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_template(self, action: str) -> None:
+        key = selected_key(self.query_one("#plan-instances", DataTable))
+        tid, dep = self._rows.get(key or "", ("", ""))
+        self.post_message(self.TemplateAction(action, tid, dep))

@@ -1,0 +1,1 @@
+"""The views and the widgets they share."""

@@ -1,0 +1,109 @@
+"""The Market view: price and availability per region and node type; changes and stockouts stand out."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Static
+
+from tui.state import RECENT_S, QuoteView, State
+from tui.widgets.bars import gpu_colour, gpu_label
+from tui.widgets.tables import selected_key, set_columns, sync_rows
+
+
+class MarketView(Vertical):
+    """Every offered (region, node type) with its price, availability and the nodes the fleet holds."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("a", "steer('availability')", "Availability"),
+        Binding("dollar_sign", "steer('price')", "Price", key_display="$"),
+    ]
+
+    class SteerEntry(Message):
+        """The operator asked for a steering ``action`` on the (region, node type) entry."""
+
+        def __init__(self, action: str, region: str, node: str) -> None:
+            super().__init__()
+            self.action = action
+            self.region = region
+            self.node = node
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="market-summary")
+        yield DataTable(id="market", cursor_type="row", zebra_stripes=True)
+
+    def show(self, state: State) -> None:
+        self._keys: dict[str, tuple[str, str]] = {}
+        table: DataTable[Any] = self.query_one("#market", DataTable)
+        set_columns(
+            table,
+            [
+                ("region", "Region"),
+                ("node", "Node type"),
+                ("gpu", "GPU"),
+                ("price", "$/node-h"),
+                ("avail", "Avail"),
+                ("used", "In use"),
+                ("note", "Change / note"),
+            ],
+        )
+        used = state.nodes_in_use()
+        rows = []
+        stockouts = recent = overridden = 0
+        for key in sorted(state.market):
+            q = state.market[key]
+            k = f"{q.region}/{q.node}"
+            self._keys[k] = key
+            is_recent = state.recent(q)
+            stockouts += q.stockout
+            recent += is_recent
+            overridden += q.overridden
+            rows.append((k, _row(q, used.get(key, 0), is_recent)))
+        sync_rows(table, rows)
+        summary = Text(no_wrap=True, overflow="ellipsis")
+        summary.append(f"{len(state.market)} offers")
+        summary.append(f"  {stockouts} stockouts", style="bold red" if stockouts else "dim")
+        summary.append(f"  {recent} changed in the last {RECENT_S:g}s", style="bold yellow" if recent else "dim")
+        summary.append(f"  {overridden} set by an operator (⚑)", style="cyan" if overridden else "dim")
+        if state.market_seq:
+            summary.append(f"  update #{state.market_seq}", style="dim")
+        self.query_one("#market-summary", Static).update(summary)
+
+    def selected(self) -> tuple[str, str]:
+        k = selected_key(self.query_one("#market", DataTable))
+        return getattr(self, "_keys", {}).get(k or "", ("", ""))
+
+    def action_steer(self, action: str) -> None:
+        region, node = self.selected()
+        self.post_message(self.SteerEntry(action, region, node))
+
+
+def _row(q: QuoteView, used: int, recent: bool) -> list[Any]:
+    hl = "bold yellow" if recent else ""
+    price = Text(f"{q.price:,.3f}", style=hl if q.prev_price is not None and q.prev_price != q.price and recent else "")
+    avail = Text(str(q.availability))
+    if q.stockout:
+        avail = Text("0 STOCKOUT", style="bold white on red")
+    elif recent and q.prev_availability is not None and q.prev_availability != q.availability:
+        avail.stylize(hl)
+    note = Text()
+    if recent:
+        if q.prev_price is not None and q.prev_price != q.price:
+            note.append(f"{'▲' if q.price > q.prev_price else '▼'} ${q.prev_price:,.3f}→{q.price:,.3f} ", style=hl)
+        if q.prev_availability is not None and q.prev_availability != q.availability:
+            arrow = "▲" if q.availability > q.prev_availability else "▼"
+            note.append(f"{arrow} {q.prev_availability}→{q.availability} ", style=hl)
+        if not note:
+            note.append("new ", style=hl)
+    if q.overridden:
+        note.append("⚑ operator", style="cyan")
+    gpu = Text(gpu_label(q.gpu), style=gpu_colour(q.gpu))
+    in_use = Text(str(used), style="bold" if used else "dim")
+    if used > q.availability:
+        in_use.stylize("red")
+    return [q.region, q.node, gpu, price, avail, in_use, note]
