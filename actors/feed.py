@@ -60,7 +60,7 @@ class Traffic:
             else:
                 lengths = LengthDist(d.shape.mean_in, d.shape.mean_out, cfg.length_dist, cfg.cv_in, cfg.cv_out)
                 src = PoissonArrivals(list(d.demand.series), lengths, rng, end_s=end_s)
-            its.append(((t, i, p, o) for t, p, o in src))
+            its.append(_tagged(src, i))
         self.names = [d.name for d in scenario.deployments]
         self._merged = heapq.merge(*its)
         self._next: tuple[float, int, int, int] | None = next(self._merged, None)
@@ -76,6 +76,11 @@ class Traffic:
                 out.append(RequestSpec(self._id, self.names[i], t, int(p), max(int(o), 1)))
             self._next = next(self._merged, None)
         return tuple(out)
+
+
+def _tagged(src: Iterable[tuple[float, int, int]], i: int) -> Iterator[tuple[float, int, int, int]]:
+    for t, p, o in src:
+        yield t, i, p, o
 
 
 class Feed(Protocol):

@@ -136,7 +136,7 @@ class Supervisor(TickActor):
         self.seq = 0
         self.cost_rate = 0.0
         self.spent = 0.0
-        self.changed: set[str] = set()
+        self.changed: set[str] = set()  # what changed since the last FleetUpdate (its trigger)
         self.lost: list[str] = []
         self.stopped: list[str] = []
         self.by_operator: list[str] = []
@@ -186,7 +186,7 @@ class Supervisor(TickActor):
 
     def _action(self, now: float, action: str, inst: InstRec, reason: str) -> None:
         self.out.append(FleetAction(now, action, inst.id, inst.deployment, inst.template.id, inst.region, reason))
-        self.changed.add(inst.id)
+        self.changed.add("instances")
 
     async def _reconcile(self, msg: NewPlan, now: float) -> None:
         plan = msg.plan
@@ -203,7 +203,7 @@ class Supervisor(TickActor):
             for inst in have[cut:]:
                 if inst.state == "retiring":  # wanted again
                     inst.state = "serving"
-                    self.changed.add(inst.id)
+                    self.changed.add("instances")
             live[key] = have[cut:]
         self.target = target
         warm = self.warm_start and not self.planned
@@ -315,7 +315,7 @@ class Supervisor(TickActor):
             recs = [self.nodes[n] for n in inst.nodes]
             if inst.state == "provisioning" and all(r.state == "up" for r in recs):
                 inst.state = "loading"
-                self.changed.add(inst.id)
+                self.changed.add("instances")
             if inst.state == "loading" and all(r.loaded for r in recs):
                 inst.state = "serving"
                 await self.ctx.send(recs[0].worker, ServeInstance(inst.id))
@@ -351,7 +351,7 @@ class Supervisor(TickActor):
         self.out = []
         if not self.changed:
             return
-        trigger = "+".join(sorted(c for c in self.changed if not c.startswith("i")) or ["instances"])
+        trigger = "+".join(sorted(self.changed))
         self.changed = set()
         infos = []
         for inst in sorted(self.instances.values(), key=lambda i: i.num):

@@ -38,7 +38,7 @@ import bus_bench  # noqa: E402
 from actors.compose import CoralMesh, RunOptions, RunState, library_for, make_setup, run_mesh  # noqa: E402
 from actors.feed import MARKET_SOURCE  # noqa: E402
 from coral.catalog import load_catalog  # noqa: E402
-from coral.kernel import Mesh  # noqa: E402
+from coral.kernel import BusClient, Mesh  # noqa: E402
 from coral.messages import PRICE_WATCHER, MarketQuotes, MarketUpdate, NewPlan, Quote  # noqa: E402
 from coral.perf import PerfModel  # noqa: E402
 from coral.scenario import load_scenario  # noqa: E402
@@ -59,7 +59,13 @@ def ensure_core_store(path: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     with TemplateStore(path) as store:
         rep = build_library(
-            perf, store, scenario_jobs(sc), list(sc.node_types), nmax=NMAX, rho=sc.planner.rho, workers=default_workers()
+            perf,
+            store,
+            scenario_jobs(sc),
+            list(sc.node_types),
+            nmax=NMAX,
+            rho=sc.planner.rho,
+            workers=default_workers(),
         )
     return {"store": str(path), "nmax": NMAX, "templates_kept": rep.kept, "reused": rep.reused,
             "build_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
@@ -78,15 +84,9 @@ async def reaction(store_path: Path, runs: int, speed: float, warmup_s: float, c
     seen: list[tuple[float, object]] = []
     ctx: dict[str, Any] = {"phase": "warm", "samples": [], "from_quote": [], "solve": []}
 
-    async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
-        ctx["mesh"] = mesh
-        bench = await mesh.client("bench", subscribe=["mkt.update", "plan.new"], inbox_size=1 << 14)
-
-        async def listen() -> None:
-            async for env in bench:
-                seen.append((time.perf_counter(), env.msg))
-
-        mesh._tg.start_soon(listen) if mesh._tg is not None else None  # the mesh's own task group
+    async def listen(bench: BusClient) -> None:
+        async for env in bench:  # ends when the mesh closes the client
+            seen.append((time.perf_counter(), env.msg))
 
     def busiest(plan: NewPlan) -> tuple[str, str]:
         use: dict[tuple[str, str], int] = {}
@@ -133,14 +133,19 @@ async def reaction(store_path: Path, runs: int, speed: float, warmup_s: float, c
             mesh.send(PRICE_WATCHER, MarketQuotes(t, "bench", (q,), full=False), source=MARKET_SOURCE)
             ctx["phase"] = "restore"
             return
-        if phase == "restore":
-            if plans_after(ctx["t_quote"]):
-                ctx["phase"] = "inject" if len(ctx["samples"]) < runs else "done"
-                if ctx["phase"] == "done":
-                    stop.set()
+        if phase == "restore" and plans_after(ctx["t_quote"]):
+            ctx["phase"] = "inject" if len(ctx["samples"]) < runs else "done"
+            if ctx["phase"] == "done":
+                stop.set()
 
     t0 = time.perf_counter()
-    res = await run_mesh(setup, sc, cat, perf, pace=speed, stop=stop, state=st, on_start=on_start, on_step=on_step)
+    async with anyio.create_task_group() as tg:
+
+        async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
+            ctx["mesh"] = mesh
+            tg.start_soon(listen, await mesh.client("bench", subscribe=["mkt.update", "plan.new"], inbox_size=1 << 14))
+
+        res = await run_mesh(setup, sc, cat, perf, pace=speed, stop=stop, state=st, on_start=on_start, on_step=on_step)
     samples = sorted(ctx["samples"])
     if not samples:
         raise RuntimeError(f"no stockout reaction measured (run ended at t={res.end}: {res.reason})")
@@ -192,7 +197,10 @@ def cli() -> None:
     parser.add_argument("--warmup", type=float, default=30.0, help="scenario seconds before the first stockout")
     parser.add_argument("--store", type=Path, default=DEFAULT_STORE, help=f"template store (default {DEFAULT_STORE})")
     parser.add_argument(
-        "--columns", nargs="+", default=["all", "generated"], choices=("all", "generated"),
+        "--columns",
+        nargs="+",
+        default=["all", "generated"],
+        choices=("all", "generated"),
         help="allocation column modes to measure the reaction with (default: both)",
     )
     parser.add_argument("--skip-bus", action="store_true", help="only the reaction time")
@@ -206,7 +214,8 @@ def cli() -> None:
         elif r["bench"] == "throughput":
             print(f"throughput {r['transport']:6} {r['message']:5} {r['msgs_per_s']:>9,} msg/s  dropped={r['dropped']}")
         elif r["bench"] == "latency":
-            print(f"latency    {r['transport']:6} {r['message']:5} p50={r['rtt_p50_us']:>8} us  p99={r['rtt_p99_us']:>8} us")
+            lat = f"p50={r['rtt_p50_us']:>8} us  p99={r['rtt_p99_us']:>8} us"
+            print(f"latency    {r['transport']:6} {r['message']:5} {lat}")
         elif r["bench"] == "templates":
             print(f"templates  core N_max {r['nmax']} in {r['store']}: {r['templates_kept']} kept ({r['build_s']} s)")
         else:

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
-from textual.widgets import Footer, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from coral.kernel import Endpoints
@@ -86,6 +87,8 @@ class CoralTui(App[int]):
         self.bus = BusWorker(source, self.post_message, frame_s=frame_s)
         self.templates = TemplateLookup(store)
         self.batches = 0
+        self.blink = True
+        """Whether text inputs blink their cursor (tests turn it off for stable snapshots)."""
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="status")
@@ -103,28 +106,35 @@ class CoralTui(App[int]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        base = self.screen  # the views live on the default screen; modal screens come and go above it
+        self._header = base.query_one("#status", StatusHeader)
+        self._tabs = base.query_one("#views", TabbedContent)
+        self._views: dict[str, Any] = {vid: base.query_one(f"#{vid}-view") for vid, _ in VIEWS}
         self.redraw(all_views=True)
         self._focus_view("fleet")
         self.run_worker(self.bus.run(), name="bus", group="bus", exit_on_error=False)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if not self.blink and isinstance(event.widget, Input):
+            event.widget.cursor_blink = False
 
     # -- drawing -----------------------------------------------------------------------------------
 
     @property
     def active_view(self) -> str:
-        return self.query_one("#views", TabbedContent).active or "fleet"
+        return self._tabs.active or "fleet"
 
     def redraw(self, *, all_views: bool = False) -> None:
         """Draw the header and the visible view (or every view)."""
-        self.query_one("#status", StatusHeader).show(self.state)
+        if not hasattr(self, "_header"):
+            return
+        self._header.show(self.state)
         ids = [v for v, _ in VIEWS] if all_views else [self.active_view]
         for vid in ids:
-            view = self.query_one(f"#{vid}-view")
-            view.show(self.state)  # type: ignore[attr-defined]
+            self._views[vid].show(self.state)
 
     def _focus_view(self, vid: str) -> None:
-        from textual.widgets import DataTable
-
-        tables = self.query_one(f"#{vid}-view").query(DataTable)
+        tables = self._views[vid].query(DataTable)
         if tables:
             tables.last().focus() if vid == "fleet" else tables.first().focus()
 
@@ -182,7 +192,7 @@ class CoralTui(App[int]):
         return True
 
     def action_view(self, vid: str) -> None:
-        self.query_one("#views", TabbedContent).active = vid
+        self._tabs.active = vid
 
     def action_steer_menu(self) -> None:
         def chosen(name: str | None) -> None:

@@ -327,20 +327,17 @@ class ReplaySource:
 
     async def run(self, sink: Sink) -> Link | None:
         sink.link(self.link_state())
-        prev: float | None = None
+        first = True
         n = 0
         for rec in read_journal(self.path):
             if not wanted(rec.tag) or (rec.kind != "publish" and not rec.tag.startswith("ctl.")):
                 continue
             if rec.kind != "publish" and (rec.source == OPERATOR or rec.kind == "reply"):
                 continue
-            if self.paused:
-                await self._resume.wait()
+            if first:
+                self.t, first = rec.time, False
+            await self._advance_to(rec.time)
             await sink.room()
-            if prev is not None and rec.time > prev and not math.isinf(self.speed):
-                await anyio.sleep((rec.time - prev) / self.speed)
-            prev = rec.time
-            self.t = rec.time
             try:
                 msg = rec.decode()
             except DecodeError as exc:
@@ -352,8 +349,27 @@ class ReplaySource:
                 await anyio.lowlevel.checkpoint()
         return self.link_state("replay-ended")
 
+    async def _advance_to(self, t: float) -> None:
+        """Let the replay clock reach kernel time ``t`` at the current speed (speed and pause may change
+        meanwhile: the wait is taken in short steps)."""
+        while True:
+            if self.paused:
+                await self._resume.wait()
+                continue
+            if self.t >= t or math.isinf(self.speed):
+                self.t = max(self.t, t)
+                return
+            step = min((t - self.t) / self.speed, _STEP_S)
+            start = anyio.current_time()
+            await anyio.sleep(step)
+            self.t = min(t, self.t + (anyio.current_time() - start) * self.speed)
+
     def submit(self, n: int, cmd: Any, done: Callable[[CommandDone], object]) -> None:
         done(CommandDone(n, cmd, None, "replay is read-only; nothing was sent"))
+
+
+_STEP_S = 0.05
+"""The longest a paced replay sleeps before it looks at its speed and pause again (wall seconds)."""
 
 
 def check_speed(speed: float) -> float:

@@ -901,25 +901,25 @@ def defaults(state: State, action: str, context: Mapping[str, str] | None = None
     """Initial form values: the selection the form was opened from, and current settings where known."""
     ctx = dict(context or {})
     out = {f.name: ctx.get(f.name, "") for f in ACTIONS[action].fields}
+    now: dict[str, str] = {}
     dep = state.deployments.get(out.get("deployment", ""))
-    if action == "slo" and dep is not None and dep.slo is not None:
-        out.update(ttft_s=f"{dep.slo.ttft_s:g}", tpot_s=f"{dep.slo.tpot_s:g}", attainment=f"{dep.slo.attainment:g}")
-    elif action == "slo":
-        out.setdefault("attainment", "0.9")
-        out["attainment"] = out["attainment"] or "0.9"
+    if action == "slo":
+        slo = dep.slo if dep is not None else None
+        now["attainment"] = "0.9"
+        if slo is not None:
+            now.update(ttft_s=f"{slo.ttft_s:g}", tpot_s=f"{slo.tpot_s:g}", attainment=f"{slo.attainment:g}")
     if action == "demand" and dep is not None and dep.override:
-        out["rps"] = f"{dep.demand:g}"
+        now["rps"] = f"{dep.demand:g}"
     q = state.market.get((out.get("region", ""), out.get("node", "")))
     if action == "availability" and q is not None and q.overridden:
-        out["count"] = str(q.availability)
+        now["count"] = str(q.availability)
     if action == "price" and q is not None and q.overridden:
-        out["price"] = f"{q.price:g}"
+        now["price"] = f"{q.price:g}"
     if action == "forbid":
-        tid = out.get("template_id", "")
-        out["forbid"] = "allow" if tid in state.forbidden else "forbid"
+        now["forbid"] = "allow" if out.get("template_id", "") in state.forbidden else "forbid"
     if action == "churn" and state.churn is not None:
-        out["factor"] = f"{state.churn:g}"
-    return out
+        now["factor"] = f"{state.churn:g}"
+    return {k: v or now.get(k, "") for k, v in out.items()}
 
 
 def _number(field: str, text: str, *, integer: bool = False) -> float:

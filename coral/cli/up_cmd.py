@@ -137,7 +137,7 @@ def run_up(args: argparse.Namespace) -> int:
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
     path = args.store or default_store_path()
-    with TemplateStore(path) as store:
+    with TemplateStore(path, readonly=args.no_build) as store:
         if not args.no_build:
             from coral.cli.plan_cmd import ensure_templates
 

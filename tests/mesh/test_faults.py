@@ -1,4 +1,5 @@
-"""Faults: a stage worker killed mid-run, an actor that crashes, garbage frames sent to the kernel."""
+"""Faults: a stage worker killed mid-run, an actor that crashes, garbage frames sent to the kernel; and a
+fleet of static hosts instead of the simulated cloud."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from coral.messages import (
     CloudSetup,
     Completions,
     FaultInjected,
+    FleetUpdate,
+    Host,
+    MarketUpdate,
     NewPlan,
     NodeLost,
     RoutingStats,
@@ -147,4 +151,17 @@ async def test_garbage_frames_are_reported_and_the_mesh_keeps_running(world: Wor
     assert "unknown destination 'nobody'" in reasons
     assert "malformed correlation frame" in reasons
     assert any(e.source == "router" and "from intruder" in e.reason for e in errors)  # the body, caught by the router
+    all_accounted(final(journal))
+
+
+async def test_static_hosts_serve_with_the_machines_given(world: World, tmp_path: Path) -> None:
+    hosts = (Host("l4-a", REGION, "g6.xlarge"), Host("l4-b", REGION, "g6.xlarge"), Host("l40s", REGION, "g6e.xlarge"))
+    options = attrs.evolve(RECORD_OPTIONS, cloud=CloudSetup(kind="hosts", hosts=hosts, startup_s=5.0))
+    journal = tmp_path / "hosts.journal"
+    await world.run("mesh-steady", options=options, journal=journal)
+    decisions = decisions_of(journal)
+    market = next(d.msg for d in decisions if isinstance(d.msg, MarketUpdate))
+    assert {q.node: q.availability for q in market.quotes} == {"g6.xlarge": 2, "g6e.xlarge": 1, "g5.xlarge": 0}
+    nodes = {n for d in decisions if isinstance(d.msg, FleetUpdate) for i in d.msg.instances for n in i.node_ids}
+    assert nodes and nodes <= {h.name for h in hosts}
     all_accounted(final(journal))

@@ -105,7 +105,12 @@ class FakeCoral(Actor):
     async def _publish_demand(self, reason: str) -> None:
         self.seq["demand"] += 1
         msg = DemandUpdate(
-            self.seq["demand"], self._tick(), dict(self.demand), dict(self.demand), tuple(sorted(self.overrides)), reason
+            self.seq["demand"],
+            self._tick(),
+            dict(self.demand),
+            dict(self.demand),
+            tuple(sorted(self.overrides)),
+            reason,
         )
         await self.ctx.publish(msg)
 
@@ -141,9 +146,15 @@ class FakeCoral(Actor):
         counts = self._solve()
         insts = tuple(
             PlannedInstances(
-                d, tid, r, n, BY_ID[tid].nodes, "aggregated",
-                round(sum(self.market[(r, x)][0] for x in BY_ID[tid].nodes), 3), capacity(tid),
-            )  # fmt: skip
+                d,
+                tid,
+                r,
+                n,
+                BY_ID[tid].nodes,
+                "aggregated",
+                round(sum(self.market[(r, x)][0] for x in BY_ID[tid].nodes), 3),
+                capacity(tid),
+            )
             for (d, tid, r), n in sorted(counts.items())
         )
         serving = []
@@ -153,8 +164,20 @@ class FakeCoral(Actor):
         self.seq["plan"] += 1
         cost = round(sum(i.cost_per_hour * i.count for i in insts), 3)
         at = self._tick()
-        plan = Plan(self.seq["plan"], at, "coral", trigger, insts, tuple(serving), cost, 0.1 * self.churn,
-                    "optimal", 0.0, cost, 0.01)  # fmt: skip
+        plan = Plan(
+            self.seq["plan"],
+            at,
+            "coral",
+            trigger,
+            insts,
+            tuple(serving),
+            cost,
+            0.1 * self.churn,
+            "optimal",
+            0.0,
+            cost,
+            0.01,
+        )
         diff = tuple(PlanChange(d, t, r, n) for (d, t, r), n in plan.diff(self.plan).items())
         self.plan = plan
         await self.ctx.publish(NewPlan(plan, diff))
@@ -177,17 +200,37 @@ class FakeCoral(Actor):
                 tpl = BY_ID[key[1]]
                 nodes = tuple(f"n{self.seq['num']}{k}" for k in range(len(tpl.nodes)))
                 self.instances[iid] = InstanceInfo(
-                    iid, key[0], key[1], key[2], "aggregated", "serving", tpl.nodes, nodes, f"worker-{nodes[0]}",
-                    capacity(key[1]), 1e9, at,
-                )  # fmt: skip
+                    iid,
+                    key[0],
+                    key[1],
+                    key[2],
+                    "aggregated",
+                    "serving",
+                    tpl.nodes,
+                    nodes,
+                    f"worker-{nodes[0]}",
+                    capacity(key[1]),
+                    1e9,
+                    at,
+                )
                 await self.ctx.publish(FleetAction(at, "start", iid, key[0], key[1], key[2], "plan"))
         await self._publish_fleet(at, "plan")
 
     async def _publish_fleet(self, at: float, trigger: str, drained: tuple[str, ...] = ()) -> None:
         self.seq["fleet"] += 1
         cost = sum(self.market[(i.region, n)][0] for i in self.instances.values() for n in i.node_types)
-        msg = FleetUpdate(self.seq["fleet"], at, tuple(sorted(self.instances.values(), key=lambda i: i.id)), (), (),
-                          drained, (), round(cost, 3), 0.0, trigger)  # fmt: skip
+        msg = FleetUpdate(
+            self.seq["fleet"],
+            at,
+            tuple(sorted(self.instances.values(), key=lambda i: i.id)),
+            (),
+            (),
+            drained,
+            (),
+            round(cost, 3),
+            0.0,
+            trigger,
+        )
         await self.ctx.publish(msg)
 
     # -- commands ------------------------------------------------------------------------------------
@@ -220,11 +263,17 @@ class FakeCoral(Actor):
                 self.demand[msg.deployment] = float(msg.rps)
         elif isinstance(msg, SetAvailability):
             price, avail = self.market[(msg.region, msg.node)]
-            self.market[(msg.region, msg.node)] = (price, MARKET[(msg.region, msg.node)][1] if msg.count is None else msg.count)
+            self.market[(msg.region, msg.node)] = (
+                price,
+                MARKET[(msg.region, msg.node)][1] if msg.count is None else msg.count,
+            )
             self.market_over.add(f"{msg.region}/{msg.node}")
         elif isinstance(msg, SetPrice):
             price, avail = self.market[(msg.region, msg.node)]
-            self.market[(msg.region, msg.node)] = (MARKET[(msg.region, msg.node)][0] if msg.price is None else msg.price, avail)
+            self.market[(msg.region, msg.node)] = (
+                MARKET[(msg.region, msg.node)][0] if msg.price is None else msg.price,
+                avail,
+            )
             self.market_over.add(f"{msg.region}/{msg.node}")
         elif isinstance(msg, SetSlo):
             if msg.ttft_s < SLO_FLOOR_S:
@@ -270,8 +319,9 @@ class FakeCoral(Actor):
             inst = self.instances[msg.instance]
             at = self._tick()
             self.instances[msg.instance] = attrs.evolve(inst, state="draining", since=at)
-            await self.ctx.publish(FleetAction(at, "drain", inst.id, inst.deployment, inst.template_id, inst.region,
-                                               "operator"))  # fmt: skip
+            await self.ctx.publish(
+                FleetAction(at, "drain", inst.id, inst.deployment, inst.template_id, inst.region, "operator")
+            )
             await self._publish_fleet(at, "operator", (inst.id,))
             await self._replan("fleet")
         elif isinstance(msg, Replan):

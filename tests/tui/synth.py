@@ -4,7 +4,7 @@ It tells a short story on the bundled default scenario's market (two regions, te
 set up with heterogeneous templates (an L40S + H100 pipeline, a data-parallel L4 tail), the first plan
 starts instances, they load and serve, traffic statistics come in, the router crashes and restarts, an
 H100 stockout forces a re-plan, a node is lost, an operator overrides a demand, a worker gives up, and
-the run ends. Regenerate the fixture with ``python -m tests.tui.synth`` (a test checks it is current).
+the run ends. Regenerate the fixture with ``python -m tests.tui.synth`` (then review the snapshots).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from coral.catalog import load_catalog
 from coral.kernel import ActorCrashed, ActorGaveUp, ActorRestarted, ErrorEvent, Fsync, Journal, PeerLost, encode
@@ -62,8 +63,16 @@ GPU = {
 TP = {"g6e.12xlarge": 4, "g6.12xlarge": 4, "p4d.24xlarge": 8}
 
 
-def _template(tid: str, model: str, layers: int, slo: Slo, shape: WorkloadShape, stages: list[tuple[str, int, int]],
-              rps: float, mode: str = "aggregated") -> Template:  # fmt: skip
+def _template(
+    tid: str,
+    model: str,
+    layers: int,
+    slo: Slo,
+    shape: WorkloadShape,
+    stages: list[tuple[str, int, int]],
+    rps: float,
+    mode: str = "aggregated",
+) -> Template:
     st = tuple(
         Stage(i, node, GPU[node], TP.get(node, 1), s, e, 32, 40e9, 0.02, 0.2) for i, (node, s, e) in enumerate(stages)
     )
@@ -74,23 +83,68 @@ def _template(tid: str, model: str, layers: int, slo: Slo, shape: WorkloadShape,
         routes.extend(Route(a.index, b.index, rps) for b in st if b.start == a.end)
     tok = rps * shape.mean_in * 2
     return Template(
-        tid, model, layers, mode, slo, shape, tuple(n for n, _, _ in stages), st, tuple(routes), tok, tok / 5,
-        slo.ttft_s * 0.8, slo.tpot_s * 0.8, "roofline-1", "optimal", 0.0, 0.0, "milp", 0.5,
-    )  # fmt: skip
+        tid,
+        model,
+        layers,
+        mode,
+        slo,
+        shape,
+        tuple(n for n, _, _ in stages),
+        st,
+        tuple(routes),
+        tok,
+        tok / 5,
+        slo.ttft_s * 0.8,
+        slo.tpot_s * 0.8,
+        "roofline-1",
+        "optimal",
+        0.0,
+        0.0,
+        "milp",
+        0.5,
+    )
 
 
 TEMPLATES = [
     _template("a1c8e3f0b2d4e6f8a0b2c4d6", "llama-3.1-8b", 32, CHAT, CHAT_SHAPE, [("g6e.xlarge", 0, 32)], 3.2),
-    _template("b7d2c1e9f3a5b7c9d1e3f5a7", "llama-3.1-8b", 32, CHAT, CHAT_SHAPE,
-              [("g6.xlarge", 0, 16), ("g6.xlarge", 16, 32)], 1.9),
+    _template(
+        "b7d2c1e9f3a5b7c9d1e3f5a7",
+        "llama-3.1-8b",
+        32,
+        CHAT,
+        CHAT_SHAPE,
+        [("g6.xlarge", 0, 16), ("g6.xlarge", 16, 32)],
+        1.9,
+    ),
     _template("c3e5a7b9d1f3a5c7e9b1d3f5", "qwen3-14b", 40, CODE, CODE_SHAPE, [("a2-highgpu-1g", 0, 40)], 2.1),
-    _template("d9f1b3d5e7a9c1e3a5b7d9f1", "qwen3-14b", 40, CODE, CODE_SHAPE,
-              [("g2-standard-4", 0, 14), ("g2-standard-4", 14, 27), ("g2-standard-4", 27, 40)], 1.2),
-    _template("e2a4c6e8a0c2e4a6c8e0a2c4", "qwen3-32b", 64, CHAT, CHAT_SHAPE,
-              [("g6e.12xlarge", 0, 40), ("p5.4xlarge", 40, 64)], 2.6),
-    _template("f5b7d9f1b3d5f7b9d1f3b5d7", "qwen3-32b", 64, CHAT, CHAT_SHAPE,
-              [("g6e.xlarge", 0, 30), ("g6.xlarge", 30, 64), ("g6.xlarge", 30, 64)], 1.4),
-]  # fmt: skip
+    _template(
+        "d9f1b3d5e7a9c1e3a5b7d9f1",
+        "qwen3-14b",
+        40,
+        CODE,
+        CODE_SHAPE,
+        [("g2-standard-4", 0, 14), ("g2-standard-4", 14, 27), ("g2-standard-4", 27, 40)],
+        1.2,
+    ),
+    _template(
+        "e2a4c6e8a0c2e4a6c8e0a2c4",
+        "qwen3-32b",
+        64,
+        CHAT,
+        CHAT_SHAPE,
+        [("g6e.12xlarge", 0, 40), ("p5.4xlarge", 40, 64)],
+        2.6,
+    ),
+    _template(
+        "f5b7d9f1b3d5f7b9d1f3b5d7",
+        "qwen3-32b",
+        64,
+        CHAT,
+        CHAT_SHAPE,
+        [("g6e.xlarge", 0, 30), ("g6.xlarge", 30, 64), ("g6.xlarge", 30, 64)],
+        1.4,
+    ),
+]
 BY_ID = {t.id: t for t in TEMPLATES}
 DEPLOYMENT_OF = {t.id: next(d for d, m in DEPLOYMENTS.items() if m == t.model) for t in TEMPLATES}
 
@@ -108,15 +162,27 @@ class _Writer:
         self.j.append(t, "send", source, dest, tag.decode(), body)
 
 
-def _market(t: float, seq: int, base: dict[tuple[str, str], tuple[float, int]], changed: Iterable[tuple[str, str]],
-            reason: str = "source", overridden: tuple[str, ...] = ()) -> MarketUpdate:  # fmt: skip
+def _market(
+    t: float,
+    seq: int,
+    base: dict[tuple[str, str], tuple[float, int]],
+    changed: Iterable[tuple[str, str]],
+    reason: str = "source",
+    overridden: tuple[str, ...] = (),
+) -> MarketUpdate:
     quotes = tuple(Quote(r, n, p, a) for (r, n), (p, a) in sorted(base.items()))
     ch = set(changed)
     return MarketUpdate(seq, t, quotes, tuple(q for q in quotes if q.key in ch), overridden, reason)
 
 
-def _plan(seq: int, t: float, trigger: str, counts: dict[tuple[str, str], int], prices: dict[tuple[str, str], float],
-          demand: dict[str, float]) -> Plan:  # fmt: skip
+def _plan(
+    seq: int,
+    t: float,
+    trigger: str,
+    counts: dict[tuple[str, str], int],
+    prices: dict[tuple[str, str], float],
+    demand: dict[str, float],
+) -> Plan:
     insts = []
     cap = dict.fromkeys(DEPLOYMENTS, 0.0)
     for (tid, region), n in sorted(counts.items()):
@@ -133,7 +199,9 @@ def _plan(seq: int, t: float, trigger: str, counts: dict[tuple[str, str], int], 
     total = round(sum(i.cost_per_hour * i.count for i in insts), 3)
     gap = 0.004 if trigger.startswith("market") else 0.0
     status = "time_limit" if gap else "optimal"
-    return Plan(seq, t, "coral", trigger, tuple(insts), serving, total, 0.0, status, gap, total * (1 - gap), 0.05 + seq / 100)
+    return Plan(
+        seq, t, "coral", trigger, tuple(insts), serving, total, 0.0, status, gap, total * (1 - gap), 0.05 + seq / 100
+    )
 
 
 def _diff(plan: Plan, prev: Plan | None) -> tuple[PlanChange, ...]:
@@ -145,9 +213,24 @@ def setup_message() -> MeshSetup:
     cat = load_catalog([])
     sc = load_scenario("default", cat)
     return MeshSetup(
-        "default", str(sc.path), Path(sc.path).read_text(), 7, "coral", 600.0, 1.0, MeshTiming(), CloudSetup(),
-        DemandTuning(), True, True, (), (), "synthetic", "roofline-1", tuple(TEMPLATES),
-    )  # fmt: skip
+        "default",
+        "fixtures/scenarios/default.toml",
+        Path(sc.path).read_text(),
+        7,
+        "coral",
+        600.0,
+        1.0,
+        MeshTiming(drain_s=60.0),
+        CloudSetup(),
+        DemandTuning(),
+        True,
+        True,
+        (),
+        (),
+        "synthetic",
+        "roofline-1",
+        tuple(TEMPLATES),
+    )
 
 
 def write(path: Path) -> None:
@@ -184,9 +267,19 @@ def write(path: Path) -> None:
                 nodes = tuple(f"n{num}{k}" for k in range(len(tpl.nodes)))
                 rps = tpl.prefill_tok_s / (2 * tpl.shape.mean_in)
                 instances[iid] = InstanceInfo(
-                    iid, DEPLOYMENT_OF[tid], tid, region, tpl.mode, "provisioning", tpl.nodes, nodes, f"worker-{nodes[0]}",
-                    round(rps, 3), 1e9, 2.0,
-                )  # fmt: skip
+                    iid,
+                    DEPLOYMENT_OF[tid],
+                    tid,
+                    region,
+                    tpl.mode,
+                    "provisioning",
+                    tpl.nodes,
+                    nodes,
+                    f"worker-{nodes[0]}",
+                    round(rps, 3),
+                    1e9,
+                    2.0,
+                )
                 w.publish(2.0, "supervisor", FleetAction(2.0, "start", iid, DEPLOYMENT_OF[tid], tid, region, "plan 1"))
         fleet_seq = 0
 
@@ -195,8 +288,22 @@ def write(path: Path) -> None:
             fleet_seq += 1
             live = [i for i in instances.values() if i.state in ("provisioning", "loading", "serving", "draining")]
             cost = sum(prices[(i.region, n)] for i in live for n in i.node_types)
-            w.publish(t, "supervisor", FleetUpdate(fleet_seq, t, tuple(live), lost, (), (), pending, round(cost, 3),
-                                                   round(cost * (t + 10) / 3600, 4), trigger))  # fmt: skip
+            w.publish(
+                t,
+                "supervisor",
+                FleetUpdate(
+                    fleet_seq,
+                    t,
+                    tuple(live),
+                    lost,
+                    (),
+                    (),
+                    pending,
+                    round(cost, 3),
+                    round(cost * (t + 10) / 3600, 4),
+                    trigger,
+                ),
+            )
 
         fleet(2.0, "plan")
         for iid in list(instances):
@@ -221,15 +328,33 @@ def write(path: Path) -> None:
                 c[0] += done
                 c[2] += met
                 deps.append(
-                    DeploymentTraffic(d, c[0] + 3, c[0] + 2, c[0], c[1], {}, 0, 2, 0, c[2], 0.4, 1.6, 0.03, 0.08, 6.0,
-                                      att if done else -1.0)  # fmt: skip
+                    DeploymentTraffic(
+                        d,
+                        c[0] + 3,
+                        c[0] + 2,
+                        c[0],
+                        c[1],
+                        {},
+                        0,
+                        2,
+                        0,
+                        c[2],
+                        0.4,
+                        1.6,
+                        0.03,
+                        0.08,
+                        6.0,
+                        att if done else -1.0,
+                    )
                 )
             w.publish(t, "router", RoutingStats(stats_seq, t, tuple(deps)))
 
         for k in range(19, 60):
             t = 5.0 * k
             wave = 1.0 + 0.1 * ((k % 7) - 3) / 3
-            stats(t, {"chat-8b": (6.0 * wave, 0.97), "code-14b": (3.0, 0.95 if k < 40 else 0.82), "chat-32b": (2.0, 0.93)})
+            stats(
+                t, {"chat-8b": (6.0 * wave, 0.97), "code-14b": (3.0, 0.95 if k < 40 else 0.82), "chat-32b": (2.0, 0.93)}
+            )
             if k == 40:
                 w.publish(200.0, "kernel", ActorCrashed("router", "KeyError: 'i9'", 1))
                 w.publish(200.0, "kernel", ActorRestarted("router", "KeyError: 'i9'", 1))
@@ -247,26 +372,48 @@ def write(path: Path) -> None:
                 w.publish(251.0, "allocator", NewPlan(plan2, _diff(plan2, plan1)))
                 old = next(i for i in instances.values() if i.template_id == "e2a4c6e8a0c2e4a6c8e0a2c4")
                 instances[old.id] = _evolve(old, state="draining", since=252.0)
-                w.publish(252.0, "supervisor", FleetAction(252.0, "drain", old.id, old.deployment, old.template_id,
-                                                           old.region, "plan 2"))  # fmt: skip
+                w.publish(
+                    252.0,
+                    "supervisor",
+                    FleetAction(252.0, "drain", old.id, old.deployment, old.template_id, old.region, "plan 2"),
+                )
                 for _ in range(2):
                     num += 1
                     tpl = BY_ID["f5b7d9f1b3d5f7b9d1f3b5d7"]
                     iid = f"i{num}"
                     nodes = tuple(f"n{num}{k2}" for k2 in range(len(tpl.nodes)))
                     instances[iid] = InstanceInfo(
-                        iid, "chat-32b", tpl.id, "aws-us-east-1", "aggregated", "loading", tpl.nodes, nodes,
-                        f"worker-{nodes[0]}", 1.4, 1e9, 252.0,
-                    )  # fmt: skip
-                    w.publish(252.0, "supervisor", FleetAction(252.0, "start", iid, "chat-32b", tpl.id,
-                                                               "aws-us-east-1", "plan 2"))  # fmt: skip
+                        iid,
+                        "chat-32b",
+                        tpl.id,
+                        "aws-us-east-1",
+                        "aggregated",
+                        "loading",
+                        tpl.nodes,
+                        nodes,
+                        f"worker-{nodes[0]}",
+                        1.4,
+                        1e9,
+                        252.0,
+                    )
+                    w.publish(
+                        252.0,
+                        "supervisor",
+                        FleetAction(252.0, "start", iid, "chat-32b", tpl.id, "aws-us-east-1", "plan 2"),
+                    )
                 fleet(252.0, "plan")
             if k == 53:
                 victim = instances["i2"]
-                w.publish(265.0, "supervisor", NodeLost(265.0, "n20", victim.region, victim.node_types[0], "i2",
-                                                         "heartbeat"))  # fmt: skip
-                w.publish(265.0, "supervisor", FleetAction(265.0, "lost", "i2", victim.deployment, victim.template_id,
-                                                           victim.region, "node n20: heartbeat"))  # fmt: skip
+                w.publish(
+                    265.0, "supervisor", NodeLost(265.0, "n20", victim.region, victim.node_types[0], "i2", "heartbeat")
+                )
+                w.publish(
+                    265.0,
+                    "supervisor",
+                    FleetAction(
+                        265.0, "lost", "i2", victim.deployment, victim.template_id, victim.region, "node n20: heartbeat"
+                    ),
+                )
                 del instances["i2"]
                 pend = (PendingStart("chat-8b", victim.template_id, victim.region, 1),)
                 fleet(265.0, "lost", pend, ("i2",))
@@ -290,7 +437,7 @@ def write(path: Path) -> None:
         w.publish(300.0, "mesh", MeshEnd(300.0, "end of scenario"))
 
 
-def _evolve(i: InstanceInfo, **kw: object) -> InstanceInfo:
+def _evolve(i: InstanceInfo, **kw: Any) -> InstanceInfo:
     import attrs
 
     return attrs.evolve(i, **kw)

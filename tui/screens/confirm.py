@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Static
+from textual.widgets import Button, Footer, Label, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -25,6 +25,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.question = question
 
     def compose(self) -> ComposeResult:
+        yield Footer(compact=True, show_command_palette=False)
         with Vertical(id="confirm", classes="dialog"):
             yield Label(self.title_text, classes="dialog-title")
             yield Static(self.question, classes="dialog-help")

@@ -10,7 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
-from textual.widgets import Button, Input, Label, Select, Static
+from textual.widgets import Button, Footer, Input, Label, Select, Static
 
 from tui.state import ACTIONS, FieldSpec, FormError, State, build_command, suggestions
 
@@ -34,6 +34,7 @@ class CommandForm(ModalScreen[Any]):
 
     def compose(self) -> ComposeResult:
         state = self.state_fn()
+        yield Footer(compact=True, show_command_palette=False)
         with Vertical(id="form", classes="dialog"):
             yield Label(f"{self.spec.title}  [dim]({self.spec.key})[/]", classes="dialog-title")
             yield Static(self.spec.help, classes="dialog-help")
@@ -60,13 +61,13 @@ class CommandForm(ModalScreen[Any]):
         )
 
     def on_mount(self) -> None:
-        for f in self.spec.fields:
-            w = self.query_one(f"#field-{f.name}")
-            if isinstance(w, Input) and not w.value:
-                w.focus()
-                return
-        if self.spec.fields:
-            self.query_one(f"#field-{self.spec.fields[0].name}").focus()
+        """Focus the first empty input, else the first value to change (a number), else the first field."""
+        inputs = [(f, self.query_one(f"#field-{f.name}")) for f in self.spec.fields]
+        empty = [w for _, w in inputs if isinstance(w, Input) and not w.value]
+        numbers = [w for f, w in inputs if isinstance(w, Input) and f.kind in ("number", "int")]
+        for w in (*empty, *numbers, *(w for _, w in inputs)):
+            w.focus()
+            return
 
     def current(self) -> dict[str, str]:
         """What the form holds now."""

@@ -10,7 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Label, Static
+from textual.widgets import DataTable, Footer, Label, Static
 
 from tui.state import PlanView, State
 from tui.widgets.bars import clock, money, rate, stage_bar, stage_summary
@@ -43,6 +43,7 @@ class PlanScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         p = self.plan
+        yield Footer(compact=True, show_command_palette=False)
         with Vertical(id="plan-box", classes="dialog"):
             head = Text(no_wrap=True, overflow="ellipsis")
             head.append(f"Plan #{p.seq}", style="bold")
@@ -87,6 +88,11 @@ class PlanScreen(ModalScreen[None]):
             diff.add_row(ch, c.deployment, c.template_id[:8], c.region)
         diff.border_title = f"diff against the previous plan ({len(p.diff)} changes)"
         inst.focus()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "template":
+            return not getattr(getattr(self.app, "source", None), "read_only", True)
+        return True
 
     def action_close(self) -> None:
         self.dismiss(None)

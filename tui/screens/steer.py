@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Label, OptionList
+from textual.widgets import Footer, Label, OptionList
 from textual.widgets.option_list import Option
 
 from tui.state import ACTIONS
@@ -22,6 +22,7 @@ class SteerMenu(ModalScreen[str | None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     def compose(self) -> ComposeResult:
+        yield Footer(compact=True, show_command_palette=False)
         with Vertical(id="steer", classes="dialog"):
             yield Label("Steer the mesh", classes="dialog-title")
             options = []

@@ -41,14 +41,14 @@ class EventsView(Vertical):
             yield Input(placeholder="filter: words to match", id="events-filter")
             options = [("warnings + errors", PROBLEMS), *((k, k) for k in EVENT_KINDS)]
             yield Select(options, prompt="all kinds", id="events-kind", allow_blank=True)
-        yield DataTable(id="events", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="events-table", cursor_type="row", zebra_stripes=True)
 
     def show(self, state: State) -> None:
         self._state = state
         kind_sel = self.query_one("#events-kind", Select).value
         kind = kind_sel if isinstance(kind_sel, str) else ""
         text = self.query_one("#events-filter", Input).value
-        table: DataTable[Any] = self.query_one("#events", DataTable)
+        table: DataTable[Any] = self.query_one("#events-table", DataTable)
         set_columns(table, [("n", "#"), ("t", "Time"), ("kind", "Kind"), ("source", "Source"), ("text", "Event")])
         rows = []
         for e in reversed(state.events):

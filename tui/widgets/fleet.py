@@ -86,10 +86,10 @@ class FleetView(Vertical):
                 ("state", "State"),
                 ("bar", "Stages (layers by GPU)"),
                 ("region", "Region"),
-                ("model", "Model"),
-                ("tpl", "Template"),
-                ("nodes", "Nodes"),
+                ("nodes", "Layers per GPU type"),
                 ("rps", "req/s"),
+                ("tpl", "Template"),
+                ("model", "Model"),
             ],
         )
         rows = []
@@ -108,10 +108,10 @@ class FleetView(Vertical):
                         Text(st, style=STATE_STYLE.get(i.state, "")),
                         stage_bar(tpl, i.node_types, state.gpu_of, BAR_WIDTH),
                         i.region,
-                        model,
-                        i.template_id[:8],
                         stage_summary(tpl, i.node_types, state.gpu_of),
                         rate(i.weight),
+                        i.template_id[:8],
+                        model,
                     ],
                 )
             )

@@ -35,11 +35,11 @@ class MarketView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="market-summary")
-        yield DataTable(id="market", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="market-table", cursor_type="row", zebra_stripes=True)
 
     def show(self, state: State) -> None:
         self._keys: dict[str, tuple[str, str]] = {}
-        table: DataTable[Any] = self.query_one("#market", DataTable)
+        table: DataTable[Any] = self.query_one("#market-table", DataTable)
         set_columns(
             table,
             [
@@ -75,7 +75,7 @@ class MarketView(Vertical):
         self.query_one("#market-summary", Static).update(summary)
 
     def selected(self) -> tuple[str, str]:
-        k = selected_key(self.query_one("#market", DataTable))
+        k = selected_key(self.query_one("#market-table", DataTable))
         return getattr(self, "_keys", {}).get(k or "", ("", ""))
 
     def action_steer(self, action: str) -> None:

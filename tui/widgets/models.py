@@ -98,18 +98,17 @@ class ModelsView(Vertical):
             self.deployment = deployment
 
     def compose(self) -> ComposeResult:
-        yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="model-detail-box"):
             yield DeploymentDetail(id="model-detail")
 
     def show(self, state: State) -> None:
         self._state = state
-        table: DataTable[Any] = self.query_one("#models", DataTable)
+        table: DataTable[Any] = self.query_one("#models-table", DataTable)
         set_columns(
             table,
             [
                 ("dep", "Deployment"),
-                ("model", "Model"),
                 ("demand", "Demand"),
                 ("cap", "Capacity"),
                 ("unmet", "Unmet"),
@@ -118,6 +117,7 @@ class ModelsView(Vertical):
                 ("cost", "$/h"),
                 ("share", "Share"),
                 ("tpl", "Templates"),
+                ("model", "Model"),
             ],
         )
         total = sum(d.cost_per_hour for d in state.deployments.values())
@@ -133,12 +133,12 @@ class ModelsView(Vertical):
             share = pct(d.cost_per_hour / total) if total > 0 else "-"
             n = sum(c for _, c in d.templates)
             tpl = f"{n} on {len(d.templates)}" + (" pin" if d.pinned else "")
-            rows.append((name, [name, d.model, demand, cap, unmet, att, run, money(d.cost_per_hour), share, tpl]))
+            rows.append((name, [name, demand, cap, unmet, att, run, money(d.cost_per_hour), share, tpl, d.model]))
         sync_rows(table, rows)
         self.query_one(DeploymentDetail).show(state, self.selected())
 
     def selected(self) -> str | None:
-        return selected_key(self.query_one("#models", DataTable))
+        return selected_key(self.query_one("#models-table", DataTable))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         state = getattr(self, "_state", None)

@@ -30,10 +30,10 @@ class PlansView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="plans-summary")
-        yield DataTable(id="plans", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="plans-table", cursor_type="row", zebra_stripes=True)
 
     def show(self, state: State) -> None:
-        table: DataTable[Any] = self.query_one("#plans", DataTable)
+        table: DataTable[Any] = self.query_one("#plans-table", DataTable)
         set_columns(
             table,
             [
@@ -69,7 +69,7 @@ class PlansView(Vertical):
         self.query_one("#plans-summary", Static).update(s)
 
     def action_open(self) -> None:
-        key = selected_key(self.query_one("#plans", DataTable))
+        key = selected_key(self.query_one("#plans-table", DataTable))
         if key is not None:
             self.post_message(self.PlanChosen(int(key)))
 

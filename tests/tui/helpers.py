@@ -1,0 +1,98 @@
+"""Shared by the TUI tests: a fake mesh with the TUI attached, waiting on the app, and the demo journal."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+from textual.pilot import Pilot
+
+from coral.catalog import load_catalog
+from coral.kernel import Endpoints, Mesh, read_journal
+from tui.app import CoralTui
+from tui.bus import LiveSource, ReplaySource
+
+from .fake import FakeCoral
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "fixtures" / "journals" / "tui-demo.jrnl"
+GPU_OF = {name: n.gpu for name, n in load_catalog([]).nodes.items()}
+
+
+def endpoints(tmp: Path) -> Endpoints:
+    return Endpoints(f"ipc://{tmp}/bus.router", f"ipc://{tmp}/bus.pub")
+
+
+def live_app(eps: Endpoints) -> CoralTui:
+    """A TUI attached to ``eps``, pinging often so that a lost mesh shows quickly."""
+    source = LiveSource(eps, ping_s=0.1, ping_timeout_s=0.5, retry_s=0.1, handshake_s=0.5, request_timeout_s=5.0)
+    return quiet(CoralTui(source, gpu_of=GPU_OF, store=None, frame_s=0.02))
+
+
+def replay_app(path: Path = DEMO, speed: float = math.inf) -> CoralTui:
+    return quiet(CoralTui(ReplaySource(path, speed=speed), gpu_of=GPU_OF, store=None, frame_s=0.02))
+
+
+def quiet(app: CoralTui) -> CoralTui:
+    """No animations and no blinking cursor (stable snapshots)."""
+    app.animation_level = "none"
+    app.blink = False
+    return app
+
+
+async def until(pilot: Pilot[Any], cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Let the app run until ``cond()`` holds; fail naming ``what`` if it does not within ``timeout``."""
+    with anyio.move_on_after(timeout):
+        while not cond():
+            await pilot.pause(0.02)
+        return
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@attrs.define
+class Live:
+    """A fake mesh with a TUI attached."""
+
+    mesh: Mesh
+    fake: FakeCoral
+    app: CoralTui
+    pilot: Pilot[Any]
+    journal: Path
+
+    def last_plan_seq(self) -> int:
+        return self.app.state.plans[-1].seq if self.app.state.plans else 0
+
+    async def wait_plan(self, after: int, what: str = "a new plan") -> None:
+        await until(self.pilot, lambda: self.last_plan_seq() > after, what)
+
+    async def wait_result(self, n: int) -> None:
+        def done() -> bool:
+            return any(c.n == n and c.status != "pending" for c in self.app.state.commands)
+
+        await until(self.pilot, done, f"the answer to command {n}")
+
+    def sent_on_bus(self, tag: str) -> list[Any]:
+        """The control messages with ``tag`` the kernel routed (from the mesh's journal)."""
+        assert self.mesh.journal is not None
+        self.mesh.journal.flush()
+        return [r.decode() for r in read_journal(self.journal) if r.tag == tag and r.kind in ("send", "request")]
+
+
+@contextlib.asynccontextmanager
+async def live(tmp: Path, size: tuple[int, int] = (120, 40)) -> AsyncIterator[Live]:
+    """A mesh (journaled) with ``FakeCoral`` and a TUI attached, once the TUI has the first plan."""
+    journal = tmp / "bus.jrnl"
+    eps = endpoints(tmp)
+    async with Mesh(endpoints=eps, journal=journal, heartbeat_interval=0.2, peer_timeout=5.0) as mesh:
+        app = live_app(eps)
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
+            fake = FakeCoral()
+            await mesh.spawn(fake)
+            await until(pilot, lambda: bool(app.state.plans) and bool(app.state.instances), "the first plan")
+            yield Live(mesh, fake, app, pilot, journal)

@@ -1,0 +1,234 @@
+"""The reducer (``tui.state.apply``) and the steering forms' validation, without a terminal."""
+
+from __future__ import annotations
+
+import copy
+
+import attrs
+import pytest
+
+from coral.kernel import ActorCrashed, Envelope, read_journal
+from coral.messages import (
+    ForbidTemplate,
+    MarketUpdate,
+    PauseAllocator,
+    PinTemplate,
+    Quote,
+    Replan,
+    SetAvailability,
+    SetChurn,
+    SetDemand,
+    SetPrice,
+    SetSlo,
+)
+from coral.messages.control import CommandResult, DrainInstance
+from tui import state as S
+
+from .helpers import DEMO, GPU_OF
+
+
+def envelopes() -> list[Envelope]:
+    return [Envelope(r.kind, r.source, r.tag, r.decode(), r.corr) for r in read_journal(DEMO) if S.wanted(r.tag)]
+
+
+@pytest.fixture(scope="module")
+def final() -> S.State:
+    return S.apply_all(S.initial_state(gpu_of=GPU_OF), envelopes())
+
+
+def test_the_demo_journal_folds_into_the_story(final: S.State) -> None:
+    st = final
+    assert st.scenario == "default" and st.policy == "coral" and st.ended == "end of scenario"
+    assert st.now == 300.0
+    assert [p.seq for p in st.plans] == [1, 2] and st.plans[1].trigger == "market"
+    assert (st.plans[1].starts, st.plans[1].stops) == (2, 1)
+    assert sorted(st.instances) == ["i1", "i3", "i4", "i5", "i7", "i8"]
+    assert all(i.state == "serving" for i in st.instances.values())
+    assert st.market[("aws-us-east-1", "p5.4xlarge")].stockout
+    assert st.market[("aws-us-east-1", "p5.4xlarge")].prev_availability == 4
+    assert st.market[("gcp-us-central1", "g2-standard-4")].prev_price == pytest.approx(0.705)
+    assert st.recent(st.market[("aws-us-east-1", "p5.4xlarge")])
+    assert not st.recent(st.market[("aws-us-east-1", "g6.xlarge")])
+    d = st.deployments["chat-8b"]
+    assert d.model == "llama-3.1-8b" and d.override and d.demand == 9.0 and d.estimate == 6.2
+    assert d.capacity == pytest.approx(3.2 + 1.9)  # i2 was lost: i1 and i3 serve
+    assert d.history and d.history[-1].t == 295.0
+    slo = st.deployments["code-14b"].slo
+    assert slo is not None and slo.ttft_s == 1.5
+    assert st.crashes == 2 and st.down == frozenset({"worker-n51"}) and st.errors == 1
+    assert st.cost_per_hour == pytest.approx(15.922)
+    assert 0 < st.attainment < 1 and st.goodput > 0
+    kinds = {e.kind for e in st.events}
+    assert {"crash", "fault", "error", "command", "plan", "fleet", "market", "demand", "peer", "mesh"} <= kinds
+    assert len(st.templates) == 6
+    assert [s.gpu for s in st.templates["e2a4c6e8a0c2e4a6c8e0a2c4"].stages] == ["l40s-48g", "h100-80g"]
+
+
+def test_apply_never_changes_its_input() -> None:
+    st = S.initial_state(gpu_of=GPU_OF)
+    for env in envelopes():
+        before = copy.deepcopy(st)
+        new = S.apply(st, env)
+        assert st == before
+        st = new
+
+
+def test_goodput_is_measured_over_a_window(final: S.State) -> None:
+    # the demo's reports come every 5 s; over the last 60 s about 10 requests/s met the SLO
+    assert final.goodput == pytest.approx(9.95, abs=0.01)
+    assert final.stats_hist[-1][0] - final.stats_hist[0][0] >= S.GOODPUT_S
+
+
+def test_unknown_tags_and_clock_marks() -> None:
+    st = S.initial_state()
+    assert S.apply(st, Envelope("publish", "x", "req.counts", object())) is st
+    marked = S.apply(st, Envelope("publish", "tui", S.CLOCK_TAG, 42.0))
+    assert marked.now == 42.0 and S.apply(marked, Envelope("publish", "tui", S.CLOCK_TAG, 10.0)).now == 42.0
+
+
+def test_merge_keeps_the_union_of_market_changes() -> None:
+    a, b = Quote("r", "n1", 1.0, 1), Quote("r", "n2", 2.0, 2)
+    older = Envelope("publish", "pw", "mkt.update", MarketUpdate(1, 1.0, (a, b), (a,)))
+    b2 = attrs.evolve(b, availability=0)
+    newer = Envelope("publish", "pw", "mkt.update", MarketUpdate(2, 2.0, (a, b2), (b2,)))
+    merged = S.merge_snapshots(older, newer)
+    assert merged.msg.seq == 2 and merged.msg.changed == (a, b2)
+    assert (
+        S.merge_snapshots(Envelope("publish", "s", "req.stats", 1), Envelope("publish", "s", "req.stats", 2)).msg == 2
+    )
+
+
+def test_link_and_actor_events() -> None:
+    st = S.with_link(S.initial_state(), S.Link("lost", "no answer", "tcp://x"))
+    assert st.events[-1].severity == "warn" and "no answer" in st.events[-1].text
+    assert S.with_link(st, st.link) is st
+    st = S.apply(st, Envelope("publish", "kernel", "kernel.actor.crashed", ActorCrashed("router", "boom", 1)))
+    assert st.crashes == 1 and st.events[-1].kind == "crash"
+    st = S.with_dropped(st, 7)
+    assert st.dropped == 7 and "7 events dropped" in st.events[-1].text
+
+
+def test_events_are_bounded() -> None:
+    st = S.initial_state()
+    for k in range(S.MAX_EVENTS + 10):
+        st = S.apply(st, Envelope("publish", "k", "kernel.actor.crashed", ActorCrashed("a", str(k), 1)))
+    assert len(st.events) == S.MAX_EVENTS and st.events[-1].n == S.MAX_EVENTS + 10
+
+
+# -- steering forms --------------------------------------------------------------------------------
+
+
+def test_every_action_builds_its_typed_command(final: S.State) -> None:
+    st = final
+    cases = {
+        ("demand", ("chat-8b", "12")): SetDemand("chat-8b", 12.0),
+        ("demand", ("chat-8b", "")): SetDemand("chat-8b", None),
+        ("availability", ("aws-us-east-1", "g6.xlarge", "0")): SetAvailability("aws-us-east-1", "g6.xlarge", 0),
+        ("availability", ("aws-us-east-1", "g6.xlarge", "")): SetAvailability("aws-us-east-1", "g6.xlarge", None),
+        ("price", ("aws-us-east-1", "g6.xlarge", "0.9")): SetPrice("aws-us-east-1", "g6.xlarge", 0.9),
+        ("slo", ("code-14b", "1", "0.05", "0.95")): SetSlo("code-14b", 1.0, 0.05, 0.95),
+        ("forbid", ("a1c8", "forbid")): ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6", True),
+        ("forbid", ("a1c8e3f0b2d4e6f8a0b2c4d6", "allow")): ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6", False),
+        ("pin", ("chat-8b", "b7d2")): PinTemplate("chat-8b", "b7d2c1e9f3a5b7c9d1e3f5a7"),
+        ("pin", ("chat-8b", "")): PinTemplate("chat-8b", None),
+        ("drain", ("i7",)): DrainInstance("i7"),
+        ("replan", ()): Replan("operator"),
+        ("pause", ()): PauseAllocator(True),
+        ("churn", ("0",)): SetChurn(0.0),
+    }
+    for (action, args), want in cases.items():
+        names = [f.name for f in S.ACTIONS[action].fields]
+        assert S.build_command(st, action, dict(zip(names, args, strict=True))) == want, action
+    assert {a for a, _ in cases} == set(S.ACTIONS)
+
+
+@pytest.mark.parametrize(
+    ("action", "values", "field", "reason"),
+    [
+        ("demand", {"deployment": "chat-8b", "rps": "-2"}, "rps", "must not be negative, got -2"),
+        ("demand", {"deployment": "chat-8b", "rps": "inf"}, "rps", "must be finite"),
+        ("demand", {"deployment": "", "rps": "2"}, "deployment", "required"),
+        (
+            "demand",
+            {"deployment": "chat-9b", "rps": "2"},
+            "deployment",
+            "unknown deployment 'chat-9b' (known: chat-32b",
+        ),
+        ("availability", {"region": "aws-us-east-1", "node": "a2-highgpu-1g", "count": "1"}, "node", "unknown node"),
+        ("availability", {"region": "aws-us-east-1", "node": "g6.xlarge", "count": "-1"}, "count", "not be negative"),
+        ("price", {"region": "aws-us-east-1", "node": "g6.xlarge", "price": "x"}, "price", "expected a number"),
+        ("slo", {"deployment": "chat-8b", "ttft_s": "0", "tpot_s": "1", "attainment": "0.9"}, "ttft_s", "positive"),
+        ("slo", {"deployment": "chat-8b", "ttft_s": "1", "tpot_s": "", "attainment": "0.9"}, "tpot_s", "required"),
+        ("forbid", {"template_id": "", "forbid": "forbid"}, "template_id", "required"),
+        ("forbid", {"template_id": "a1c8", "forbid": "maybe"}, "forbid", "expected 'forbid' or 'allow'"),
+        ("pin", {"deployment": "chat-8b", "template_id": "e2a4"}, "template_id", "serves qwen3-32b"),
+        ("drain", {"instance": "i2"}, "instance", "unknown running instance 'i2'"),
+        ("churn", {"factor": ""}, "factor", "required"),
+    ],
+)
+def test_bad_input_names_the_field_and_the_reason(
+    final: S.State, action: str, values: dict[str, str], field: str, reason: str
+) -> None:
+    with pytest.raises(S.FormError) as err:
+        S.build_command(final, action, values)
+    assert err.value.field == field
+    assert reason in err.value.reason
+
+
+def test_names_cannot_be_checked_before_the_mesh_said_anything() -> None:
+    with pytest.raises(S.FormError, match="no deployment known yet"):
+        S.build_command(S.initial_state(), "demand", {"deployment": "chat-8b", "rps": "1"})
+    with pytest.raises(S.FormError, match="no templates known yet"):
+        S.build_command(S.initial_state(), "forbid", {"template_id": "abc", "forbid": "forbid"})
+
+
+def test_an_ambiguous_prefix_is_refused(final: S.State) -> None:
+    st = S.add_templates(final, [])
+    st = attrs.evolve(st, templates={**st.templates, "a1c9": st.templates["a1c8e3f0b2d4e6f8a0b2c4d6"]})
+    with pytest.raises(S.FormError, match="matches several templates"):
+        S.build_command(st, "forbid", {"template_id": "a1c", "forbid": "forbid"})
+
+
+def test_defaults_prefill_the_selection_and_current_settings(final: S.State) -> None:
+    assert S.defaults(final, "slo", {"deployment": "code-14b"}) == {
+        "deployment": "code-14b", "ttft_s": "1.5", "tpot_s": "0.05", "attainment": "0.9",
+    }  # fmt: skip
+    assert S.defaults(final, "demand", {"deployment": "chat-8b"}) == {"deployment": "chat-8b", "rps": "9"}
+    assert S.defaults(final, "slo", {"deployment": "code-14b", "ttft_s": "3"})["ttft_s"] == "3"
+    assert S.suggestions(final, "node", {"region": "gcp-us-central1"}) == [
+        "a2-highgpu-1g", "a2-ultragpu-1g", "g2-standard-4",
+    ]  # fmt: skip
+    assert S.suggestions(final, "instance") == ["i1", "i3", "i4", "i5", "i7", "i8"]
+
+
+def test_results_are_reflected(final: S.State) -> None:
+    st, n = S.note_sent(final, "pause", PauseAllocator(True))
+    assert st.commands[-1].status == "pending"
+    ok = CommandResult("ctl.pause", True, "allocator", 1.0)
+    st = S.note_result(st, n, PauseAllocator(True), ok)
+    assert st.paused and st.commands[-1].status == "ok"
+    st, n = S.note_sent(st, "forbid", ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6"))
+    st = S.note_result(st, n, ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6"), CommandResult("ctl.forbid", True, "a", 1.0))
+    assert "a1c8e3f0b2d4e6f8a0b2c4d6" in st.forbidden
+    assert S.build_command(st, "pause", {}) == PauseAllocator(False)
+    refused = CommandResult("ctl.churn", False, "allocator", 1.0, "factor", "too big")
+    st, n = S.note_sent(st, "churn", SetChurn(9.0))
+    st = S.note_result(st, n, SetChurn(9.0), refused)
+    assert st.churn is None and (st.commands[-1].status, st.commands[-1].reason) == ("refused", "too big")
+    st, n = S.note_sent(st, "replan", Replan())
+    st = S.note_result(st, n, Replan(), None, "no reply within 15s")
+    assert st.commands[-1].status == "failed" and st.events[-1].severity == "error"
+
+
+def test_describe_every_command() -> None:
+    texts = [
+        S.describe_command(c)
+        for c in (
+            SetDemand("d", 1.0), SetDemand("d"), SetAvailability("r", "n", 0), SetPrice("r", "n", 2.0),
+            SetSlo("d", 1.0, 0.1), ForbidTemplate("t" * 24), PinTemplate("d", "t" * 24), PinTemplate("d"),
+            DrainInstance("i1"), Replan(), PauseAllocator(False), SetChurn(2.0),
+        )
+    ]  # fmt: skip
+    assert texts[0] == "demand d = 1 req/s" and texts[1] == "demand d = clear"
+    assert "unpin" in texts[7] and texts[10] == "resume allocator"
+    assert len(set(texts)) == len(texts)
