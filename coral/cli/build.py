@@ -27,6 +27,7 @@ from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, layer_work_bound, prune_verdict
 from solvers.library import solve_multiset
 from solvers.options import build_problem
+from solvers.placement import lp_reduce
 
 Multiset = tuple[str, ...]
 
@@ -77,6 +78,9 @@ class BuildReport:
     unfinished: int = 0
 
 
+LP_BOUND_FROM = 4
+"""From this many nodes up, the LP relaxation's bound is tried against the smaller templates before solving."""
+
 _PERF: PerfModel | None = None
 _TIME_LIMIT = 10.0
 
@@ -97,6 +101,10 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float) -> So
         return Solved(key, nodes, 0.0, 0.0, None, "bound-infeasible", "infeasible", 0.0, time.perf_counter() - t0)
     if threshold > 0 and ub <= threshold:
         return Solved(key, nodes, 0.0, ub, None, "bound-pruned", "pruned", 0.0, time.perf_counter() - t0)
+    if threshold > 0 and len(nodes) >= LP_BOUND_FROM:
+        lp = lp_reduce(problem, threshold)[0]
+        if lp <= threshold:
+            return Solved(key, nodes, 0.0, lp, None, "bound-pruned", "pruned", 0.0, time.perf_counter() - t0)
     tpl, res, _ = solve_multiset(_PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT)
     cap = res.value if res.status != "infeasible" else 0.0
     bound = cap if res.status == "optimal" else max(cap, res.bound)

@@ -28,9 +28,9 @@ def endpoints(tmp: Path) -> Endpoints:
     return Endpoints(f"ipc://{tmp}/bus.router", f"ipc://{tmp}/bus.pub")
 
 
-def live_app(eps: Endpoints) -> CoralTui:
-    """A TUI attached to ``eps``, pinging often so that a lost mesh shows quickly."""
-    source = LiveSource(eps, ping_s=0.1, ping_timeout_s=0.5, retry_s=0.1, handshake_s=0.5, request_timeout_s=5.0)
+def live_app(eps: Endpoints, ping_s: float = 0.1) -> CoralTui:
+    """A TUI attached to ``eps``, pinging every ``ping_s`` (often: a lost mesh shows quickly)."""
+    source = LiveSource(eps, ping_s=ping_s, ping_timeout_s=0.5, retry_s=0.1, handshake_s=0.5, request_timeout_s=5.0)
     return quiet(CoralTui(source, gpu_of=GPU_OF, store=None, frame_s=0.02))
 
 
@@ -88,8 +88,8 @@ async def live(tmp: Path, size: tuple[int, int] = (120, 40)) -> AsyncIterator[Li
     """A mesh (journaled) with ``FakeCoral`` and a TUI attached, once the TUI has the first plan."""
     journal = tmp / "bus.jrnl"
     eps = endpoints(tmp)
-    async with Mesh(endpoints=eps, journal=journal, heartbeat_interval=0.2, peer_timeout=5.0) as mesh:
-        app = live_app(eps)
+    async with Mesh(endpoints=eps, journal=journal) as mesh:
+        app = live_app(eps, ping_s=1.0)  # little background work: the pilot's waits for idle return soon
         async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
             fake = FakeCoral()

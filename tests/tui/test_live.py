@@ -227,23 +227,12 @@ async def test_invalid_input_is_refused_in_the_form(tmp_path: Path) -> None:
         assert "must not be negative" in str(form.query_one("#form-error").render())
         assert lv.app.screen is form and form.query_one("#field-rps").has_class("-invalid")
         await pilot.press("escape")
-        cases = [
+        cases = [  # every refusal reason is covered in test_state; these go through the form on screen
             ("demand", {"deployment": "nope", "rps": "3"}, "deployment", "unknown deployment 'nope'"),
             ("availability", {"region": "mars-1", "node": "g6.xlarge", "count": "1"}, "region", "unknown region"),
-            ("availability", {"region": "aws-us-east-1", "node": "p4d.24xlarge", "count": "1"}, "node", "unknown"),
             ("availability", {"region": "aws-us-east-1", "node": "g6.xlarge", "count": "1.5"}, "count", "whole number"),
-            ("price", {"region": "aws-us-east-1", "node": "g6.xlarge", "price": "0"}, "price", "positive"),
-            (
-                "slo",
-                {"deployment": "chat-8b", "ttft_s": "1", "tpot_s": "0.1", "attainment": "1.2"},
-                "attainment",
-                "at most 1",
-            ),
-            ("churn", {"factor": "abc"}, "factor", "expected a number"),
             ("churn", {"factor": "-0.5"}, "factor", "must not be negative"),
             ("drain", {"instance": "i999"}, "instance", "unknown running instance"),
-            ("forbid", {"template_id": "zzz"}, "template_id", "unknown template"),
-            ("pin", {"deployment": "chat-8b", "template_id": "c3e5"}, "template_id", "serves qwen3-14b"),
         ]
         for action, values, field, reason in cases:
             lv.app.action_steer(action, values)

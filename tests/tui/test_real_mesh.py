@@ -41,12 +41,16 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
         setup = make_setup(sc, catalog, perf, library_for(store, sc), RunOptions(seed=3, deterministic=True))
     eps = endpoints(tmp_path)
     stop = anyio.Event()
+
+    def new_plan(after: int, trigger: str) -> S.PlanView | None:
+        return next((p for p in app.state.plans if p.seq > after and trigger in p.trigger.split("+")), None)
+
     app = live_app(eps)
     app.templates = TemplateLookup(steady_store)  # attached after the run's setup: stage bars from the store
     async with anyio.create_task_group() as tg:
 
         async def mesh() -> None:
-            await run_mesh(setup, sc, catalog, perf, endpoints=eps, pace=40.0, stop=stop, gateway=True, until=1e6)
+            await run_mesh(setup, sc, catalog, perf, endpoints=eps, pace=10.0, stop=stop, gateway=True, until=1e6)
 
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: app.state.link.state == "lost", "no mesh yet")
@@ -59,8 +63,7 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
             await until(pilot, lambda: bool(app.state.commands) and app.state.commands[-1].status != "pending", "ok")
             assert app.state.commands[-1].status == "ok", app.state.commands[-1]
             await until(pilot, lambda: app.state.deployments["chat-8b"].override, "the demand override", 20)
-            await until(pilot, lambda: app.state.plans[-1].seq > seq and "demand" in app.state.plans[-1].trigger,
-                        "a plan for the new demand", 20)  # fmt: skip
+            await until(pilot, lambda: new_plan(seq, "demand") is not None, "a plan for the new demand", 20)
             assert app.state.deployments["chat-8b"].demand == 5.0
             seq = app.state.plans[-1].seq
             used = sorted({n for i in app.state.instances.values() if i.live for n in i.node_types})
@@ -71,8 +74,9 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
             await until(pilot, lambda: app.state.commands[-1].status != "pending", "the answer", 20)
             assert app.state.commands[-1].status == "ok", app.state.commands[-1]
             await until(pilot, lambda: app.state.market[("aws-us-east-1", used[0])].stockout, "the stockout", 20)
-            await until(pilot, lambda: app.state.plans[-1].seq > seq, "a plan around the stockout", 20)
-            assert all(used[0] not in r.nodes for r in app.state.plans[-1].instances)
+            await until(pilot, lambda: new_plan(seq, "market") is not None, "a plan around the stockout", 20)
+            plan = new_plan(seq, "market")
+            assert plan is not None and all(used[0] not in r.nodes for r in plan.instances)
             assert app.state.events and not app.state.errors
             stop.set()
             await until(pilot, lambda: app.state.link.state == "lost", "the TUI to see the mesh go", 20)

@@ -30,8 +30,8 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Label(self.title_text, classes="dialog-title")
             yield Static(self.question, classes="dialog-help")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Yes (y)", variant="primary", id="yes")
-                yield Button("No (n)", id="no")
+                yield Button("Yes (y)", variant="primary", id="yes", compact=True)
+                yield Button("No (n)", id="no", compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#yes", Button).focus()

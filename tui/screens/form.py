@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Footer, Input, Label, Select, Static
@@ -35,22 +35,27 @@ class CommandForm(ModalScreen[Any]):
     def compose(self) -> ComposeResult:
         state = self.state_fn()
         yield Footer(compact=True, show_command_palette=False)
-        with Vertical(id="form", classes="dialog"):
+        with VerticalScroll(id="form", classes="dialog"):
             yield Label(f"{self.spec.title}  [dim]({self.spec.key})[/]", classes="dialog-title")
             yield Static(self.spec.help, classes="dialog-help")
             for f in self.spec.fields:
-                yield Label(f.label, classes="field-label")
-                yield self._field(state, f)
+                with Horizontal(classes="field"):
+                    yield Label(f.label, classes="field-label")
+                    yield self._field(state, f)
             yield Static("", id="form-error")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Send", variant="primary", id="send")
-                yield Button("Cancel", id="cancel")
+                yield Button("Send (Enter)", variant="primary", id="send", compact=True)
+                yield Button("Cancel (Esc)", id="cancel", compact=True)
 
     def _field(self, state: State, f: FieldSpec) -> Input | Select[str]:
         value = self.values.get(f.name, "")
         if f.kind == "choice":
             return Select(
-                [(c, c) for c in f.choices], value=value or f.choices[0], allow_blank=False, id=f"field-{f.name}"
+                [(c, c) for c in f.choices],
+                value=value or f.choices[0],
+                allow_blank=False,
+                id=f"field-{f.name}",
+                compact=True,
             )
         names = suggestions(state, f.name, self.values)
         return Input(
@@ -58,6 +63,7 @@ class CommandForm(ModalScreen[Any]):
             placeholder=f.placeholder or ("required" if not f.optional else ""),
             suggester=SuggestFromList(names, case_sensitive=True) if names else None,
             id=f"field-{f.name}",
+            compact=True,
         )
 
     def on_mount(self) -> None:
