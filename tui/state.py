@@ -528,7 +528,7 @@ def _on_plan(state: State, env: Envelope) -> State:
     state = attrs.evolve(state, plans=plans, deployments=deps, now=max(state.now, p.at))
     text = (
         f"plan #{p.seq} ({p.trigger}): ${p.cost_per_hour:,.2f}/h, +{m.starts} -{m.stops}, {p.status}"
-        + (f" gap {p.gap:.2%}" if p.gap > 0 else "")
+        + (f" gap {p.gap:.2%}" if p.gap >= 5e-5 else "")
         + (f", unmet {p.unmet_rps:.2f} req/s" if p.unmet_rps > 1e-9 else "")
     )
     return _event(state, p.at, "plan", "warn" if p.unmet_rps > 1e-9 else "info", env.source, text)
@@ -908,6 +908,10 @@ def defaults(state: State, action: str, context: Mapping[str, str] | None = None
         now["attainment"] = "0.9"
         if slo is not None:
             now.update(ttft_s=f"{slo.ttft_s:g}", tpot_s=f"{slo.tpot_s:g}", attainment=f"{slo.attainment:g}")
+        elif dep is not None:  # attached after the run's setup: the targets of a template it runs
+            tpl = next((state.templates[t] for t, _ in dep.templates if t in state.templates), None)
+            if tpl is not None and tpl.ttft_s > 0:
+                now.update(ttft_s=f"{tpl.ttft_s:g}", tpot_s=f"{tpl.tpot_s:g}")
     if action == "demand" and dep is not None and dep.override:
         now["rps"] = f"{dep.demand:g}"
     q = state.market.get((out.get("region", ""), out.get("node", "")))

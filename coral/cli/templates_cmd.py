@@ -212,7 +212,7 @@ def run_show(args: argparse.Namespace) -> int:
         f"SLO TTFT {tpl.slo.ttft_s:g} s / TPOT {tpl.slo.tpot_s * 1e3:g} ms"
     )
     con.print(f"nodes: {_nodes_text(tpl)}")
-    width = 60
+    width = max(16, min(60, con.width - 62))
     for s in tpl.stages:
         bar = Text(" " * round(width * s.start / tpl.num_layers))
         bar.append("█" * max(1, round(width * s.layers / tpl.num_layers)), style=gpu_colour(s.gpu))
@@ -222,14 +222,20 @@ def run_show(args: argparse.Namespace) -> int:
         )
     con.print("routes:")
     total = sum(r.flow for r in tpl.routes if r.src == SOURCE) or 1.0
-    for r in tpl.routes:
+    for r in sorted(tpl.routes, key=lambda r: (r.src != SOURCE, r.dst == SINK, r.src, r.dst)):
         src = "source" if r.src == SOURCE else f"[{r.src}]"
         dst = "sink" if r.dst == SINK else f"[{r.dst}]"
         con.print(f"  {src:>7} -> {dst:<7} flow {r.flow:,.3f} ({r.flow / total:.0%})")
-    con.print(
-        f"capacity: prefill {tpl.prefill_tok_s:,.0f} tok/s, decode {tpl.decode_tok_s:,.0f} tok/s; "
-        f"worst path TTFT {tpl.ttft_s * 1e3:.0f} ms, TPOT {tpl.tpot_s * 1e3:.1f} ms"
-    )
+    if tpl.mode == "aggregated":
+        rps = tpl.requests_per_s(tpl.shape.mean_in, tpl.shape.mean_out)
+        con.print(
+            f"capacity: {rps:,.2f} req/s at {tpl.shape.mean_in:g} in / {tpl.shape.mean_out:g} out tokens "
+            f"(prompt-only {tpl.prefill_tok_s:,.0f} tok/s, decode-only {tpl.decode_tok_s:,.0f} tok/s)"
+        )
+    else:
+        rate = tpl.prefill_tok_s if tpl.mode == "prefill" else tpl.decode_tok_s
+        con.print(f"capacity: {rate:,.0f} {tpl.mode} tok/s")
+    con.print(f"worst path: TTFT {tpl.ttft_s * 1e3:.0f} ms, TPOT {tpl.tpot_s * 1e3:.1f} ms")
     gap = "" if tpl.proven else f", gap {tpl.gap:.2%} (bound {tpl.bound:,.3f})"
     con.print(
         f"status: {tpl.status} by {tpl.method}{gap}; perf {tpl.perf_version}; "

@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Label, Static
 
 from tui.state import PlanView, State
-from tui.widgets.bars import clock, money, rate, stage_bar, stage_summary
+from tui.widgets.bars import clock, gap_text, money, rate, stage_bar, stage_summary
 from tui.widgets.tables import selected_key
 
 
@@ -48,7 +48,7 @@ class PlanScreen(ModalScreen[None]):
             head = Text(no_wrap=True, overflow="ellipsis")
             head.append(f"Plan #{p.seq}", style="bold")
             head.append(f" at {clock(p.at)} · {p.policy} · trigger {p.trigger} · {p.status}")
-            head.append(f" gap {p.gap:.2%}" if p.gap > 0 else "")
+            head.append(f" gap {gap_text(p.gap)}" if gap_text(p.gap) != "0" else "")
             head.append(f" · solved in {p.solve_s * 1000:.0f} ms")
             yield Label(head, classes="dialog-title")
             cost = Text(no_wrap=True, overflow="ellipsis")

@@ -48,7 +48,10 @@ class FleetView(Vertical):
         for t in state.templates.values():
             gpus.extend(s.gpu for s in t.stages)
         head = Text(no_wrap=True, overflow="ellipsis")
-        head.append("nodes in use / obtainable per region; stage bars: layers by GPU   ", style="dim")
+        head.append("nodes in use / obtainable", style="dim")
+        if not state.market:
+            head.append(" (- : no market update seen yet)", style="yellow")
+        head.append(" per region; stage bars: layers by GPU   ", style="dim")
         head.append_text(legend(gpus))
         self.query_one("#fleet-legend", Static).update(head)
         self._matrix(state)

@@ -66,6 +66,11 @@ class MarketView(Vertical):
             rows.append((k, _row(q, used.get(key, 0), is_recent)))
         sync_rows(table, rows)
         summary = Text(no_wrap=True, overflow="ellipsis")
+        if not state.market:
+            note = "no market update seen yet: the price watcher publishes when a price or availability changes"
+            summary.append(note, style="yellow")
+            self.query_one("#market-summary", Static).update(summary)
+            return
         summary.append(f"{len(state.market)} offers")
         summary.append(f"  {stockouts} stockouts", style="bold red" if stockouts else "dim")
         summary.append(f"  {recent} changed in the last {RECENT_S:g}s", style="bold yellow" if recent else "dim")

@@ -47,7 +47,7 @@ def render_detail(st: State, d: DeploymentView, width: int) -> Text:
         out.append(f" · demand fixed at {d.demand:g} req/s", style="yellow")
     if d.pinned:
         out.append(f" · pinned {d.pinned[:8]}", style="yellow")
-    label_w, value_w = 10, 22
+    label_w, value_w = 10, 32
     w = max(8, width - label_w - value_w - 1)
     first = d.history[0].t if d.history else st.now
     span = min(HISTORY_S, max(60.0, st.now - first))

@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from tui.state import State
-from tui.widgets.bars import clock, money, rate
+from tui.widgets.bars import clock, gap_text, money, rate
 from tui.widgets.tables import selected_key, set_columns, sync_rows
 
 
@@ -56,12 +56,14 @@ class PlansView(Vertical):
             diff.append(" ")
             diff.append(f"-{p.stops}", style="red" if p.stops else "dim")
             unmet = Text(rate(p.unmet), style="bold red" if p.unmet > 1e-9 else "dim")
-            gap = f"{p.gap:.2%}" if p.gap > 0 else "0"
+            gap = gap_text(p.gap)
             cells = [f"#{p.seq}", clock(p.at), p.trigger, f"{p.solve_s * 1000:.0f} ms", status, gap]
             rows.append((str(p.seq), [*cells, money(p.cost_per_hour), diff, unmet]))
         sync_rows(table, rows)
         s = Text(no_wrap=True, overflow="ellipsis")
         s.append(f"{len(state.plans)} plans", style="bold")
+        if not state.plans:
+            s.append("  none seen yet: the allocator publishes at its next re-plan (r: re-plan now)", style="yellow")
         if state.plans:
             last = state.plans[-1]
             s.append(f"  latest #{last.seq} at {clock(last.at)}: {money(last.cost_per_hour)}/h, {last.trigger}")
