@@ -41,7 +41,7 @@ from coral.catalog.types import Catalog
 from coral.engines import Engine
 from coral.engines.sim import SimEngine
 from coral.errors import CoralError
-from coral.kernel import BusClient, Endpoints, Envelope, Fsync, Mesh, RestartPolicy, VirtualClock
+from coral.kernel import ActorState, BusClient, Endpoints, Envelope, Fsync, Mesh, RestartPolicy, VirtualClock
 from coral.messages.control import OPERATOR, CommandResult, is_command, owner_of
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetUpdate
@@ -353,7 +353,8 @@ class CoralMesh:
         names, self.exiting = self.exiting, []
         for name in names:
             handle = self.mesh.actors[name]
-            handle.actor.ctx.bus.stop_receiving()
+            if handle.state is ActorState.RUNNING:
+                handle.actor.ctx.bus.stop_receiving()
             await handle.wait()
 
 

@@ -87,6 +87,7 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "gap_below_1pct": float(np.mean(gaps <= 0.01)),
         "statuses": dict(Counter(r["status"] for r in rows)),
         "churn_mean": float(np.mean([r["churn"] for r in rows])),
+        "objective_mean": float(np.mean([r["objective"] for r in rows])),
         "unmet_max": float(max(r["unmet"] for r in rows)),
         "lp_s_p50": float(np.percentile([r["lp_s"] for r in rows], 50)),
         "heuristic_s_p50": float(np.percentile([r["heuristic_s"] for r in rows], 50)),

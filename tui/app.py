@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
@@ -128,10 +129,13 @@ class CoralTui(App[int]):
         """Draw the header and the visible view (or every view)."""
         if not hasattr(self, "_header"):
             return
-        self._header.show(self.state)
-        ids = [v for v, _ in VIEWS] if all_views else [self.active_view]
-        for vid in ids:
-            self._views[vid].show(self.state)
+        try:
+            self._header.show(self.state)
+            ids = [v for v, _ in VIEWS] if all_views else [self.active_view]
+            for vid in ids:
+                self._views[vid].show(self.state)
+        except NoMatches:  # only while the app closes: its widgets are going away under a late message
+            return
 
     def _focus_view(self, vid: str) -> None:
         tables = self._views[vid].query(DataTable)
@@ -251,7 +255,7 @@ class CoralTui(App[int]):
         self.action_steer(message.action, {"region": message.region, "node": message.node})
 
     def on_plans_view_plan_chosen(self, message: PlansView.PlanChosen) -> None:
-        plan = self.state.plan(message.seq)
+        plan = self.state.plan(message.n)
         if plan is not None:
             self.push_screen(PlanScreen(self.state, plan))
 

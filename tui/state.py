@@ -216,8 +216,9 @@ class DiffRow:
 
 @attrs.frozen
 class PlanView:
-    """One plan of the history, whole."""
+    """One plan of the history, whole; ``n`` numbers the plans this TUI saw (``seq`` restarts with a run)."""
 
+    n: int
     seq: int
     at: float
     policy: str
@@ -288,6 +289,7 @@ class State:
     fleet_cost: float | None = None
     spent: float = 0.0
     plans: tuple[PlanView, ...] = ()
+    plan_count: int = 0
     events: tuple[EventView, ...] = ()
     event_count: int = 0
     dropped: int = 0
@@ -337,9 +339,10 @@ class State:
     def gpu(self, node: str) -> str:
         return self.gpu_of.get(node, "?")
 
-    def plan(self, seq: int) -> PlanView | None:
+    def plan(self, n: int) -> PlanView | None:
+        """The plan this TUI numbered ``n`` (``PlanView.n``)."""
         for p in reversed(self.plans):
-            if p.seq == seq:
+            if p.n == n:
                 return p
         return None
 
@@ -451,13 +454,26 @@ def _with_sample(d: DeploymentView, t: float) -> DeploymentView:
 
 
 def _on_setup(state: State, env: Envelope) -> State:
+    """A new run: everything of the previous one goes but the event log and this TUI's commands."""
     m: MeshSetup = env.msg
+    state = State(
+        link=state.link,
+        now=-float(m.timing.warmup_s),
+        scenario=m.scenario_name,
+        policy=m.policy,
+        gpu_of=state.gpu_of,
+        events=state.events,
+        event_count=state.event_count,
+        dropped=state.dropped,
+        commands=state.commands,
+        command_count=state.command_count,
+        plan_count=state.plan_count,
+    )
     state = add_templates(state, m.templates)
-    deps = dict(state.deployments)
-    for name, model, slo in _scenario_deployments(m.scenario_toml):
-        old = deps.get(name) or DeploymentView(name)
-        deps[name] = attrs.evolve(old, model=model, slo=old.slo or slo)
-    state = attrs.evolve(state, scenario=m.scenario_name, policy=m.policy, deployments=deps, ended="")
+    deps = {
+        name: DeploymentView(name, model=model, slo=slo) for name, model, slo in _scenario_deployments(m.scenario_toml)
+    }
+    state = attrs.evolve(state, deployments=deps)
     text = f"run set up: scenario {m.scenario_name}, policy {m.policy}, {len(m.templates)} templates, seed {m.seed}"
     return _event(state, state.now, "mesh", "info", env.source, text)
 
@@ -500,7 +516,9 @@ def _on_plan(state: State, env: Envelope) -> State:
     )
     serving = tuple(ServingRow(s.deployment, s.model, s.demand_rps, s.capacity_rps, s.unmet_rps) for s in p.serving)
     diff = tuple(DiffRow(c.deployment, c.template_id, c.region, c.delta) for c in m.diff)
+    n = state.plan_count + 1
     view = PlanView(
+        n,
         p.seq, p.at, p.policy, p.trigger, p.status, p.gap, p.solve_s, p.cost_per_hour, p.churn_cost,
         m.starts, m.stops, p.demand_rps, p.unmet_rps, rows, serving, diff,
     )  # fmt: skip
@@ -525,7 +543,7 @@ def _on_plan(state: State, env: Envelope) -> State:
             p.at,
         )
     plans = (*state.plans[-(MAX_PLANS - 1) :], view)
-    state = attrs.evolve(state, plans=plans, deployments=deps, now=max(state.now, p.at))
+    state = attrs.evolve(state, plans=plans, plan_count=n, deployments=deps, now=max(state.now, p.at))
     text = (
         f"plan #{p.seq} ({p.trigger}): ${p.cost_per_hour:,.2f}/h, +{m.starts} -{m.stops}, {p.status}"
         + (f" gap {p.gap:.2%}" if p.gap >= 5e-5 else "")

@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import time
+import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,8 @@ from rich.text import Text
 from coral.cli.common import catalog_from, perf_from
 from coral.errors import CoralError
 from coral.kernel import Endpoints, Mesh
-from coral.scenario import load_scenario
+from coral.messages.mesh import CloudSetup, Host
+from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
 
 DEFAULT_SPEED = 60.0
@@ -62,6 +64,13 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         help=f"kernel address: tcp://HOST:PORT, ipc://PATH or inproc (default: {DEFAULT_BIND})",
     )
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
+    p.add_argument(
+        "--hosts",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run on these machines instead of the simulated cloud: TOML with [[host]] name, region, node",
+    )
     p.add_argument("--policy", default="coral", choices=("coral", "homo", "pd-homo"))
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and faults (default: 0)")
     p.add_argument(
@@ -123,6 +132,40 @@ def parse_bind(text: str) -> Endpoints | None:
     raise CoralError(f"--bind: expected tcp://HOST:PORT, ipc://PATH or inproc, got {text!r}")
 
 
+def load_hosts(path: Path, scenario: Scenario) -> tuple[Host, ...]:
+    """The machines of a ``--hosts`` file: ``[[host]]`` tables with ``name``, ``region`` and ``node``."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise CoralError(f"--hosts: {path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CoralError(f"--hosts: {path}: TOML syntax error: {e}") from None
+    rows = data.get("host")
+    if not isinstance(rows, list) or not rows:
+        raise CoralError(f"--hosts: {path}: needs at least one [[host]] table")
+    hosts = []
+    for i, row in enumerate(rows):
+        where = f"--hosts: {path}: [[host]] #{i + 1}"
+        extra = sorted(set(row) - {"name", "region", "node"})
+        if extra:
+            raise CoralError(f"{where}: unknown key {extra[0]!r} (allowed: name, region, node)")
+        for key in ("name", "region", "node"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise CoralError(f"{where}: key {key!r} must be a non-empty string")
+        if row["region"] not in scenario.regions:
+            raise CoralError(
+                f"{where}: region {row['region']!r} is not among the scenario's ({', '.join(scenario.regions)})"
+            )
+        if row["node"] not in scenario.node_types:
+            raise CoralError(f"{where}: node type {row['node']!r} is not among the scenario's node types")
+        hosts.append(Host(row["name"], row["region"], row["node"]))
+    try:
+        CloudSetup(kind="hosts", hosts=tuple(hosts)).check()
+    except CoralError as e:
+        raise CoralError(f"--hosts: {path}: {e}") from None
+    return tuple(hosts)
+
+
 def run_up(args: argparse.Namespace) -> int:
     from actors.compose import RunOptions, library_for, make_setup
 
@@ -143,7 +186,10 @@ def run_up(args: argparse.Namespace) -> int:
 
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         library = library_for(store, sc)
-    options = RunOptions(seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns)
+    cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
+    options = RunOptions(
+        seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
+    )
     setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
     console = Console(stderr=args.json)
     summary = anyio.run(

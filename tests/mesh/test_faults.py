@@ -121,6 +121,7 @@ async def test_garbage_frames_are_reported_and_the_mesh_keeps_running(world: Wor
 
     async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
         state["router"] = mesh.endpoints.router
+        state["errors"] = await mesh.client("errors", subscribe=["kernel.error"])
 
     async def on_step(t: float) -> None:
         if t != 20.0:
@@ -138,7 +139,11 @@ async def test_garbage_frames_are_reported_and_the_mesh_keeps_running(world: Wor
             [b"router", b"req.arrivals", b"\x90", b"\x00" * 3],
         ):
             sock.send_multipart(frames)
-        await anyio.sleep(0.3)  # real time: the kernel and the router read them
+        seen = 0
+        with anyio.fail_after(30):  # the kernel and the router read them in real time
+            while seen < 5:
+                await state["errors"].receive()
+                seen += 1
         sock.close()
         ctx.term()
 

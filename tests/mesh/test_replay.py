@@ -10,9 +10,9 @@ import pytest
 
 from actors.replay import ReplayError, compare, decisions_of, read_recording, replay_journal
 from coral.kernel import Journal, encode, read_journal
-from coral.messages import FleetAction, RoutingStats
+from coral.messages import FleetAction, NewPlan, RoutingStats
 
-from .helpers import SCENARIOS, World, journal_path
+from .helpers import RECORD_OPTIONS, SCENARIOS, World, journal_path
 
 
 def final_stats(path: Path) -> RoutingStats:
@@ -81,3 +81,13 @@ async def test_a_journal_without_a_setup_is_refused(tmp_path: Path) -> None:
         j.append(0.0, "publish", "mesh", "mesh.setup", "mesh.setup", b"\x90")
     with pytest.raises(ReplayError, match=r"record 0 \(mesh.setup\) does not decode"):
         await replay_journal(bad)
+
+
+async def test_solves_cut_by_the_wall_clock_replay_with_their_recorded_effort(world: World, tmp_path: Path) -> None:
+    journal = tmp_path / "cut.journal"
+    options = attrs.evolve(RECORD_OPTIONS, deterministic=False, deadline_s=1e-4)
+    await world.run("mesh-surge", options=options, journal=journal, until=80.0)
+    plans = [d.msg.plan for d in decisions_of(journal) if isinstance(d.msg, NewPlan)]
+    assert any(p.effort for p in plans)  # at least one solve stopped at the deadline, with its effort recorded
+    report = await replay_journal(journal)
+    assert report.ok, "\n".join(report.diffs)

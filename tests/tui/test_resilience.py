@@ -33,9 +33,10 @@ async def test_survives_the_mesh_stopping_and_restarting(tmp_path: Path) -> None
             await until(pilot, lambda: app.state.link.state == "connected", "the TUI to reconnect")
             fake = FakeCoral()
             await mesh.spawn(fake)
-            await until(pilot, lambda: len(app.state.plans) == 2, "the plan of the new mesh")
+            await until(pilot, lambda: app.state.plan_count == 2, "the plan of the new mesh")
+            assert len(app.state.plans) == 1, "a new run starts a new plan history"
             await pilot.press("r", "y")
-            await until(pilot, lambda: len(app.state.plans) == 3, "the re-plan after reconnecting")
+            await until(pilot, lambda: app.state.plan_count == 3, "the re-plan after reconnecting")
             assert fake.received == [Replan("operator")]
             assert "● live" in str(app.query_one("#status").render())
 

@@ -22,11 +22,11 @@ class PlansView(Vertical):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "open", "Show plan")]
 
     class PlanChosen(Message):
-        """The operator asked to see plan ``seq`` whole."""
+        """The operator asked to see plan ``n`` (``PlanView.n``) whole."""
 
-        def __init__(self, seq: int) -> None:
+        def __init__(self, n: int) -> None:
             super().__init__()
-            self.seq = seq
+            self.n = n
 
     def compose(self) -> ComposeResult:
         yield Static(id="plans-summary")
@@ -58,7 +58,7 @@ class PlansView(Vertical):
             unmet = Text(rate(p.unmet), style="bold red" if p.unmet > 1e-9 else "dim")
             gap = gap_text(p.gap)
             cells = [f"#{p.seq}", clock(p.at), p.trigger, f"{p.solve_s * 1000:.0f} ms", status, gap]
-            rows.append((str(p.seq), [*cells, money(p.cost_per_hour), diff, unmet]))
+            rows.append((str(p.n), [*cells, money(p.cost_per_hour), diff, unmet]))
         sync_rows(table, rows)
         s = Text(no_wrap=True, overflow="ellipsis")
         s.append(f"{len(state.plans)} plans", style="bold")
