@@ -197,6 +197,7 @@ class CoralTui(App[int]):
 
     def action_view(self, vid: str) -> None:
         self._tabs.active = vid
+        self._focus_view(vid)  # now, not on TabActivated: the next key must find the view's table focused
 
     def action_steer_menu(self) -> None:
         def chosen(name: str | None) -> None:

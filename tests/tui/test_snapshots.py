@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from tui.app import CoralTui
 from tui.bus import ReplaySource
@@ -66,8 +67,13 @@ class _Steerable(ReplaySource):
 def test_form_refuses_a_negative_demand(snap_compare: Snap) -> None:
     async def filled(pilot: Pilot[Any]) -> None:
         await replayed(pilot)
-        await pilot.press("2", "down", "d", *"-3", "enter")
-        assert isinstance(pilot.app.screen, CommandForm)
+        await pilot.press("2", "down", "d")
+        form = pilot.app.screen
+        assert isinstance(form, CommandForm)
+        assert form.current() == {"deployment": "chat-8b", "rps": "9"}  # the selected row, its override
+        form.query_one("#field-rps", Input).value = "-3"
+        await pilot.press("enter")
+        assert form.error is not None and form.error.field == "rps"
 
     app = quiet(CoralTui(_Steerable(DEMO, speed=float("inf")), gpu_of=GPU_OF, store=None, frame_s=0.02))
     assert snap_compare(app, terminal_size=(90, 28), run_before=filled)
