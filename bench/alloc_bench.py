@@ -6,8 +6,9 @@ then re-solves it ``--resolves`` times in an online loop: each step perturbs eve
 (seeded lognormal, sigma 0.1 around the base demand) and passes the previous plan as the current
 deployment. The deadline is 1 s for ``core`` and 10 s for ``extended`` (``--deadline`` overrides).
 Reported per configuration: p50 / p99 of the re-solves' wall time and gap (to the best LP/MIP bound),
-the share of re-solves that proved the gap, the statuses, and the mean churn. With ``--columns
-generated`` it uses column generation (solve_allocation's ``columns``).
+the share of re-solves that proved the gap, the statuses, and the mean churn. ``--columns``
+(auto, all, generated) is solve_allocation's ``columns``: auto generates columns at the extended
+size.
 
 Run ``python bench/alloc_bench.py [--configs core-50,ext-400] [--resolves 20] [--json]``.
 """
@@ -103,7 +104,7 @@ def main() -> int:
     ap.add_argument("--scarcity", type=float, default=1.0, help="availability divisor (generator)")
     ap.add_argument("--deadline", type=float, default=None, help="override the per-size deadline (s)")
     ap.add_argument("--mip-gap", type=float, default=1e-4)
-    ap.add_argument("--columns", choices=("all", "generated"), default="all")
+    ap.add_argument("--columns", choices=("auto", "all", "generated"), default="auto")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results = [run_config(name, args) for name in args.configs.split(",")]

@@ -1,8 +1,11 @@
 """Turn (model, node multiset, mode, SLO, workload shape) into a numeric PlacementProblem.
 
-Per node, the option menu is every (k layers, batch limit b) on the grid ``k = 1..K_b``,
-``b in BATCH_GRID`` whose memory fits: k * layer weights + KV for b sequences at the shape's maximum
-context <= usable memory (``coral.perf``). For each option the perf model gives:
+Per node, the option menu is every (k layers, batch b) on the grid ``k = 1..K_b``, ``b in BATCH_GRID``
+whose memory fits. ``b`` is the micro-batch a stage steps at once. A path of p stages keeps p micro-batches
+in flight (vLLM's virtual engines), so every stage holds the KV cache of p * b sequences; since p is at
+most the number of nodes n, the memory check is k * layer weights + KV for n * b sequences at the shape's
+maximum context <= usable memory (``coral.perf``): exact for chains through all n nodes, conservative for
+shorter paths. For each option the perf model gives:
 
 - ``tau``: decode step time of the stage at batch b and the mean context;
 - ``pre_1`` / ``pre_b``: prompt time of the stage for one prompt / for b prompts batched together;
@@ -11,8 +14,9 @@ context <= usable memory (``coral.perf``). For each option the perf model gives:
   batch b), so ``b / (pre_b + out * tau)``; prefill = prompt tokens/s, ``b * in / pre_b``; decode =
   tokens/s, ``b / tau``.
 
-Latency metrics: aggregated has TPOT (sum of tau) and TTFT (sum of ``pre_1 + tau``: a request's own prompt
-plus one decode step of the batch it joins); prefill has TTFT (sum of ``2 pre_b``: a request waits for the
+Latency metrics: aggregated has TPOT (sum of ``tau + pre_b / out``: prompts are time-shared with decode
+steps, so each output token also waits for its share of the batch's prompt work) and TTFT (sum of
+``pre_1 + tau``: a request's own prompt plus one decode step of the batch it joins); prefill has TTFT (sum of ``2 pre_b``: a request waits for the
 batch in progress, then runs in the next); decode has TPOT, plus, on the source edge, the KV-cache transfer
 of the mean prompt over the decode node's NIC spread over the mean output (the second token waits for it).
 Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
@@ -31,14 +35,21 @@ from coral.workload import MODES, Slo, WorkloadShape
 from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+FORMULATION = "options-3"
+"""Bumped whenever menus or metrics change meaning; part of every template's content key."""
 
 
-def node_menu(perf: PerfModel, model: str, node: str, mode: str, shape: WorkloadShape) -> NodeMenu:
-    """Every memory-feasible (k, b) option of one node, with its capacity and latencies."""
+def node_menu(
+    perf: PerfModel, model: str, node: str, mode: str, shape: WorkloadShape, *, inflight: int = 1
+) -> NodeMenu:
+    """Every memory-feasible (k, b) option of one node, with its capacity and latencies.
+
+    ``inflight`` micro-batches of b sequences share the node's KV cache (the number of pipeline stages).
+    """
     ks: list[np.ndarray] = []
     bs: list[np.ndarray] = []
     for batch in BATCH_GRID:
-        kmax = perf.max_layers(model, node, batch=batch, context=shape.max_context)
+        kmax = perf.max_layers(model, node, batch=batch * inflight, context=shape.max_context)
         if kmax >= 1:
             ks.append(np.arange(1, kmax + 1, dtype=np.int64))
             bs.append(np.full(kmax, batch, dtype=np.int64))
@@ -47,7 +58,7 @@ def node_menu(perf: PerfModel, model: str, node: str, mode: str, shape: Workload
         return NodeMenu(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, np.zeros((_metrics(mode), 0)), empty)
     k = np.concatenate(ks)
     b = np.concatenate(bs)
-    mem = perf.stage_bytes(model, layers=k, batch=b, context=shape.max_context)
+    mem = perf.stage_bytes(model, layers=k, batch=b * inflight, context=shape.max_context)
     if mode == "prefill":
         pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
         return NodeMenu(k, b, b * shape.mean_in / pre_b, 2.0 * pre_b[None, :], mem)
@@ -57,7 +68,7 @@ def node_menu(perf: PerfModel, model: str, node: str, mode: str, shape: Workload
     pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=shape.mean_in)
     pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
     cap = b / (pre_b + shape.mean_out * tau)
-    return NodeMenu(k, b, cap, np.vstack([tau, pre1 + tau]), mem)
+    return NodeMenu(k, b, cap, np.vstack([tau + pre_b / shape.mean_out, pre1 + tau]), mem)
 
 
 def _metrics(mode: str) -> int:
@@ -72,7 +83,7 @@ def build_problem(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     kinds = tuple(sorted(nodes))
     n = len(kinds)
-    menus = tuple(node_menu(perf, model, nd, mode, shape) for nd in kinds)
+    menus = tuple(node_menu(perf, model, nd, mode, shape, inflight=n) for nd in kinds)
     m = perf.catalog.models[model]
     act = activation_bytes_per_token(m)
     per_unit = {"aggregated": (shape.mean_in + shape.mean_out) * act, "prefill": act, "decode": act}[mode]

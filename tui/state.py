@@ -1,7 +1,7 @@
 """The TUI's view-state and the one adapter between bus messages and it.
 
 Every dependency of the TUI on message fields lives in this module: the reducer ``apply(state, env)``
-that folds one bus envelope into a new ``State``, ``coalesce`` (which snapshot messages a flood may merge),
+that folds one bus envelope into a new ``State``, ``merge_snapshots`` (how a flood merges snapshot messages),
 and the steering forms (``ACTIONS``, ``build_command``) that turn what the operator typed into a control
 message. The widgets read only the plain attrs classes defined here.
 
@@ -36,6 +36,8 @@ MAX_EVENTS = 2000
 MAX_COMMANDS = 200
 RECENT_S = 60.0
 """A market entry that changed within this much kernel time counts as a recent change."""
+LOST_SHOWN_S = 120.0
+"""A lost instance stays in the fleet view for this much kernel time."""
 GOODPUT_S = 60.0
 """Goodput is measured over (at least) this much kernel time of traffic reports."""
 RUNNING_STATES = frozenset(LIVE_STATES) | frozenset(ROUTABLE_STATES)
@@ -164,6 +166,7 @@ class DeploymentView:
     slo: SloView | None = None
     demand: float = 0.0
     estimate: float = 0.0
+    demand_seen: bool = False
     override: bool = False
     capacity: float = 0.0
     planned_capacity: float = 0.0
@@ -575,6 +578,13 @@ def _on_fleet(state: State, env: Envelope) -> State:
         )
         for i in m.instances
     }
+    for iid in m.lost:  # gone from the update: shown as lost for a while
+        old = state.instances.get(iid)
+        if old is not None and iid not in insts:
+            insts[iid] = attrs.evolve(old, state="lost", since=m.at)
+    for iid, old in state.instances.items():
+        if old.state == "lost" and iid not in insts and m.at - old.since <= LOST_SHOWN_S:
+            insts[iid] = old
     cap = _live_capacity(insts.values())
     deps = dict(state.deployments)
     for name in set(cap) | {n for n, d in deps.items() if d.capacity}:
@@ -620,7 +630,7 @@ def _on_demand(state: State, env: Envelope) -> State:
         d = _dep(state, name)
         d = attrs.evolve(
             d, demand=float(m.demand.get(name, d.demand)), estimate=float(m.estimate.get(name, d.estimate)),
-            override=name in over,
+            override=name in over, demand_seen=True,
         )  # fmt: skip
         deps[name] = _with_sample(d, m.at)
     state = attrs.evolve(state, deployments=deps, now=max(state.now, m.at))

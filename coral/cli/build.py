@@ -26,7 +26,7 @@ from coral.templates import Template
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, layer_work_bound, prune_verdict
 from solvers.library import solve_multiset
-from solvers.options import build_problem
+from solvers.options import FORMULATION, build_problem
 from solvers.placement import lp_reduce
 
 Multiset = tuple[str, ...]
@@ -140,7 +140,7 @@ def build_library(
             raise ValueError(f"unknown node type {n!r}; known: {', '.join(sorted(perf.catalog.nodes))}")
     report = BuildReport(workers=workers)
     t_start = time.perf_counter()
-    params = {"nmax": nmax, "rho": rho, "time_limit": time_limit}
+    params = {"nmax": nmax, "rho": rho, "time_limit": time_limit, "formulation": FORMULATION}
     levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
     total = sum(len(v) for lv in levels.values() for v in lv.values())
     report.enumerated = total

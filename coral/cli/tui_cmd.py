@@ -26,7 +26,9 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         default="1",
         help="replay speed: kernel seconds per wall second, or 'max' (default: 1)",
     )
-    p.add_argument("--store", type=Path, default=None, help="template store for stage bars (default: the user data dir)")
+    p.add_argument(
+        "--store", type=Path, default=None, help="template store for the stage bars (default: the user data dir)"
+    )
     p.set_defaults(func=run_tui_cmd)
 
 

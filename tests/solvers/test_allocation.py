@@ -86,22 +86,24 @@ def brute_force(p: AllocationProblem) -> tuple[float, float]:
 
         extend(0, p.avail[r].copy(), ())
         per_region.append(plans)
-    best_unmet, best_obj = np.inf, np.inf
-    results = []
-    stack: list[tuple[int, dict[tuple[int, int], int]]] = [(0, {})]
-    while stack:
-        r, counts = stack.pop()
-        if r == p.num_regions:
-            served, cost, churn = evaluate(p, counts)
-            results.append((float((p.demand_rps - served).sum()), cost + churn))
-            continue
-        for plan in per_region[r]:
-            nxt = dict(counts)
-            nxt.update({(i, r): k for i, k in enumerate(plan) if k})
-            stack.append((r + 1, nxt))
-    best_unmet = min(u for u, _ in results)
-    best_obj = min(o for u, o in results if u <= best_unmet + 1e-7)
-    return best_unmet, best_obj
+    # per region and plan: capacity per model (aggregated + that region's disaggregated flow), cost
+    caps, objs = [], []
+    for r, plans in enumerate(per_region):
+        cap = np.zeros((len(plans), p.num_models))
+        obj = np.zeros(len(plans))
+        for k, plan in enumerate(plans):
+            counts = {(i, r): n for i, n in enumerate(plan) if n}
+            served_alone, cost, churn = evaluate(attrs.evolve(p, demand_rps=np.full(p.num_models, 1e9)), counts)
+            cap[k], obj[k] = served_alone, cost + churn
+        caps.append(cap)
+        objs.append(obj)
+    total_cap, total_obj = caps[0], objs[0]
+    for cap, obj in zip(caps[1:], objs[1:], strict=True):
+        total_cap = (total_cap[:, None, :] + cap[None, :, :]).reshape(-1, p.num_models)
+        total_obj = (total_obj[:, None] + obj[None, :]).reshape(-1)
+    unmet = (p.demand_rps - np.minimum(total_cap, p.demand_rps)).sum(axis=1)
+    best_unmet = float(unmet.min())
+    return best_unmet, float(total_obj[unmet <= best_unmet + 1e-7].min())
 
 
 def tiny_instance(seed: int, *, with_current: bool = False) -> AllocationProblem:
@@ -388,7 +390,17 @@ def test_column_generation_reaches_the_full_lp_bound(scarcity: float) -> None:
     assert generated.bound == pytest.approx(full.bound, rel=1e-6)
     res = solve_allocation(p, deadline_s=0.5, columns="generated")
     check_plan(p, res)
+    assert res.column_generation
     assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6) or scarcity > 1
+
+
+def test_auto_generates_columns_at_the_extended_size() -> None:
+    small = solve_allocation(generate("core", 50, seed=1), deadline_s=0.2)
+    assert not small.column_generation
+    p = generate("extended", 50, seed=1)
+    res = solve_allocation(p, deadline_s=0.5)
+    check_plan(p, res)
+    assert res.column_generation
 
 
 # --------------------------------------------------------------------------------------------------

@@ -84,15 +84,16 @@ class Live:
 
 
 @contextlib.asynccontextmanager
-async def live(tmp: Path, size: tuple[int, int] = (120, 40)) -> AsyncIterator[Live]:
-    """A mesh (journaled) with ``FakeCoral`` and a TUI attached, once the TUI has the first plan."""
+async def live(tmp: Path, size: tuple[int, int] = (120, 40), fake_name: str = "operator") -> AsyncIterator[Live]:
+    """A mesh (journaled) with ``FakeCoral`` (as ``fake_name``) and a TUI attached, once the TUI has the
+    first plan."""
     journal = tmp / "bus.jrnl"
     eps = endpoints(tmp)
     async with Mesh(endpoints=eps, journal=journal) as mesh:
         app = live_app(eps, ping_s=1.0)  # little background work: the pilot's waits for idle return soon
         async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
-            fake = FakeCoral()
+            fake = FakeCoral(fake_name)
             await mesh.spawn(fake)
             await until(pilot, lambda: bool(app.state.plans) and bool(app.state.instances), "the first plan")
             yield Live(mesh, fake, app, pilot, journal)

@@ -97,7 +97,7 @@ def test_bad_replay_arguments() -> None:
         ReplaySource(ROOT / "nope.jrnl")
     for bad in (0, -1.0, math.nan, True):
         with pytest.raises(CoralError, match="--speed"):
-            check_speed(bad)  # type: ignore[arg-type]
+            check_speed(bad)
 
 
 def test_addresses() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from textual.widgets import DataTable
 
+from coral.kernel import read_journal
 from coral.messages import (
     DrainInstance,
     ForbidTemplate,
@@ -248,3 +249,16 @@ async def test_invalid_input_is_refused_in_the_form(tmp_path: Path) -> None:
         assert len(lv.fake.received) == sent
         assert lv.app.state.command_count == 0
         assert not lv.sent_on_bus("ctl.demand")
+
+
+async def test_without_a_gateway_commands_go_to_the_owner(tmp_path: Path) -> None:
+    async with live(tmp_path, fake_name="allocator") as lv:  # a mesh with no ``operator`` (not ``coral up``)
+        seq = lv.last_plan_seq()
+        await lv.pilot.press("r", "y")
+        await lv.wait_plan(seq, "the re-plan")
+        assert lv.fake.received == [Replan("operator")]
+        assert [c.status for c in lv.app.state.commands] == ["ok"]
+        assert lv.mesh.journal is not None
+        lv.mesh.journal.flush()
+        routed = [(r.kind, r.dest) for r in read_journal(lv.journal) if r.tag == "ctl.replan"]
+        assert routed == [("request", "allocator")], "the gateway was not there: the owner got it"

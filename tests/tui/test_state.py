@@ -42,8 +42,10 @@ def test_the_demo_journal_folds_into_the_story(final: S.State) -> None:
     assert st.now == 300.0
     assert [p.seq for p in st.plans] == [1, 2] and st.plans[1].trigger == "market"
     assert (st.plans[1].starts, st.plans[1].stops) == (2, 1)
-    assert sorted(st.instances) == ["i1", "i3", "i4", "i5", "i7", "i8"]
-    assert all(i.state == "serving" for i in st.instances.values())
+    assert sorted(st.instances) == ["i1", "i2", "i3", "i4", "i5", "i7", "i8"]
+    assert st.instances["i2"].state == "lost" and st.instances["i2"].since == 265.0 and not st.instances["i2"].live
+    assert all(i.state == "serving" for i in st.instances.values() if i.id != "i2")
+    assert st.live_instances == 6
     assert st.market[("aws-us-east-1", "p5.4xlarge")].stockout
     assert st.market[("aws-us-east-1", "p5.4xlarge")].prev_availability == 4
     assert st.market[("gcp-us-central1", "g2-standard-4")].prev_price == pytest.approx(0.705)
@@ -162,7 +164,8 @@ def test_every_action_builds_its_typed_command(final: S.State) -> None:
         ("forbid", {"template_id": "", "forbid": "forbid"}, "template_id", "required"),
         ("forbid", {"template_id": "a1c8", "forbid": "maybe"}, "forbid", "expected 'forbid' or 'allow'"),
         ("pin", {"deployment": "chat-8b", "template_id": "e2a4"}, "template_id", "serves qwen3-32b"),
-        ("drain", {"instance": "i2"}, "instance", "unknown running instance 'i2'"),
+        ("drain", {"instance": "i2"}, "instance", "instance i2 is lost, not running"),
+        ("drain", {"instance": "i9"}, "instance", "unknown running instance 'i9'"),
         ("churn", {"factor": ""}, "factor", "required"),
     ],
 )

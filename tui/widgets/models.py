@@ -57,7 +57,7 @@ def render_detail(st: State, d: DeploymentView, width: int) -> Text:
     top = max([v for v in dem + cap if v is not None] or [0.0])
     out.append(f"\n{'demand':<{label_w}}")
     out.append_text(sparkline(dem, top=top, style="cyan"))
-    out.append(f" {rate(d.demand)} req/s (est {rate(d.estimate)})")
+    out.append(f" {rate(d.demand)} req/s (est {rate(d.estimate)})" if d.demand_seen else " not seen yet")
     out.append(f"\n{'capacity':<{label_w}}")
     short = d.capacity + 1e-9 < d.demand
     out.append_text(sparkline(cap, top=top, style="red" if short else "green"))
@@ -126,6 +126,8 @@ class ModelsView(Vertical):
             d = state.deployments[name]
             target = d.slo.attainment if d.slo is not None else 0.9
             demand = Text(rate(d.demand) + ("⚑" if d.override else ""), style="yellow" if d.override else "")
+            if not d.demand_seen:
+                demand = Text("-", style="dim")
             cap = Text(rate(d.capacity), style="red" if d.capacity + 1e-9 < d.demand else "")
             unmet = Text(rate(d.unmet), style="bold red" if d.unmet > 1e-9 else "dim")
             att = Text(pct(d.window_attainment), style=_att_style(d.window_attainment, target))
