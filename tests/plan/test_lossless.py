@@ -126,7 +126,7 @@ def two_stage(inst: dict) -> tuple[float, float]:  # type: ignore[type-arg]
     for m in range(2):
         partition: dict[tuple[str, ...], float] = {}
         for ms in sorted(multisets(inst["avail"]), key=lambda s: (len(s), s)):
-            r = place(problem(inst, m, ms))
+            r = place(problem(inst, m, ms), time_limit=120.0)
             assert r.proven
             c = r.value if r.status == "optimal" else 0.0
             split, sub = best_split(ms, partition), best_sub(ms, partition)

@@ -31,6 +31,7 @@ def steady_store(tmp_path_factory: pytest.TempPathFactory, catalog: Catalog, per
     return path
 
 
+@pytest.mark.slow
 async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: PerfModel, steady_store: Path) -> None:
     from actors.compose import RunOptions, library_for, make_setup, run_mesh
     from coral.scenario import load_scenario
