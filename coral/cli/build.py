@@ -146,17 +146,8 @@ def build_library(
     report.enumerated = total
     done = 0
     pool: ProcessPoolExecutor | None = None
-    if workers > 1:
-        ctx = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(
-            workers,
-            mp_context=ctx,
-            initializer=_init_worker,
-            initargs=(list(catalog_files), list(profile_files), time_limit),
-        )
-    else:
-        global _PERF, _TIME_LIMIT
-        _PERF, _TIME_LIMIT = perf, time_limit
+    global _PERF, _TIME_LIMIT
+    _PERF, _TIME_LIMIT = perf, time_limit
     try:
         partition: dict[BuildJob, dict[Multiset, float]] = {j: {} for j in jobs}
         for size in range(1, nmax + 1):
@@ -180,6 +171,13 @@ def build_library(
                     pending.append((job, s, key, split, sub))
             if progress:
                 progress(done, total)
+            if pool is None and workers > 1 and len(pending) > 1:
+                pool = ProcessPoolExecutor(
+                    workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker,
+                    initargs=(list(catalog_files), list(profile_files), time_limit),
+                )
             stop_at = None if deadline_s is None else t_start + deadline_s
             results = _run(pool, pending, stop_at)
             batch_outcomes: list[Outcome] = []

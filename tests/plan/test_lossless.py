@@ -26,10 +26,12 @@ KINDS = ("A", "B")
 
 
 def make_menu(rng: np.random.Generator, L: int, speed: float) -> NodeMenu:
+    """A small menu (at most 6 options) so that the exact references stay fast at 4-5 nodes."""
     kmax = int(rng.integers(max(1, L // 2), L + 1))
+    ks = sorted({kmax, max(1, kmax - 1), max(1, kmax // 2)})
     k, b, cap, lat = [], [], [], []
-    for kk in range(1, kmax + 1):
-        for bb in (1, 2, 4):
+    for kk in ks:
+        for bb in (1, 2):
             step = kk * speed * (1.0 + 0.25 * bb) * float(rng.uniform(0.9, 1.1))
             k.append(kk)
             b.append(bb)
