@@ -10,7 +10,16 @@ from collections.abc import Sequence
 from coral.cli import common
 from coral.errors import CoralError
 
-VERB_MODULES = ("catalog_cmd", "templates_cmd", "plan_cmd", "bench_cmd", "simulate_cmd", "up_cmd", "replay_cmd", "tui_cmd")
+VERB_MODULES = (
+    "catalog_cmd",
+    "templates_cmd",
+    "plan_cmd",
+    "bench_cmd",
+    "simulate_cmd",
+    "up_cmd",
+    "replay_cmd",
+    "tui_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
