@@ -17,8 +17,9 @@ shorter paths. For each option the perf model gives:
 Latency metrics: aggregated has TPOT (sum of ``tau + pre_b / out``: prompts are time-shared with decode
 steps, so each output token also waits for its share of the batch's prompt work) and TTFT (sum of
 ``pre_1 + tau``: a request's own prompt plus one decode step of the batch it joins); prefill has TTFT
-(sum of ``2 pre_b``: a request waits for the batch in progress, then runs in the next); decode has TPOT, plus, on the source edge, the KV-cache transfer
-of the mean prompt over the decode node's NIC spread over the mean output (the second token waits for it).
+(sum of ``2 pre_b``: a request waits for the batch in progress, then runs in the next); decode has TPOT,
+plus, on the source edge, the KV-cache transfer of the mean prompt over the decode node's NIC spread over
+the mean output (the second token waits for it).
 Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
 at most NIC bandwidth / activation bytes per flow unit.
 """
