@@ -29,6 +29,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default="core,extended,scarce", help="comma-separated scenario names or files")
     p.add_argument("--resolves", type=int, default=20, help="re-solves with perturbed demand per policy")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deadline", type=float, default=None, help="solver deadline in seconds (default: scenario's)")
     p.add_argument("--store", type=Path, default=None)
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--json", action="store_true")
@@ -39,6 +40,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from coral.cli.plan_cmd import ensure_templates
     from coral.cli.planning import make_planner, request_at
 
+    if args.deadline is not None and not args.deadline > 0:
+        raise CoralError(f"--deadline must be positive, got {args.deadline}")
     if args.resolves < 1:
         raise CoralError(f"--resolves must be at least 1, got {args.resolves}")
     cat = catalog_from(args)
@@ -52,7 +55,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 ensure_templates(sc, cat, perf, store, args, quiet=args.json)
             base = request_at(sc, cat, 0.0, trigger="bench")
             for policy in POLICIES:
-                plan_fn, _ = make_planner(policy, sc, cat, perf, store)
+                plan_fn, _ = make_planner(policy, sc, cat, perf, store, deadline_s=args.deadline)
                 first = plan_fn(base)
                 rng = np.random.default_rng(args.seed)
                 times, gaps = [first.solve_s], [first.gap]

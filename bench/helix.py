@@ -1,0 +1,98 @@
+"""`just bench helix`: Coral against the Helix baseline in single-model mode on fixed clusters.
+
+For each (model, cluster): Helix solves one placement MILP over every node of the cluster. Coral builds
+templates for the sub-multisets of the cluster (the fast exact placer, lossless pruning), then runs the
+allocation program with the cluster as its availability: once with unbounded demand (its most throughput
+from these nodes) and once with Helix's throughput as demand (its cost for the same service). Prices are
+us-east-1 on-demand; utilisation 1 for both, so capacities compare directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+
+from coral.catalog import load_catalog
+from coral.perf import PerfModel
+from coral.workload import Slo, WorkloadShape
+from solvers.allocation import AllocationProblem, AllocTemplate, solve_allocation
+from solvers.combos import best_split, best_sub, prune_verdict
+from solvers.fastplace import place
+from solvers.helix import helix_place
+from solvers.options import build_problem
+
+CASES = [
+    ("qwen3-14b", ("g6e.xlarge", "g6e.xlarge", "g6.xlarge", "g5.xlarge")),
+    ("qwen3-32b", ("g6e.xlarge", "g6e.xlarge", "g6.12xlarge", "p5.4xlarge")),
+    ("llama-3.3-70b", ("g6e.12xlarge", "g6e.12xlarge", "g6.12xlarge", "p4d.24xlarge")),
+    ("mixtral-8x7b", ("g6e.xlarge", "g6e.12xlarge", "g5.12xlarge", "g6.xlarge")),
+]
+SLO = Slo(ttft_s=2.0, tpot_s=0.1)
+SHAPE = WorkloadShape(1155, 211)
+REGION = "aws-us-east-1"
+
+
+def sub_multisets(cluster: tuple[str, ...]) -> list[tuple[str, ...]]:
+    c = Counter(cluster)
+    types = sorted(c)
+    out = []
+    for counts in itertools.product(*(range(c[t] + 1) for t in types)):
+        ms = tuple(t for t, k in zip(types, counts, strict=True) for _ in range(k))
+        if ms:
+            out.append(ms)
+    return sorted(out, key=lambda s: (len(s), s))
+
+
+def coral(perf: PerfModel, model: str, cluster: tuple[str, ...], prices: dict[str, float], demand: float):  # type: ignore[no-untyped-def]
+    types = sorted(set(cluster))
+    partition: dict[tuple[str, ...], float] = {}
+    cols = []
+    for ms in sub_multisets(cluster):
+        r = place(build_problem(perf, model, ms, "aggregated", SLO, SHAPE), time_limit=60.0)
+        cap = r.value if r.status in ("optimal", "feasible") else 0.0
+        split, sub = best_split(ms, partition), best_sub(ms, partition)
+        partition[ms] = max(cap, split)
+        if cap > 0 and prune_verdict(cap, sub, split) is None:
+            counts = [ms.count(t) for t in types]
+            cols.append(AllocTemplate(0, "aggregated", counts, 2 * cap, 2 * cap, 0.0, "+".join(ms)))
+    prob = AllocationProblem(
+        models=[model], demand_rps=[demand], mean_in=[1.0], mean_out=[1.0], kv_bytes_per_token=[0.0],
+        node_types=types, nic_bytes_s=[1e9] * len(types), regions=[REGION],
+        price=[[prices[t] for t in types]], avail=[[cluster.count(t) for t in types]], templates=cols,
+        churn_factor=0.0, utilisation=1.0,
+    )  # fmt: skip
+    res = solve_allocation(prob, deadline_s=30.0, mip_gap=0.0)
+    return float(res.served_rps.sum()), res.cost_per_hour, res.status
+
+
+def main() -> int:
+    cat = load_catalog()
+    perf = PerfModel(cat)
+    prices = {n: o.price for n, o in cat.regions[REGION].offers.items()}
+    print(f"{'model':<15} {'cluster':<52} {'helix req/s':>11} {'$/h':>7} {'coral max':>9} {'$/h':>7} "
+          f"{'coral@helix $/h':>15} {'thr x':>6} {'cost -':>7}")  # fmt: skip
+    thr, cost = [], []
+    for model, cluster in CASES:
+        t0 = time.perf_counter()
+        h = helix_place(perf, model, cluster, SLO, SHAPE, time_limit=120.0)
+        h_cost = sum(prices[n] for n in cluster)
+        h_thr = h.value if h.status in ("optimal", "feasible") else 0.0
+        c_thr, c_cost_max, _ = coral(perf, model, cluster, prices, 1e6)
+        _, c_cost_same, _ = coral(perf, model, cluster, prices, h_thr) if h_thr > 0 else (0.0, 0.0, "")
+        gain = c_thr / h_thr if h_thr > 0 else float("inf")
+        save = 1 - c_cost_same / h_cost if h_thr > 0 else float("nan")
+        thr.append(gain)
+        cost.append(save)
+        print(f"{model:<15} {' + '.join(cluster):<52} {h_thr:>11.2f} {h_cost:>7.2f} {c_thr:>9.2f} {c_cost_max:>7.2f} "
+              f"{c_cost_same:>15.2f} {gain:>5.2f}x {save:>6.1%}   (helix {h.status}, gap {h.gap:.1%}, "
+              f"{time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    print(f"mean: throughput {np.mean(thr):.2f}x Helix's; cost {np.mean(cost):.1%} lower at Helix's throughput")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
