@@ -55,6 +55,8 @@ class Planner:
     perf: PerfModel
     templates: Mapping[str, Sequence[Template]]
     deadline_s: float
+    columns: str = "all"
+    """``all``: the MIP over every column (exact); ``auto``: column generation at large sizes (LP bound only)."""
 
     def problem(self, req: PlanRequest) -> tuple[AllocationProblem, list[tuple[Deployment, Template]]]:
         sc, cat = self.scenario, self.catalog
@@ -121,7 +123,7 @@ class Planner:
 
     def __call__(self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None) -> Plan:
         prob, index = self.problem(req)
-        res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort)
+        res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
         return to_plan(self, req, prob, index, res, seq=seq)
 
 
