@@ -27,6 +27,7 @@ from coral.messages.market import MarketUpdate
 from coral.messages.mesh import MeshEnd, MeshSetup
 from coral.messages.plan import NewPlan
 from coral.messages.requests import RoutingStats
+from coral.plan import PlannedInstances
 from coral.templates import Template
 
 HISTORY_S = 15 * 60.0
@@ -187,20 +188,6 @@ class DeploymentView:
 
 
 @attrs.frozen
-class PlannedRow:
-    """``count`` instances of one template in one region (cost and capacity per instance)."""
-
-    deployment: str
-    template_id: str
-    region: str
-    count: int
-    nodes: tuple[str, ...]
-    mode: str
-    cost_per_hour: float
-    capacity_rps: float
-
-
-@attrs.frozen
 class ServingRow:
     deployment: str
     model: str
@@ -235,7 +222,7 @@ class PlanView:
     stops: int
     demand: float
     unmet: float
-    instances: tuple[PlannedRow, ...]
+    instances: tuple[PlannedInstances, ...]
     serving: tuple[ServingRow, ...]
     diff: tuple[DiffRow, ...]
 
@@ -511,12 +498,7 @@ def _on_end(state: State, env: Envelope) -> State:
 def _on_plan(state: State, env: Envelope) -> State:
     m: NewPlan = env.msg
     p = m.plan
-    rows = tuple(
-        PlannedRow(
-            i.deployment, i.template_id, i.region, i.count, tuple(i.nodes), i.mode, i.cost_per_hour, i.capacity_rps
-        )
-        for i in p.instances
-    )
+    rows = tuple(p.instances)
     serving = tuple(ServingRow(s.deployment, s.model, s.demand_rps, s.capacity_rps, s.unmet_rps) for s in p.serving)
     diff = tuple(DiffRow(c.deployment, c.template_id, c.region, c.delta) for c in m.diff)
     n = state.plan_count + 1
