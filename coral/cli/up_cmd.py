@@ -86,6 +86,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing templates")
     p.add_argument("--no-status", action="store_true", help="no live status, only the summary at the end")
+    p.add_argument("--tui", action="store_true", help="watch and steer the mesh in the terminal UI (quit it to stop)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run_up)
 
@@ -169,6 +170,8 @@ def load_hosts(path: Path, scenario: Scenario) -> tuple[Host, ...]:
 def run_up(args: argparse.Namespace) -> int:
     from actors.compose import RunOptions, library_for, make_setup
 
+    if args.tui and args.json:
+        raise CoralError("--tui and --json do not go together: the UI owns the terminal")
     speed = parse_speed(args.speed)
     wall_limit = parse_duration(args.for_) if args.for_ is not None else None
     endpoints = parse_bind(args.bind)
@@ -191,7 +194,7 @@ def run_up(args: argparse.Namespace) -> int:
         seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
     )
     setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
-    console = Console(stderr=args.json)
+    console = Console(stderr=args.json, quiet=args.tui)
     summary = anyio.run(
         _run,
         setup,
@@ -203,9 +206,11 @@ def run_up(args: argparse.Namespace) -> int:
         speed,
         wall_limit,
         console,
-        not (args.no_status or args.json),
+        not (args.no_status or args.json or args.tui),
+        path if args.tui else None,
         backend="asyncio",
     )
+    console.quiet = False
     if args.json:
         json.dump(summary, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -227,8 +232,13 @@ async def run_up_async(
     console: Console,
     live: bool,
     on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
+    tui_store: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary."""
+    """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
+
+    With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
+    store), and quitting it stops the mesh.
+    """
     from actors.compose import RunState, run_mesh
 
     stop = anyio.Event()
@@ -242,6 +252,14 @@ async def run_up_async(
             console.print(f"coral up: {setup.scenario_name}, kernel at {mesh.endpoints.router} / {mesh.endpoints.pub}")
         if on_start is not None:
             await on_start(mesh, cm)
+        if tui_store is not None:
+            tg.start_soon(tui, mesh.endpoints)
+
+    async def tui(endpoints: Endpoints) -> None:
+        from tui.app import run_tui_async
+
+        await run_tui_async(endpoints, store=tui_store)
+        stop.set()
 
     async with anyio.create_task_group() as tg:
 
@@ -295,6 +313,7 @@ async def _run(
     wall_limit: float | None,
     console: Console,
     live: bool,
+    tui_store: Path | None,
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -307,6 +326,7 @@ async def _run(
         wall_limit=wall_limit,
         console=console,
         live=live,
+        tui_store=tui_store,
     )
 
 

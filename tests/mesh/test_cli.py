@@ -63,6 +63,7 @@ def test_up_records_and_replay_matches(
         (["--bind", "udp://x"], "--bind: expected tcp://HOST:PORT"),
         (["--seed", "-1"], "--seed: must be >= 0"),
         (["--scenario", "nope"], "unknown scenario 'nope'"),
+        (["--tui", "--json"], "--tui and --json do not go together"),
     ],
 )
 def test_up_refuses_bad_arguments(
