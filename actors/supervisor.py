@@ -73,6 +73,7 @@ class NodeRec:
     worker: str = ""
     last_seen: float = 0.0
     loaded: bool = False
+    endpoint: str = ""
 
 
 @attrs.define
@@ -155,6 +156,7 @@ class Supervisor(TickActor):
             rec = self.nodes.get(msg.node_id)
             if rec is not None and rec.instance == msg.instance:
                 rec.loaded = True
+                rec.endpoint = msg.endpoint
         elif isinstance(msg, InstanceDrained):
             inst = self.instances.get(msg.instance)
             if inst is not None:
@@ -374,6 +376,7 @@ class Supervisor(TickActor):
                     instance_weight(inst.template, d),
                     kv_nic,
                     inst.since,
+                    self.nodes[inst.nodes[0]].endpoint,
                 )
             )
         pending = tuple(PendingStart(d, t, r, n) for (d, t, r), n in sorted(self.pending.items()))

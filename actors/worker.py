@@ -129,7 +129,8 @@ class StageWorker(TickActor):
             self.state = "loaded"
         if self.state in ("loaded", "serving", "draining") and not self.loaded_sent:
             self.loaded_sent = True
-            await self.ctx.send(self.supervisor, StageLoaded(self.node_id, self.instance, now))
+            endpoint = getattr(self.engine, "endpoint", "")
+            await self.ctx.send(self.supervisor, StageLoaded(self.node_id, self.instance, now, endpoint))
         if self.head and self.state in ("serving", "draining"):
             out = self.engine.poll(self.engine_now(now))
             if out:

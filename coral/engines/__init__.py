@@ -12,6 +12,9 @@ A stage worker owns one engine. The protocol is small:
   (``drained`` says when nothing is left);
 - ``stop(now) -> abandoned``: drop everything at once.
 
+An engine that serves HTTP itself (vLLM's OpenAI server) also has an ``endpoint`` attribute, its base URL;
+the worker reports it with ``StageLoaded`` and the fleet publishes it, so that a gateway can reach it.
+
 ``SimEngine`` (``coral.engines.sim``) runs the fleet simulator's timing model for one instance; a vLLM
 engine implements the same protocol over real processes.
 """

@@ -33,7 +33,9 @@ FAULT_KINDS = ("node_loss", "preemption")
 @attrs.frozen
 class InstanceInfo:
     """One instance as the fleet sees it. ``weight`` is its capacity in requests/s (routing weight);
-    ``kv_nic`` the smallest NIC of its nodes in bytes/s (what a KV transfer from it runs at)."""
+    ``kv_nic`` the smallest NIC of its nodes in bytes/s (what a KV transfer from it runs at);
+    ``endpoint`` the HTTP base URL of its head node's OpenAI-compatible server ("" when its engine has none,
+    as the simulated engine)."""
 
     id: str
     deployment: str
@@ -47,6 +49,7 @@ class InstanceInfo:
     weight: float
     kv_nic: float
     since: float
+    endpoint: str = ""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -156,11 +159,12 @@ class LoadStage:
 @message("fleet.loaded")
 @attrs.frozen
 class StageLoaded:
-    """Worker -> supervisor: the stage is loaded."""
+    """Worker -> supervisor: the stage is loaded; ``endpoint`` is the engine's HTTP base URL, if it has one."""
 
     node_id: str
     instance: str
     at: float
+    endpoint: str = ""
 
 
 @message("fleet.serve")
