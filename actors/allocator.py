@@ -11,7 +11,12 @@ templates of its own, those built for a stricter SLO (whose placements meet the 
 measured at the stricter SLO, a safe under-estimate). Forbidden templates are left out; a pinned
 deployment uses only its pinned template. The churn-penalty factor overrides the scenario's.
 
-Determinism: online the solve runs under the scenario's wall-clock deadline and the plan records the
+Deadline: the scenario's ``deadline_s`` bounds the whole reaction, from the tick that handles a trigger to
+the published plan, not only the solver: building the problem is timed and subtracted, and
+``PUBLISH_SHARE`` of the deadline is kept for assembling and publishing the plan. The solver always
+returns a feasible plan within what is left (``solvers.allocation``).
+
+Determinism: online the solve runs under that wall-clock deadline and the plan records the
 solver effort it took (``Plan.effort``); given ``efforts`` (plan sequence -> effort, from a journal) the
 allocator re-solves each plan with exactly that effort; with ``deterministic`` it solves without a
 deadline (each phase to completion), so that a recording is reproducible on any machine.
@@ -21,6 +26,7 @@ optimality proven over the generated columns only (the plan reports the LP bound
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import anyio
@@ -50,6 +56,11 @@ from coral.templates import Template
 from coral.workload import Slo
 from solvers.allocation import SolverEffort, solve_allocation
 from solvers.planning import Planner, policy_admits, to_plan
+
+PUBLISH_SHARE = 0.12
+"""Share of the reaction deadline kept for turning the solution into a plan and publishing it."""
+MIN_SOLVE_SHARE = 0.25
+"""The solver gets at least this share of the deadline, however long the problem took to build."""
 
 
 def servable(templates: Sequence[Template]) -> bool:
@@ -258,9 +269,13 @@ class Allocator(TickActor):
         if effort is None and self.deterministic:
             effort = SolverEffort()
 
+        started = time.perf_counter()  # transport-side timing: the deadline, never a decision input
+
         def run() -> Plan:
             prob, index = planner.problem(req)
-            res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
+            spent = time.perf_counter() - started
+            left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
+            res = solve_allocation(prob, deadline_s=left, effort=effort, columns=self.columns)
             return to_plan(planner, req, prob, index, res, seq=seq)
 
         plan = await anyio.to_thread.run_sync(run)
