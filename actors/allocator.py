@@ -4,6 +4,9 @@ At a tick where something changed (a demand, market or fleet update, an operator
 scenario's re-plan interval elapsed), and unless paused, it builds a ``PlanRequest`` from the latest
 demand, market and live fleet, solves it (``solvers.planning.Planner``) in a worker thread so that the
 event loop keeps running, and publishes ``NewPlan``. Several changes within one tick give one plan.
+Its operator settings (paused, churn factor, pins, forbidden templates) are published as
+``AllocatorState`` at its first tick and at each tick after one changed, so that every client sees
+them, not only the one that sent the command.
 
 Templates: for each deployment the library holds every stored template of its model and shape on the
 scenario's node types. A deployment uses those built for its SLO; after an SLO change to one that has no
@@ -37,6 +40,7 @@ from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import (
     ALLOCATOR,
+    AllocatorState,
     ForbidTemplate,
     PauseAllocator,
     PinTemplate,
@@ -120,6 +124,7 @@ class Allocator(TickActor):
         self.pins: dict[str, str] = {}
         self.churn = scenario.planner.churn_factor
         self.paused = False
+        self.shown: AllocatorState | None = None
         self.triggers: set[str] = {"initial"}
         self.last_plan: Plan | None = None
         self.last_plan_at = 0.0
@@ -246,7 +251,17 @@ class Allocator(TickActor):
 
     # -- planning ------------------------------------------------------------------------------------
 
+    def settings(self, now: float) -> AllocatorState:
+        """The operator settings in force (published as ``ctl.alloc_state`` whenever they change)."""
+        return AllocatorState(
+            now, self.paused, float(self.churn), tuple(sorted(self.pins.items())), tuple(sorted(self.forbidden))
+        )
+
     async def on_tick(self, now: float) -> None:
+        state = self.settings(now)
+        if self.shown is None or attrs.evolve(state, at=self.shown.at) != self.shown:
+            self.shown = state
+            await self.ctx.publish(state)
         if self.last_plan is not None and now - self.last_plan_at >= self.scenario.planner.replan_interval_s:
             self.triggers.add("interval")
         if self.paused or self.prices is None or not self.triggers:

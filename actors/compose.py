@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -42,7 +43,16 @@ from coral.engines import Engine
 from coral.engines.sim import SimEngine
 from coral.errors import CoralError
 from coral.kernel import ActorState, BusClient, Endpoints, Envelope, Fsync, Mesh, RestartPolicy, VirtualClock
-from coral.messages.control import OPERATOR, CommandResult, is_command, owner_of
+from coral.kernel.codec import encode
+from coral.messages.control import (
+    OPERATOR,
+    CommandResult,
+    Snapshot,
+    SnapshotRecord,
+    SnapshotRequest,
+    is_command,
+    owner_of,
+)
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetUpdate
 from coral.messages.market import MarketUpdate
@@ -367,29 +377,59 @@ def deliver(mesh: Mesh, inputs: Sequence[Input]) -> None:
             raise CoralError(f"input {type(inp.msg).__name__} at t={inp.at} could not be delivered to {inp.dest!r}")
 
 
+SNAPSHOT_TOPICS = ("mesh.setup", "ctl.alloc_state", "mkt.update", "dem.update", "fleet.update", "req.stats")
+"""Tags whose latest message is the run's current state, in the order a ``Snapshot`` gives them."""
+SNAPSHOT_PLANS = 20
+"""How many of the latest plans a ``Snapshot`` carries."""
+
+
 class Gateway:
-    """The ``operator`` client: forwards commands to their owners at quiet points and relays the results."""
+    """The ``operator`` client: forwards commands to their owners at quiet points, relays the results, and
+    answers ``SnapshotRequest`` with the latest state it has seen published (for clients attaching late)."""
+
+    TOPICS = ("ctl.result", "plan.new", *SNAPSHOT_TOPICS)
+    """What the gateway subscribes to."""
 
     def __init__(self, bus: BusClient) -> None:
         self.bus = bus
         self.pending: dict[int, Envelope] = {}
         self.next_ref = 0
         self.forwarded = 0
+        self.latest: dict[str, SnapshotRecord] = {}
+        self.plans: deque[SnapshotRecord] = deque(maxlen=SNAPSHOT_PLANS)
 
     async def pump(self, mesh: Mesh) -> None:
         """Handle everything queued now."""
         while self.bus.backlog:
             await self.handle(mesh, self.bus.receive_nowait())
 
+    def snapshot(self, at: float) -> Snapshot:
+        """The latest state seen: one record per ``SNAPSHOT_TOPICS`` tag, then the recent plans."""
+        recs = [self.latest[t] for t in SNAPSHOT_TOPICS if t in self.latest]
+        return Snapshot(at, (*recs, *self.plans))
+
     async def handle(self, mesh: Mesh, env: Envelope) -> None:
-        """Forward a command (the mesh must be quiet), or relay a result to the command's sender."""
+        """Forward a command (the mesh must be quiet), relay a result to the command's sender, keep a
+        published state message, or answer a snapshot request."""
         msg = env.msg
         if isinstance(msg, CommandResult):
             orig = self.pending.pop(msg.ref, None)
             if orig is not None:
                 await self.bus.reply(orig, msg)
             return
+        if env.kind == "publish":
+            if env.tag in SNAPSHOT_TOPICS or env.tag == "plan.new":
+                rec = SnapshotRecord(env.source, env.tag, encode(msg)[1])
+                if env.tag == "plan.new":
+                    self.plans.append(rec)
+                else:
+                    self.latest[env.tag] = rec
+            return
         if env.kind not in ("send", "request"):
+            return
+        if isinstance(msg, SnapshotRequest):
+            if env.kind == "request":
+                await self.bus.reply(env, self.snapshot(mesh.clock.now()))
             return
         if not is_command(msg):
             if env.kind == "request":
@@ -525,7 +565,7 @@ async def run_mesh(
         clock=cm.clock(), journal=journal, endpoints=endpoints, fsync=fsync, shutdown_timeout=shutdown_timeout
     ) as mesh:
         watch = await mesh.client("watch", subscribe=WATCH_TOPICS, inbox_size=1 << 16)
-        gw = Gateway(await mesh.client(OPERATOR, subscribe=["ctl.result"])) if gateway else None
+        gw = Gateway(await mesh.client(OPERATOR, subscribe=Gateway.TOPICS)) if gateway else None
         async with anyio.create_task_group() as tg:
 
             async def watcher() -> None:

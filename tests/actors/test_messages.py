@@ -55,6 +55,9 @@ SAMPLES: list[object] = [
     m.SetChurn(0.5),
     m.CommandResult("ctl.price", False, "price-watcher", 1.0, "price", "must be positive", -3),
     m.SloChanged("chat", 1.0, 0.05, 0.95, 2.0),
+    m.AllocatorState(3.0, True, 0.5, (("chat", "t1"),), ("t2", "t3")),
+    m.SnapshotRequest(),
+    m.Snapshot(4.0, (m.SnapshotRecord("allocator", "ctl.alloc_state", b"\x91\x01"),)),
     m.MeshEnd(10.0, "stopped"),
 ]
 
