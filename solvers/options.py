@@ -1,7 +1,8 @@
 """Turn (model, node multiset, mode, SLO, workload shape) into a numeric PlacementProblem.
 
 Per node, the option menu is every (k layers, batch b) on the grid ``k = 1..K_b``, ``b in BATCH_GRID``
-whose memory fits. ``b`` is the micro-batch a stage steps at once. A path of p stages keeps p micro-batches
+whose memory fits. ``b`` is the micro-batch a stage steps at once (one b for all the stages of a template: see
+``solvers.library``). A path of p stages keeps p micro-batches
 in flight (vLLM's virtual engines), so every stage holds the KV cache of p * b sequences; since p is at
 most the number of nodes n, the memory check is k * layer weights + KV for n * b sequences at the shape's
 maximum context <= usable memory (``coral.perf``): exact for chains through all n nodes, conservative for
@@ -36,7 +37,7 @@ from coral.workload import MODES, Slo, WorkloadShape
 from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-3"
+FORMULATION = "options-4"
 """Bumped whenever menus or metrics change meaning; part of every template's content key."""
 
 
