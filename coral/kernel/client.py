@@ -167,6 +167,9 @@ class BusClient:
             set_common_options(sub, self.hwm)
             for topic in self._topics:
                 sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            # this client's sync marks, subscribed before connecting: a subscription made at each sync
+            # reached the publisher after the mark it was for (a lost mark and a retry per sync)
+            sub.setsockopt(zmq.SUBSCRIBE, self._sync_prefix)
             try:
                 dealer.connect(self.endpoints.router)
                 sub.connect(self.endpoints.pub)
@@ -212,6 +215,8 @@ class BusClient:
             self.stop_receiving()
             for slot in self._pending.values():  # wake waiting requests: they fail as closed
                 slot.event.set()
+            for state in self._syncs.values():  # and waiting syncs: they fail as closed
+                state.event.set()
             await stack.aclose()
 
     async def _handshake(self) -> None:
@@ -336,6 +341,11 @@ class BusClient:
         self._sub.get(zmq.EVENTS)  # let pyzmq re-check readiness in case the option call consumed a wake-up
 
     @property
+    def closed(self) -> bool:
+        """Whether the client has been closed (or failed to open)."""
+        return self._closed
+
+    @property
     def subscriptions(self) -> tuple[str, ...]:
         return tuple(self._topics)
 
@@ -346,9 +356,7 @@ class BusClient:
         has received (into its inbox) everything the kernel routed or published to it before that.
         """
         token = next(self._ids)
-        topic = self._sync_prefix + str(token).encode()
         state = self._syncs[token] = _Sync()
-        self._set_sub(zmq.SUBSCRIBE, topic)
         retry = 0.005
         try:
             with anyio.move_on_after(timeout):
@@ -359,8 +367,8 @@ class BusClient:
                     retry = min(retry * 2, 0.5)
         finally:
             del self._syncs[token]
-            if not self._closed:
-                self._set_sub(zmq.UNSUBSCRIBE, topic)
+        if self._closed:
+            raise BusError(f"client {self.name!r}: closed during a sync")
         if not state.event.is_set():
             raise BusError(f"client {self.name!r}: sync with the kernel timed out after {timeout}s")
 

@@ -36,7 +36,7 @@ from coral.kernel.clock import Clock, RealClock, VirtualClock, let_tasks_run
 from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ShutdownRequested
 from coral.kernel.journal import Fsync, Journal
-from coral.kernel.wire import KERNEL, Endpoints, check_name, check_positive
+from coral.kernel.wire import KERNEL, BusError, Endpoints, check_name, check_positive
 
 
 class MeshError(CoralError):
@@ -328,7 +328,7 @@ class Mesh:
                 for _ in range(2):  # first flushes every sender into the kernel, then every receiver
                     async with anyio.create_task_group() as tg:
                         for bus in self._buses():
-                            tg.start_soon(bus.sync)
+                            tg.start_soon(_sync_unless_closed, bus)
                 await self._wait_idle()
                 if self._activity == mark:
                     return
@@ -338,7 +338,7 @@ class Mesh:
 
     def _buses(self) -> list[BusClient]:
         buses = [rt._bus for rt in self._runtimes.values() if rt._bus is not None]
-        return buses + list(self._clients.values())
+        return [b for b in buses + list(self._clients.values()) if not b.closed]
 
     async def advance_to(self, t: float) -> None:
         """Virtual clock only: quiesce, then move time to ``t``, quiescing after each wake-up."""
@@ -350,3 +350,12 @@ class Mesh:
     async def advance(self, dt: float) -> None:
         """Virtual clock only: ``advance_to(now + dt)``."""
         await self.advance_to(self.clock.now() + dt)
+
+
+async def _sync_unless_closed(bus: BusClient) -> None:
+    """Sync with the kernel; a client that closes meanwhile (an actor ending) has nothing left in flight."""
+    try:
+        await bus.sync()
+    except BusError:
+        if not bus.closed:
+            raise
