@@ -41,7 +41,17 @@ from coral.catalog.types import Catalog
 from coral.engines import Engine
 from coral.engines.sim import SimEngine
 from coral.errors import CoralError
-from coral.kernel import ActorState, BusClient, Endpoints, Envelope, Fsync, Mesh, RestartPolicy, VirtualClock
+from coral.kernel import (
+    ActorState,
+    BusClient,
+    Endpoints,
+    Envelope,
+    Fsync,
+    Mesh,
+    RestartPolicy,
+    ServerKeys,
+    VirtualClock,
+)
 from coral.messages.control import OPERATOR, CommandResult, is_command, owner_of
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetUpdate
@@ -515,6 +525,7 @@ async def run_mesh(
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     fsync: Fsync = Fsync.BATCH,
     shutdown_timeout: float = 5.0,
+    curve: ServerKeys | None = None,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set."""
     cm = CoralMesh(setup, scenario, catalog, perf, efforts=efforts)
@@ -522,7 +533,12 @@ async def run_mesh(
     t0 = time.perf_counter()
     st.now = cm.start_time
     async with Mesh(
-        clock=cm.clock(), journal=journal, endpoints=endpoints, fsync=fsync, shutdown_timeout=shutdown_timeout
+        clock=cm.clock(),
+        journal=journal,
+        endpoints=endpoints,
+        fsync=fsync,
+        shutdown_timeout=shutdown_timeout,
+        curve=curve,
     ) as mesh:
         watch = await mesh.client("watch", subscribe=WATCH_TOPICS, inbox_size=1 << 16)
         gw = Gateway(await mesh.client(OPERATOR, subscribe=["ctl.result"])) if gateway else None

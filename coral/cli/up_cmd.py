@@ -35,7 +35,7 @@ from rich.text import Text
 
 from coral.cli.common import catalog_from, perf_from
 from coral.errors import CoralError
-from coral.kernel import Endpoints, Mesh
+from coral.kernel import Endpoints, Mesh, ServerKeys
 from coral.messages.mesh import CloudSetup, Host
 from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
@@ -62,6 +62,14 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         "--bind",
         default=DEFAULT_BIND,
         help=f"kernel address: tcp://HOST:PORT, ipc://PATH or inproc (default: {DEFAULT_BIND})",
+    )
+    p.add_argument(
+        "--keys",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="CurveZMQ key directory (`coral keys init`): encrypt and authenticate the tcp bus "
+        "(default: $CORAL_KEYS; required to bind a non-loopback address)",
     )
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument(
@@ -175,6 +183,9 @@ def run_up(args: argparse.Namespace) -> int:
     speed = parse_speed(args.speed)
     wall_limit = parse_duration(args.for_) if args.for_ is not None else None
     endpoints = parse_bind(args.bind)
+    from coral.cli.keys_cmd import kernel_keys
+
+    curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
     if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
@@ -208,6 +219,7 @@ def run_up(args: argparse.Namespace) -> int:
         console,
         not (args.no_status or args.json or args.tui),
         path if args.tui else None,
+        curve,
         backend="asyncio",
     )
     console.quiet = False
@@ -233,6 +245,7 @@ async def run_up_async(
     live: bool,
     on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
     tui_store: Path | None = None,
+    curve: ServerKeys | None = None,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
@@ -253,12 +266,12 @@ async def run_up_async(
         if on_start is not None:
             await on_start(mesh, cm)
         if tui_store is not None:
-            tg.start_soon(tui, mesh.endpoints)
+            tg.start_soon(tui, mesh)
 
-    async def tui(endpoints: Endpoints) -> None:
+    async def tui(mesh: Mesh) -> None:
         from tui.app import run_tui_async
 
-        await run_tui_async(endpoints, store=tui_store)
+        await run_tui_async(mesh.endpoints, store=tui_store, curve=mesh.local_keys)
         stop.set()
 
     async with anyio.create_task_group() as tg:
@@ -297,6 +310,7 @@ async def run_up_async(
             gateway=True,
             state=state,
             on_start=started,
+            curve=curve,
         )
         tg.cancel_scope.cancel()
     return summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
@@ -314,6 +328,7 @@ async def _run(
     console: Console,
     live: bool,
     tui_store: Path | None,
+    curve: ServerKeys | None = None,
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -327,6 +342,7 @@ async def _run(
         console=console,
         live=live,
         tui_store=tui_store,
+        curve=curve,
     )
 
 

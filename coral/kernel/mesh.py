@@ -121,6 +121,12 @@ class Mesh:
         return self._broker.endpoints
 
     @property
+    def local_keys(self) -> ClientKeys | None:
+        """The in-memory CURVE client keys the mesh's own actors use (None without keys); an in-process
+        client the mesh does not own (the TUI of ``coral up --tui``) may use them too."""
+        return self._local_keys
+
+    @property
     def actors(self) -> dict[str, ActorHandle]:
         return {name: rt.handle for name, rt in self._runtimes.items()}
 
