@@ -30,8 +30,9 @@ import attrs
 from actors.allocator import Allocator, servable
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
-from actors.feed import Feed, Input, ScenarioFeed
+from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ScenarioFeed
 from actors.price import HostsMarket, MarketSource, PriceWatcher, ScenarioMarket
+from actors.recovery import Recovery
 from actors.router import Router
 from actors.supervisor import Supervisor
 from actors.worker import StageWorker, worker_name
@@ -52,13 +53,14 @@ from coral.kernel import (
     ServerKeys,
     VirtualClock,
 )
-from coral.messages.control import OPERATOR, CommandResult, is_command, owner_of
+from coral.kernel.codec import DEFAULT_CODEC
+from coral.messages.control import OPERATOR, ROUTER, CommandResult, is_command, owner_of
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetUpdate
 from coral.messages.market import MarketUpdate
-from coral.messages.mesh import CloudSetup, DemandTuning, MeshEnd, MeshSetup, MeshTiming
+from coral.messages.mesh import CloudSetup, DemandTuning, MeshEnd, MeshResumed, MeshSetup, MeshTiming
 from coral.messages.plan import NewPlan
-from coral.messages.requests import RoutingStats
+from coral.messages.requests import ArrivalBatch, RoutingStats
 from coral.perf import PerfModel, load_profiles
 from coral.scenario import Scenario, load_scenario
 from coral.sim.engine import SimConfig
@@ -250,8 +252,14 @@ class CoralMesh:
         *,
         efforts: Mapping[int, SolverEffort] | None = None,
         engine_factory: Callable[[str], Engine] | None = None,
+        provider_state: str | os.PathLike[str] | None = None,
+        resume: Recovery | None = None,
+        unknown_nodes: str = "release",
     ) -> None:
         self.setup = setup
+        self.resume = resume
+        self.unknown_nodes = unknown_nodes
+        self.resumed: MeshResumed | None = None
         self.scenario = scenario
         self.catalog = catalog
         self.perf = perf
@@ -267,13 +275,19 @@ class CoralMesh:
         self.engine_factory = engine_factory or (lambda _node: SimEngine(perf, config=cfg))
         self.cloud: CloudProvider
         self.market: MarketSource
+        cloud: StaticHosts | SimCloud
         if setup.cloud.kind == "hosts":
-            self.cloud = StaticHosts(setup.cloud.hosts, seed=setup.seed)
+            cloud = StaticHosts(setup.cloud.hosts, seed=setup.seed, state_file=provider_state)
             self.market = HostsMarket(scenario, catalog, setup.cloud.hosts)
         else:
-            self.cloud = SimCloud(provision_s=setup.cloud.provision_s, seed=setup.seed)
+            cloud = SimCloud(provision_s=setup.cloud.provision_s, seed=setup.seed, state_file=provider_state)
             self.market = ScenarioMarket(scenario, catalog)
-        self.start_time = -setup.timing.warmup_s
+        if resume is not None:
+            if provider_state is None:
+                raise CoralError("resume: needs the provider's state file (JOURNAL.cloud.json)")
+            cloud.load_state(provider_state)
+        self.cloud = cloud
+        self.start_time = -setup.timing.warmup_s if resume is None else resume.resume_at(setup.timing.tick_s)
         self.end_time = setup.duration_s + setup.timing.drain_s + 3 * setup.timing.tick_s
         self.mesh: Mesh | None = None
         self.exiting: list[str] = []
@@ -285,25 +299,32 @@ class CoralMesh:
         """A fresh virtual clock at the run's start (the warm-up before the scenario's time 0)."""
         return VirtualClock(start=self.start_time)
 
-    def feed(self) -> ScenarioFeed:
-        """The scenario's external inputs."""
-        return ScenarioFeed(
+    def feed(self) -> Feed:
+        """The scenario's external inputs (on resume: from the resume instant, less what was delivered)."""
+        inner = ScenarioFeed(
             self.scenario,
             self.catalog,
             seed=self.setup.seed,
             timing=self.timing,
-            start=self.start_time,
+            start=-self.timing.warmup_s,
             end=self.setup.duration_s,
             market=self.market,
         )
+        if self.resume is None:
+            return inner
+        return ResumeFeed(inner, self.resume, self.start_time)
 
     async def start(self, mesh: Mesh) -> None:
-        """Publish the setup record and spawn the actors."""
+        """Publish the setup record (on resume: ``mesh.resumed``) and spawn the actors."""
         self.mesh = mesh
-        mesh.publish(self.setup, source=MESH_SOURCE)
+        if self.resume is None:
+            mesh.publish(self.setup, source=MESH_SOURCE)
         t = self.timing
         sc = self.scenario
         prior = {d.name: d.demand.at(0.0) for d in sc.deployments}
+        rs = self.resume
+        if rs is not None and rs.fleet.demand is not None:
+            prior = {**prior, **rs.fleet.demand.demand}
         await mesh.spawn(PriceWatcher(tick_s=t.tick_s))
         await mesh.spawn(
             DemandMonitor(
@@ -327,6 +348,10 @@ class CoralMesh:
             prior_demand=prior,
             columns=self.setup.columns,
         )
+        if rs is not None and rs.fleet.plan is not None:
+            self.allocator.seq = rs.fleet.plan.plan.seq
+            self.allocator.last_plan = rs.fleet.plan.plan
+            self.allocator.last_plan_at = rs.fleet.plan.plan.at
         await mesh.spawn(self.allocator)
         self.router = Router(timing=t, deployments=sc.deployments, seed=self.setup.seed)
         await mesh.spawn(self.router)
@@ -339,6 +364,18 @@ class CoralMesh:
             spawn_worker=self.spawn_worker,
             warm_start=self.setup.warm_start,
         )
+        if rs is not None:
+            done = self.supervisor.restore(rs.fleet, self.start_time, unknown=self.unknown_nodes)
+            self.resumed = MeshResumed(
+                self.start_time,
+                rs.fleet.last_seq,
+                tuple(done.adopted),
+                tuple(done.released),
+                tuple(done.lost),
+                len(rs.fleet.ledger.open),
+                rs.torn.dropped_bytes if rs.torn is not None else 0,
+            )
+            mesh.publish(self.resumed, source=MESH_SOURCE)
         await mesh.spawn(self.supervisor)
 
     async def spawn_worker(self, node_id: str, region: str, node_type: str) -> str:
@@ -366,6 +403,43 @@ class CoralMesh:
             if handle.state is ActorState.RUNNING:
                 handle.actor.ctx.bus.stop_receiving()
             await handle.wait()
+
+
+class ResumeFeed:
+    """A scenario feed resumed at ``at`` after a crash: the inputs due by then that the journal does not
+    hold (lost in the crash) go out at ``at``, with the latest market quote and the requests open at the
+    crash (resubmitted to the router); later inputs follow as usual."""
+
+    def __init__(self, inner: ScenarioFeed, rec: Recovery, at: float) -> None:
+        self.inner = inner
+        self.at = at
+        skipped = inner.take(at)
+        first: list[Input] = []
+        market = [i for i in skipped if i.source == MARKET_SOURCE]
+        if market:
+            first.append(attrs.evolve(market[-1], at=at))
+        for i in skipped:
+            if i.source == MARKET_SOURCE:
+                continue
+            tag, body = DEFAULT_CODEC.encode(i.msg)
+            if (tag.decode(), bytes(body)) not in rec.delivered:
+                first.append(attrs.evolve(i, at=at))
+        reopen = rec.fleet.ledger.open
+        if reopen:
+            batch = ArrivalBatch(min(r.t for r in reopen), max(r.t for r in reopen), reopen, resubmitted=True)
+            first.append(Input(at, TRAFFIC_SOURCE, ROUTER, batch))
+        self.first = first
+
+    def next_at(self) -> float | None:
+        if self.first:
+            return self.at
+        return self.inner.next_at()
+
+    def take(self, t: float) -> list[Input]:
+        out: list[Input] = []
+        if self.first and t >= self.at:
+            out, self.first = self.first, []
+        return out + self.inner.take(t)
 
 
 def deliver(mesh: Mesh, inputs: Sequence[Input]) -> None:
@@ -504,6 +578,7 @@ class RunResult:
     state: RunState
     wall_s: float
     endpoints: Endpoints | None = None
+    resumed: MeshResumed | None = None
 
 
 async def run_mesh(
@@ -526,9 +601,25 @@ async def run_mesh(
     fsync: Fsync = Fsync.BATCH,
     shutdown_timeout: float = 5.0,
     curve: ServerKeys | None = None,
+    provider_state: str | os.PathLike[str] | None = None,
+    resume: Recovery | None = None,
+    unknown_nodes: str = "release",
 ) -> RunResult:
-    """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set."""
-    cm = CoralMesh(setup, scenario, catalog, perf, efforts=efforts)
+    """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
+
+    ``provider_state``: the file where the cloud keeps its durable state; with ``resume`` (a crashed
+    run's journal, which ``journal`` must name to append to it) the run restores it and goes on.
+    """
+    cm = CoralMesh(
+        setup,
+        scenario,
+        catalog,
+        perf,
+        efforts=efforts,
+        provider_state=provider_state,
+        resume=resume,
+        unknown_nodes=unknown_nodes,
+    )
     st = state if state is not None else RunState()
     t0 = time.perf_counter()
     st.now = cm.start_time
@@ -574,4 +665,4 @@ async def run_mesh(
             st.now = end
             tg.cancel_scope.cancel()
         eps = mesh.endpoints
-    return RunResult(end, reason, st, time.perf_counter() - t0, eps)
+    return RunResult(end, reason, st, time.perf_counter() - t0, eps, cm.resumed)

@@ -122,7 +122,8 @@ class Router(TickActor):
                 self.open[spec.id] = OpenRequest(spec)
                 self.todo.add(spec.id)
                 self.stats[spec.deployment].arrivals += 1
-                self.uncounted.append((spec.t, spec.deployment))
+                if not msg.resubmitted:
+                    self.uncounted.append((spec.t, spec.deployment))
         elif isinstance(msg, Completions):
             self._outcomes(msg)
         elif isinstance(msg, FleetUpdate):

@@ -71,6 +71,19 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         help="CurveZMQ key directory (`coral keys init`): encrypt and authenticate the tcp bus "
         "(default: $CORAL_KEYS; required to bind a non-loopback address)",
     )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="JOURNAL",
+        help="restart a crashed run from its --record journal (and JOURNAL.cloud.json), appending to it",
+    )
+    p.add_argument(
+        "--unknown-nodes",
+        default="release",
+        choices=("adopt", "release"),
+        help="with --resume: nodes the provider runs that the journal does not know (default: release)",
+    )
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument(
         "--hosts",
@@ -188,23 +201,33 @@ def run_up(args: argparse.Namespace) -> int:
     curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
-    if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
-        raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
-    cat = catalog_from(args)
-    perf = perf_from(args, cat)
-    sc = load_scenario(args.scenario, cat)
-    path = args.store or default_store_path()
-    with TemplateStore(path, readonly=args.no_build) as store:
-        if not args.no_build:
-            from coral.cli.plan_cmd import ensure_templates
+    resume = None
+    if args.resume is not None:
+        from actors.compose import world_of
+        from coral.cli.resume import open_resume
 
-            ensure_templates(sc, cat, perf, store, args, quiet=args.json)
-        library = library_for(store, sc)
-    cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
-    options = RunOptions(
-        seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
-    )
-    setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
+        resume = open_resume(args)
+        setup = resume.setup
+        sc, cat, perf = world_of(setup)
+        path = args.store or default_store_path()
+    else:
+        if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
+            raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+        cat = catalog_from(args)
+        perf = perf_from(args, cat)
+        sc = load_scenario(args.scenario, cat)
+        path = args.store or default_store_path()
+        with TemplateStore(path, readonly=args.no_build) as store:
+            if not args.no_build:
+                from coral.cli.plan_cmd import ensure_templates
+
+                ensure_templates(sc, cat, perf, store, args, quiet=args.json)
+            library = library_for(store, sc)
+        cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
+        options = RunOptions(
+            seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
+        )
+        setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
     console = Console(stderr=args.json, quiet=args.tui)
     summary = anyio.run(
         _run,
@@ -212,7 +235,7 @@ def run_up(args: argparse.Namespace) -> int:
         sc,
         cat,
         perf,
-        args.record,
+        args.record if resume is None else args.resume,
         endpoints,
         speed,
         wall_limit,
@@ -220,6 +243,8 @@ def run_up(args: argparse.Namespace) -> int:
         not (args.no_status or args.json or args.tui),
         path if args.tui else None,
         curve,
+        resume,
+        args.unknown_nodes,
         backend="asyncio",
     )
     console.quiet = False
@@ -246,6 +271,8 @@ async def run_up_async(
     on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
     tui_store: Path | None = None,
     curve: ServerKeys | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
@@ -253,6 +280,8 @@ async def run_up_async(
     store), and quitting it stops the mesh.
     """
     from actors.compose import RunState, run_mesh
+    from actors.recovery import provider_state_path
+    from coral.cli.resume import resume_summary
 
     stop = anyio.Event()
     state = RunState()
@@ -311,9 +340,15 @@ async def run_up_async(
             state=state,
             on_start=started,
             curve=curve,
+            provider_state=provider_state_path(journal) if journal is not None else None,
+            resume=resume,
+            unknown_nodes=unknown_nodes,
         )
         tg.cancel_scope.cancel()
-    return summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+    out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+    if result.resumed is not None:
+        out["resumed"] = resume_summary(result.resumed, resume)
+    return out
 
 
 async def _run(
@@ -329,6 +364,8 @@ async def _run(
     live: bool,
     tui_store: Path | None,
     curve: ServerKeys | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -343,6 +380,8 @@ async def _run(
         live=live,
         tui_store=tui_store,
         curve=curve,
+        resume=resume,
+        unknown_nodes=unknown_nodes,
     )
 
 

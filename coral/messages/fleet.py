@@ -95,7 +95,7 @@ class FleetUpdate:
 @attrs.frozen
 class FleetAction:
     """One supervisor decision: ``start``, ``serving``, ``retire``, ``drain``, ``stop``, ``release``,
-    ``refused`` or ``lost``."""
+    ``refused``, ``lost``, or ``adopt`` (an instance taken over after a crash, ``coral up --resume``)."""
 
     at: float
     action: str

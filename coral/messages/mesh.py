@@ -183,6 +183,24 @@ class MeshSetup:
     version: int = SETUP_VERSION
 
 
+@message("mesh.resumed")
+@attrs.frozen
+class MeshResumed:
+    """``coral up --resume``: the run goes on from kernel time ``at`` after a crash (journal record
+    ``from_seq`` was the last one before it). Reconciliation with the provider: ``adopted`` instances
+    (restored from the journal or, by their tags, from the provider), nodes ``released`` (unknown ones,
+    per the flag, and those of instances that could not be restored), nodes ``lost`` (in the journal, gone
+    at the provider); ``resubmitted`` requests were open at the crash and go to the router again."""
+
+    at: float
+    from_seq: int
+    adopted: tuple[str, ...]
+    released: tuple[str, ...]
+    lost: tuple[str, ...]
+    resubmitted: int
+    torn_bytes: int = 0
+
+
 @message("mesh.end")
 @attrs.frozen
 class MeshEnd:

@@ -1,0 +1,53 @@
+"""``coral up --resume JOURNAL``: open a crashed run's journal for resuming, and summarise what resuming did.
+
+The resumed run takes its scenario, seed, timing, templates and catalog from the journal's ``mesh.setup``
+(``--scenario``, ``--seed``, ``--policy``, ``--hosts`` and friends are ignored), restores the fleet from
+the journal and the provider's state file (``JOURNAL.cloud.json``), reconciles the two, and appends to
+the same journal (see ``actors.recovery``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from actors.recovery import Recovery, load_recovery, provider_state_path
+from coral.errors import CoralError
+from coral.messages.mesh import MeshResumed
+
+
+def open_resume(args: argparse.Namespace) -> Recovery:
+    """Check the flags, truncate a torn tail (printing the warning) and rebuild the crashed run's state."""
+    if args.record is not None:
+        raise CoralError("--record: not with --resume (the resumed run appends to the journal it resumes)")
+    state = provider_state_path(args.resume)
+    if args.resume.is_file() and not state.is_file():
+        raise CoralError(
+            f"--resume: {state}: no provider state next to the journal (only runs recorded with --record "
+            "by this version keep one)"
+        )
+    rec = load_recovery(args.resume)
+    if rec.torn is not None:
+        print(f"coral up: warning: {rec.torn}", file=sys.stderr)
+    return rec
+
+
+def resume_summary(resumed: MeshResumed, rec: Recovery | None) -> dict[str, Any]:
+    """The ``resumed`` part of the summary: reconciliation and the pre-crash request ledger."""
+    out: dict[str, Any] = {
+        "at": resumed.at,
+        "from_seq": resumed.from_seq,
+        "adopted": list(resumed.adopted),
+        "released_nodes": list(resumed.released),
+        "lost_nodes": list(resumed.lost),
+        "resubmitted": resumed.resubmitted,
+        "torn_bytes": resumed.torn_bytes,
+    }
+    if rec is not None:
+        pre = rec.fleet.ledger.counts()
+        out["pre_crash"] = {
+            d: {"arrived": c["arrived"], "completed": c["completed"], "failed": c["failed"], "resubmitted": c["open"]}
+            for d, c in pre.items()
+        }
+    return out
