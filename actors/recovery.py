@@ -23,6 +23,7 @@ run's own totals, with ``arrived = completed + failed + resubmitted``.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Iterable
@@ -121,7 +122,7 @@ def fleet_state(records: Iterable[JournalRecord]) -> FleetState:
     """
     setup: MeshSetup | None = None
     end: MeshEnd | None = None
-    last_time, last_seq = 0.0, -1
+    last_time, last_seq = -math.inf, -1
     live: dict[str, InstanceState] = {}
     unlisted: dict[str, InstanceState] = {}
     lost_nodes: list[str] = []
@@ -192,7 +193,7 @@ def fleet_state(records: Iterable[JournalRecord]) -> FleetState:
     failed -= completed
     return FleetState(
         setup=setup,
-        last_time=last_time,
+        last_time=last_time if last_seq >= 0 else 0.0,
         last_seq=last_seq,
         ended=end,
         instances=tuple(sorted(live.values(), key=lambda i: i.num)),
