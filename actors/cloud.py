@@ -191,7 +191,9 @@ class _Base:
         return out
 
     def inject(self, fault: FaultInjected, now: float) -> list[str]:
-        """Kill nodes per the fault; return the killed nodes that were running (their processes die)."""
+        """Kill nodes per the fault; return the killed nodes that were running (their processes die).
+
+        A ``hang`` kills nothing: it returns the running nodes whose workers wedge."""
         if fault.kind not in FAULT_KINDS:
             raise CloudError(f"fault kind: must be one of {', '.join(FAULT_KINDS)}, got {fault.kind!r}")
         cands = sorted(
@@ -208,6 +210,10 @@ class _Base:
         killed = []
         for i in sorted(int(p) for p in picks):
             n = cands[i]
+            if fault.kind == "hang":  # the machine stays up (and billed); its worker wedges
+                if n.state == "running":
+                    killed.append(n.id)
+                continue
             was = n.state
             n.state = "dead"
             if was == "provisioning":

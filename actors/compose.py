@@ -363,6 +363,7 @@ class CoralMesh:
             catalog=self.catalog,
             spawn_worker=self.spawn_worker,
             warm_start=self.setup.warm_start,
+            terminate=self.terminate,
         )
         if rs is not None:
             done = self.supervisor.restore(rs.fleet, self.start_time, unknown=self.unknown_nodes)
@@ -392,6 +393,16 @@ class CoralMesh:
         )
         await self.mesh.spawn(worker, policy=WORKER_POLICY)
         return worker_name(node_id)
+
+    def terminate(self, node_id: str) -> None:
+        """The provider ended a node's machine: its worker, if it still runs (wedged), ends at the next
+        quiet point (``reap``)."""
+        name = worker_name(node_id)
+        if self.mesh is None or name in self.exiting:
+            return
+        handle = self.mesh.actors.get(name)
+        if handle is not None and handle.state is ActorState.RUNNING:
+            self.exiting.append(name)
 
     async def reap(self, _now: float = 0.0) -> None:
         """End the workers that exited (released or dead nodes); call only while the mesh is quiet."""

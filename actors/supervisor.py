@@ -28,7 +28,9 @@ template and stage when rented.
 
 Fault injections (``fleet.fault``) go to its cloud, which kills nodes by telling their workers to die:
 that is the simulated world acting, so the supervisor learns of a silent loss only from the missing
-heartbeats, like it would of a real one.
+heartbeats, like it would of a real one. A node lost for silence is released at the provider, and
+``terminate`` (the world again: the provider ends the machine) ends its worker if it still runs, wedged
+(a ``hang`` fault: connected but silent).
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ class Supervisor(TickActor):
         catalog: Catalog,
         spawn_worker: SpawnWorker,
         warm_start: bool = True,
+        terminate: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name, tick_s=timing.tick_s, subscribe=["plan.new", "mkt.update"])
         self.timing = timing
@@ -156,6 +159,7 @@ class Supervisor(TickActor):
         self.deployments = dict(deployments)
         self.catalog = catalog
         self.spawn_worker = spawn_worker
+        self.terminate = terminate
         self.warm_start = warm_start
         self.planned = False
         self.nodes: dict[str, NodeRec] = {}
@@ -394,6 +398,8 @@ class Supervisor(TickActor):
             return
         rec.state = "lost"
         self.cloud.release(rec.id, now)
+        if cause == "heartbeat" and rec.worker and self.terminate is not None:
+            self.terminate(rec.id)  # the provider ends the machine: a worker merely wedged there ends too
         self.out.append(NodeLost(now, rec.id, rec.region, rec.node, rec.instance, cause))
         inst = self.instances[rec.instance]
         if inst.state in ("stopped", "lost"):

@@ -56,6 +56,7 @@ SAMPLES: list[object] = [
     m.CommandResult("ctl.price", False, "price-watcher", 1.0, "price", "must be positive", -3),
     m.SloChanged("chat", 1.0, 0.05, 0.95, 2.0),
     m.MeshEnd(10.0, "stopped"),
+    m.MeshResumed(40.0, 150, ("i1",), ("n2",), ("n3",), 20, 281),
 ]
 
 

@@ -71,7 +71,7 @@ def test_fleet_state_sees_starts_a_crash_cut_off_before_the_fleet_update() -> No
 
 
 def test_load_recovery_refuses_what_cannot_be_resumed(tmp_path: Path) -> None:
-    with pytest.raises(RecoveryError, match="ran to its end|ended cleanly"):
+    with pytest.raises(RecoveryError, match="ended cleanly"):
         copy = tmp_path / "done.journal"
         copy.write_bytes(journal_path("mesh-steady").read_bytes())
         load_recovery(copy)
@@ -79,7 +79,7 @@ def test_load_recovery_refuses_what_cannot_be_resumed(tmp_path: Path) -> None:
         load_recovery(tmp_path / "none.journal")
     empty = tmp_path / "empty.journal"
     Journal.open(empty).close()
-    with pytest.raises(RecoveryError, match="no mesh.setup record"):
+    with pytest.raises(RecoveryError, match=r"no mesh\.setup record"):
         load_recovery(empty)
 
 
@@ -124,7 +124,7 @@ def _last_time(path: Path) -> float:
         try:
             for r in read_journal(path):
                 t = max(t, r.time)
-        except Exception:  # noqa: BLE001 - the file is being written; try again
+        except Exception:
             return t
     return t
 
