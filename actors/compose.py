@@ -291,6 +291,7 @@ class CoralMesh:
         self.end_time = setup.duration_s + setup.timing.drain_s + 3 * setup.timing.tick_s
         self.mesh: Mesh | None = None
         self.exiting: list[str] = []
+        self.workers: dict[str, str] = {}  # node id -> the name of its current stage worker
         self.allocator: Allocator | None = None
         self.router: Router | None = None
         self.supervisor: Supervisor | None = None
@@ -380,7 +381,15 @@ class CoralMesh:
         await mesh.spawn(self.supervisor)
 
     async def spawn_worker(self, node_id: str, region: str, node_type: str) -> str:
+        """Start a node's stage worker; return its name (``worker-NODE``, or ``worker-NODE.K`` for the
+        K-th rental of a node id a provider reuses, as static hosts do)."""
         assert self.mesh is not None
+        base = name = worker_name(node_id)
+        k = 1
+        while name in self.mesh.actors:
+            k += 1
+            name = f"{base}.{k}"
+        self.workers[node_id] = name
         worker = StageWorker(
             node_id,
             region=region,
@@ -390,15 +399,16 @@ class CoralMesh:
             templates=self.templates,
             deployments=self.deployments,
             on_exit=self.exiting.append,
+            name=name,
         )
         await self.mesh.spawn(worker, policy=WORKER_POLICY)
-        return worker_name(node_id)
+        return name
 
     def terminate(self, node_id: str) -> None:
         """The provider ended a node's machine: its worker, if it still runs (wedged), ends at the next
         quiet point (``reap``)."""
-        name = worker_name(node_id)
-        if self.mesh is None or name in self.exiting:
+        name = self.workers.get(node_id)
+        if self.mesh is None or name is None or name in self.exiting:
             return
         handle = self.mesh.actors.get(name)
         if handle is not None and handle.state is ActorState.RUNNING:

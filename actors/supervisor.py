@@ -531,7 +531,9 @@ class Supervisor(TickActor):
         for iid in self.lost + self.stopped:
             inst = self.instances.pop(iid)
             for nid in inst.nodes:
-                self.nodes.pop(nid, None)
+                rec = self.nodes.get(nid)
+                if rec is not None and rec.instance == iid:  # a static host may serve a new instance already
+                    del self.nodes[nid]
         self.lost, self.stopped, self.by_operator = [], [], []
 
     @property

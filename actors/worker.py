@@ -58,8 +58,9 @@ class StageWorker(TickActor):
         router: str = ROUTER,
         supervisor: str = SUPERVISOR,
         on_exit: Callable[[str], None] | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(worker_name(node_id), tick_s=timing.tick_s)
+        super().__init__(name or worker_name(node_id), tick_s=timing.tick_s)
         self.node_id = node_id
         self.region = region
         self.node_type = node_type
