@@ -1,12 +1,12 @@
 """Overload benchmark: arrivals at 10x the fleet's capacity for a minute, then back to normal.
 
-The fleet is fixed (static hosts: ``--hosts N`` machines of one node type, policy ``homo``), so the
-planner cannot scale out of the overload (with policy ``coral`` it switches templates, and the reload
-leaves no capacity for minutes: a separate finding). The demand is ``--base`` x capacity, then
-``--factor`` x capacity for ``--overload-s`` kernel seconds, then ``--base`` again. Capacity is the
-template's requests/s on that node type at the deployment's shape (the router's weight). Each run is the whole mesh (``run_mesh``, as
-``coral up --speed max --record`` runs it) in a child process; the run without the overload is the
-baseline, and the overload runs once with the router's default bounds and once with tight ones.
+The fleet is fixed (static hosts: ``--hosts N`` machines of one node type, policy ``homo``), so the planner
+cannot scale out of the overload (with policy ``coral`` it switches templates, and the reload leaves no
+capacity for minutes: a separate finding). The demand is ``--base`` x capacity, then ``--factor`` x capacity
+for ``--overload-s`` kernel seconds, then ``--base`` again. Capacity is the template's requests/s on that node
+type at the deployment's shape (the router's weight). Each run is the whole mesh (``run_mesh``, as ``coral up
+--speed max --record`` runs it) in a child process; the run without the overload is the baseline, and the
+overload runs once with the router's default bounds and once with tight ones.
 
 Reported per run: the peak resident memory of the kernel process (the child, which holds the kernel and
 every actor: its ``ru_maxrss``), wall time, arrivals, completed, failed by reason (shed as
