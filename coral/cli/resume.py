@@ -51,3 +51,16 @@ def resume_summary(resumed: MeshResumed, rec: Recovery | None) -> dict[str, Any]
             for d, c in pre.items()
         }
     return out
+
+
+def describe(r: dict[str, Any]) -> str:
+    """One line on what resuming did (for the text summary)."""
+    pre = r.get("pre_crash", {})
+    arrived = sum(c["arrived"] for c in pre.values())
+    done = sum(c["completed"] + c["failed"] for c in pre.values())
+    return (
+        f"resumed at t={r['at']:g} s: adopted {len(r['adopted'])} instances, released {len(r['released_nodes'])} "
+        f"nodes, {len(r['lost_nodes'])} lost; of {arrived} requests that arrived before the crash {done} had "
+        f"ended and {r['resubmitted']} were handed to the router again"
+        + (f"; {r['torn_bytes']} bytes of torn journal tail dropped" if r["torn_bytes"] else "")
+    )

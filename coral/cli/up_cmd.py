@@ -423,6 +423,10 @@ def _print_summary(s: dict[str, Any], con: Console) -> None:
         f"coral up: {s['scenario']} stopped at t={s['end_s']:.0f} s ({s['reason']}) after {s['wall_s']:.1f} s; "
         f"{s['plans']} plans, ${s['spent_usd']:.2f} spent" + (f"; journal {s['journal']}" if s["journal"] else "")
     )
+    if "resumed" in s:
+        from coral.cli.resume import describe
+
+        con.print(describe(s["resumed"]))
 
 
 def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoints: Endpoints | None) -> Group:

@@ -317,3 +317,18 @@ def test_resume_marks_vanished_nodes_lost_and_releases_unknown_ones(
     assert any(m.node_id == gone and m.cause == "gone after crash" for m in lost)
     final = json.loads(path.read_text())
     assert next(n for n in final["nodes"] if n["id"] == stranger)["state"] == "released"
+
+
+def test_resume_refuses_bad_arguments(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["up", "--store", str(world.store), "--no-build", "--bind", "inproc"]
+    j = tmp_path / "crashed.journal"
+    j.write_bytes(journal_path("mesh-steady").read_bytes())
+    assert coral.cli.main([*base, "--resume", str(j), "--record", str(tmp_path / "x.journal")]) == 2
+    assert "--record: not with --resume" in capsys.readouterr().err
+    assert coral.cli.main([*base, "--resume", str(j)]) == 2
+    assert "crashed.journal.cloud.json: no provider state next to the journal" in capsys.readouterr().err
+    provider_state_path(j).write_text("{}")
+    assert coral.cli.main([*base, "--resume", str(j)]) == 2
+    assert "ended cleanly" in capsys.readouterr().err
+    assert coral.cli.main([*base, "--resume", str(tmp_path / "none.journal")]) == 2
+    assert "no such journal file" in capsys.readouterr().err
