@@ -429,27 +429,27 @@ class CoralMesh:
 class ResumeFeed:
     """A scenario feed resumed at ``at`` after a crash: the inputs due by then that the journal does not
     hold (lost in the crash) go out at ``at``, with the latest market quote and the requests open at the
-    crash (resubmitted to the router); later inputs follow as usual."""
+    crash (resubmitted to the router); later inputs follow as usual, less any the journal already holds."""
 
     def __init__(self, inner: ScenarioFeed, rec: Recovery, at: float) -> None:
         self.inner = inner
         self.at = at
+        self.delivered = rec.delivered
         skipped = inner.take(at)
         first: list[Input] = []
         market = [i for i in skipped if i.source == MARKET_SOURCE]
         if market:
             first.append(attrs.evolve(market[-1], at=at))
-        for i in skipped:
-            if i.source == MARKET_SOURCE:
-                continue
-            tag, body = DEFAULT_CODEC.encode(i.msg)
-            if (tag.decode(), bytes(body)) not in rec.delivered:
-                first.append(attrs.evolve(i, at=at))
+        first += [attrs.evolve(i, at=at) for i in skipped if i.source != MARKET_SOURCE and self._new(i)]
         reopen = rec.fleet.ledger.open
         if reopen:
             batch = ArrivalBatch(min(r.t for r in reopen), max(r.t for r in reopen), reopen, resubmitted=True)
             first.append(Input(at, TRAFFIC_SOURCE, ROUTER, batch))
         self.first = first
+
+    def _new(self, i: Input) -> bool:
+        tag, body = DEFAULT_CODEC.encode(i.msg)
+        return (tag.decode(), bytes(body)) not in self.delivered
 
     def next_at(self) -> float | None:
         if self.first:
@@ -460,7 +460,7 @@ class ResumeFeed:
         out: list[Input] = []
         if self.first and t >= self.at:
             out, self.first = self.first, []
-        return out + self.inner.take(t)
+        return out + [i for i in self.inner.take(t) if self._new(i)]
 
 
 def deliver(mesh: Mesh, inputs: Sequence[Input]) -> None:

@@ -225,8 +225,7 @@ class Recovery:
 
     def resume_at(self, tick_s: float) -> float:
         """The tick at which the resumed run starts: the last whole tick the journal reached."""
-        k = self.fleet.last_time / tick_s
-        return float(int(k // 1) * tick_s)
+        return float(math.floor(self.fleet.last_time / tick_s) * tick_s)
 
 
 def provider_state_path(journal: str | os.PathLike[str]) -> Path:
