@@ -212,10 +212,10 @@ def cli() -> None:
         if args.json:
             print(json.dumps(r))
         elif r["bench"] == "throughput":
-            print(f"throughput {r['transport']:6} {r['message']:5} {r['msgs_per_s']:>9,} msg/s  dropped={r['dropped']}")
+            print(f"throughput {r['transport']:9} {r['message']:5} {r['msgs_per_s']:>9,} msg/s  dropped={r['dropped']}")
         elif r["bench"] == "latency":
             lat = f"p50={r['rtt_p50_us']:>8} us  p99={r['rtt_p99_us']:>8} us"
-            print(f"latency    {r['transport']:6} {r['message']:5} {lat}")
+            print(f"latency    {r['transport']:9} {r['message']:5} {lat}")
         elif r["bench"] == "templates":
             print(f"templates  core N_max {r['nmax']} in {r['store']}: {r['templates_kept']} kept ({r['build_s']} s)")
         else:
