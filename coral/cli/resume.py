@@ -9,11 +9,16 @@ the same journal (see ``actors.recovery``).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
+import anyio
+from rich.console import Console
+
 from actors.recovery import Recovery, load_recovery, provider_state_path
 from coral.errors import CoralError
+from coral.kernel import Endpoints, ServerKeys
 from coral.messages.mesh import MeshResumed
 
 
@@ -31,6 +36,49 @@ def open_resume(args: argparse.Namespace) -> Recovery:
     if rec.torn is not None:
         print(f"coral up: warning: {rec.torn}", file=sys.stderr)
     return rec
+
+
+def run_resumed(
+    args: argparse.Namespace,
+    endpoints: Endpoints | None,
+    speed: float | None,
+    wall_limit: float | None,
+    curve: ServerKeys | None,
+) -> int:
+    """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
+    from actors.compose import world_of
+    from coral.cli import up_cmd
+    from coral.store import default_store_path
+
+    rec = open_resume(args)
+    setup = rec.setup
+    sc, cat, perf = world_of(setup)
+    console = Console(stderr=args.json, quiet=args.tui)
+    summary = anyio.run(
+        up_cmd._run,
+        setup,
+        sc,
+        cat,
+        perf,
+        args.resume,
+        endpoints,
+        speed,
+        wall_limit,
+        console,
+        not (args.no_status or args.json or args.tui),
+        (args.store or default_store_path()) if args.tui else None,
+        curve,
+        rec,
+        args.unknown_nodes,
+        backend="asyncio",
+    )
+    console.quiet = False
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        up_cmd._print_summary(summary, console)
+    return 0
 
 
 def resume_summary(resumed: MeshResumed, rec: Recovery | None) -> dict[str, Any]:

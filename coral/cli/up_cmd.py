@@ -201,33 +201,27 @@ def run_up(args: argparse.Namespace) -> int:
     curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
-    resume = None
     if args.resume is not None:
-        from actors.compose import world_of
-        from coral.cli.resume import open_resume
+        from coral.cli.resume import run_resumed
 
-        resume = open_resume(args)
-        setup = resume.setup
-        sc, cat, perf = world_of(setup)
-        path = args.store or default_store_path()
-    else:
-        if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
-            raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
-        cat = catalog_from(args)
-        perf = perf_from(args, cat)
-        sc = load_scenario(args.scenario, cat)
-        path = args.store or default_store_path()
-        with TemplateStore(path, readonly=args.no_build) as store:
-            if not args.no_build:
-                from coral.cli.plan_cmd import ensure_templates
+        return run_resumed(args, endpoints, speed, wall_limit, curve)
+    if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
+        raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+    cat = catalog_from(args)
+    perf = perf_from(args, cat)
+    sc = load_scenario(args.scenario, cat)
+    path = args.store or default_store_path()
+    with TemplateStore(path, readonly=args.no_build) as store:
+        if not args.no_build:
+            from coral.cli.plan_cmd import ensure_templates
 
-                ensure_templates(sc, cat, perf, store, args, quiet=args.json)
-            library = library_for(store, sc)
-        cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
-        options = RunOptions(
-            seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
-        )
-        setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
+            ensure_templates(sc, cat, perf, store, args, quiet=args.json)
+        library = library_for(store, sc)
+    cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
+    options = RunOptions(
+        seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
+    )
+    setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
     console = Console(stderr=args.json, quiet=args.tui)
     summary = anyio.run(
         _run,
@@ -235,7 +229,7 @@ def run_up(args: argparse.Namespace) -> int:
         sc,
         cat,
         perf,
-        args.record if resume is None else args.resume,
+        args.record,
         endpoints,
         speed,
         wall_limit,
@@ -243,8 +237,6 @@ def run_up(args: argparse.Namespace) -> int:
         not (args.no_status or args.json or args.tui),
         path if args.tui else None,
         curve,
-        resume,
-        args.unknown_nodes,
         backend="asyncio",
     )
     console.quiet = False
