@@ -429,7 +429,8 @@ class CoralMesh:
 class ResumeFeed:
     """A scenario feed resumed at ``at`` after a crash: the inputs due by then that the journal does not
     hold (lost in the crash) go out at ``at``, with the latest market quote and the requests open at the
-    crash (resubmitted to the router); later inputs follow as usual, less any the journal already holds."""
+    crash (resubmitted to the router) and the operator's lasting commands again (``Recovery.commands``);
+    later inputs follow as usual, less any the journal already holds."""
 
     def __init__(self, inner: ScenarioFeed, rec: Recovery, at: float) -> None:
         self.inner = inner
@@ -441,6 +442,7 @@ class ResumeFeed:
         if market:
             first.append(attrs.evolve(market[-1], at=at))
         first += [attrs.evolve(i, at=at) for i in skipped if i.source != MARKET_SOURCE and self._new(i)]
+        first += [Input(at, OPERATOR, owner, cmd) for owner, cmd in rec.commands]
         reopen = rec.fleet.ledger.open
         if reopen:
             batch = ArrivalBatch(min(r.t for r in reopen), max(r.t for r in reopen), reopen, resubmitted=True)

@@ -33,6 +33,7 @@ import attrs
 
 from coral.errors import CoralError
 from coral.kernel import DecodeError, Journal, JournalRecord, TornTailWarning, read_journal
+from coral.messages.control import OWNERS
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetAction, FleetUpdate, NodeLost
 from coral.messages.mesh import INPUT_TAGS, MeshEnd, MeshResumed, MeshSetup
@@ -209,14 +210,31 @@ def fleet_state(records: Iterable[JournalRecord]) -> FleetState:
     )
 
 
+LASTING_COMMANDS: tuple[str, ...] = (
+    "ctl.demand",
+    "ctl.availability",
+    "ctl.price",
+    "ctl.slo",
+    "ctl.forbid",
+    "ctl.pin",
+    "ctl.pause",
+    "ctl.churn",
+)
+"""Operator commands that set lasting state (overrides, SLOs, template rules, pause, churn): a resumed run
+applies them again, in their order, so it goes on with the operator's settings. Drains and re-plans were
+one-off actions and are not repeated."""
+
+
 @attrs.frozen
 class Recovery:
-    """What ``coral up --resume`` needs from a journal: the fleet state and the inputs already delivered."""
+    """What ``coral up --resume`` needs from a journal: the fleet state, the inputs already delivered and
+    the operator's lasting commands as ``(owner, command)`` in their order."""
 
     path: Path
     fleet: FleetState
     delivered: frozenset[tuple[str, bytes]]
     torn: TornTailWarning | None
+    commands: tuple[tuple[str, object], ...] = ()
 
     @property
     def setup(self) -> MeshSetup:
@@ -246,11 +264,17 @@ def load_recovery(path: str | os.PathLike[str]) -> Recovery:
         with Journal.open(p) as j:
             torn = j.torn_tail
     delivered: set[tuple[str, bytes]] = set()
+    commands: list[tuple[str, object]] = []
     recs = []
     for r in read_journal(p):
         recs.append(r)
         if r.tag in INPUT_TAGS and r.kind in ("send", "publish"):
             delivered.add((r.tag, r.body))
+        elif r.tag in LASTING_COMMANDS and r.kind in ("send", "request") and r.dest in OWNERS.values():
+            try:
+                commands.append((r.dest, attrs.evolve(r.decode(), ref=0)))
+            except DecodeError as exc:
+                raise RecoveryError(f"journal record {r.seq} ({r.tag}) does not decode: {exc}") from None
     fleet = fleet_state(recs)
     if fleet.setup is None:
         raise RecoveryError(f"--resume: {p}: no mesh.setup record (not a journal of `coral up --record`)")
@@ -258,4 +282,4 @@ def load_recovery(path: str | os.PathLike[str]) -> Recovery:
         raise RecoveryError(
             f"--resume: {p}: the run ended cleanly at t={fleet.ended.at:g} s ({fleet.ended.reason}); nothing to resume"
         )
-    return Recovery(p, fleet, frozenset(delivered), torn)
+    return Recovery(p, fleet, frozenset(delivered), torn, tuple(commands))

@@ -332,3 +332,38 @@ def test_resume_refuses_bad_arguments(world: World, tmp_path: Path, capsys: pyte
     assert "ended cleanly" in capsys.readouterr().err
     assert coral.cli.main([*base, "--resume", str(tmp_path / "none.journal")]) == 2
     assert "no such journal file" in capsys.readouterr().err
+
+
+def test_resume_applies_the_operators_lasting_commands_again(world: World, tmp_path: Path) -> None:
+    from actors.compose import CoralMesh, ResumeFeed
+    from actors.compose import world_of as world_from
+    from coral.kernel import encode
+    from coral.messages.control import ALLOCATOR, OPERATOR, PauseAllocator, Replan, SetSlo
+
+    records = list(read_journal(journal_path("mesh-steady")))
+    cut = next(i for i, r in enumerate(records) if r.time >= 30.0)
+    j = tmp_path / "cmd.journal"
+    with Journal.open(j) as out:
+        for r in records[:cut]:
+            out.append(r.time, r.kind, r.source, r.dest, r.tag, r.body, r.corr)
+        for cmd in (SetSlo("chat-8b", 1.5, 0.08, 0.95, ref=-3), Replan(ref=-4), PauseAllocator(True, ref=-5)):
+            tag, body = encode(cmd)
+            out.append(30.0, "request", OPERATOR, ALLOCATOR, tag.decode(), body, 7)
+    rec = load_recovery(j)
+    assert rec.commands == (
+        (ALLOCATOR, SetSlo("chat-8b", 1.5, 0.08, 0.95)),
+        (ALLOCATOR, PauseAllocator(True)),
+    )  # lasting settings, in order, without the pre-crash refs; the one-off re-plan is not repeated
+    sc, cat, perf = world_from(rec.setup)
+    cm = CoralMesh(rec.setup, sc, cat, perf)
+    feed = ResumeFeed(cm.feed(), rec, rec.resume_at(rec.setup.timing.tick_s))  # type: ignore[arg-type]
+    first = feed.take(rec.resume_at(1.0))
+    sent = [(i.source, i.dest, i.msg) for i in first if i.source == OPERATOR]
+    assert sent == [
+        (OPERATOR, ALLOCATOR, SetSlo("chat-8b", 1.5, 0.08, 0.95)),
+        (OPERATOR, ALLOCATOR, PauseAllocator(True)),
+    ]
+    resub = [i.msg for i in first if isinstance(i.msg, ArrivalBatch)]
+    assert (
+        resub and resub[-1].resubmitted and {s.id for s in resub[-1].requests} == {s.id for s in rec.fleet.ledger.open}
+    )
