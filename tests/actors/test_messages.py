@@ -114,6 +114,8 @@ def test_valid_commands_have_no_problems_and_an_owner() -> None:
         ({"lookahead_ticks": 1}, "lookahead_ticks"),
         ({"warmup_s": 2.0}, "warmup_s"),
         ({"max_attempts": 0}, "max_attempts"),
+        ({"max_queue": 0}, "max_queue"),
+        ({"instance_queue_s": 0.5}, "instance_queue_s"),
     ],
 )
 def test_timing_checks_name_the_field(change: dict[str, Any], needle: str) -> None:
