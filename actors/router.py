@@ -7,6 +7,11 @@ on the order in which requests are handled. A prefill instance's ``handoff`` is 
 a serving decode instance of the same region with the KV transfer's bandwidth. A request with no
 instance to go to waits (``queue_timeout_s``, then it fails as ``no_capacity``).
 
+Bounds (overload): an instance holds at most ``weight × instance_queue_s`` of the router's requests at
+once (what it serves in that time; a full instance is skipped); requests with nowhere to go wait, at most
+``max_queue`` per deployment: beyond that the newest fail at once as ``queue_full``. So under any load the
+router's and the engines' queues stay bounded, and what cannot be served is shed with a reason.
+
 Retries: when the fleet reports an instance lost, each request it held is placed again (attempt + 1, from
 its prompt; its first token, if one was already streamed, keeps its time); after ``max_attempts`` it fails
 as ``retries_exhausted``. A draining instance's unstarted requests come back and are placed again without
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -122,7 +128,8 @@ class Router(TickActor):
                 self.open[spec.id] = OpenRequest(spec)
                 self.todo.add(spec.id)
                 self.stats[spec.deployment].arrivals += 1
-                self.uncounted.append((spec.t, spec.deployment))
+                if not msg.resubmitted:
+                    self.uncounted.append((spec.t, spec.deployment))
         elif isinstance(msg, Completions):
             self._outcomes(msg)
         elif isinstance(msg, FleetUpdate):
@@ -228,6 +235,11 @@ class Router(TickActor):
                 entry.setdefault(i.deployment, []).append(i)
         work: dict[str, list[WorkItem]] = {}
         keep: set[int] = set()
+        held: dict[str, int] = {}
+        for o in self.open.values():
+            if o.instance:
+                held[o.instance] = held.get(o.instance, 0) + 1
+        cap = {i.id: max(1, math.ceil(i.weight * self.timing.instance_queue_s)) for i in self.serving}
         for rid in sorted(self.todo):
             r = self.open.get(rid)
             if r is None or r.instance:
@@ -237,6 +249,8 @@ class Router(TickActor):
                 cands = entry.get(spec.deployment, [])
             else:
                 cands = decode.get((spec.deployment, r.region), [])
+            if cands and any(held.get(c.id, 0) >= cap[c.id] for c in cands):
+                cands = [c for c in cands if held.get(c.id, 0) < cap[c.id]]
             if not cands:
                 if r.queued_at is None:
                     r.queued_at = now
@@ -246,6 +260,7 @@ class Router(TickActor):
                     keep.add(rid)
                 continue
             inst = pick(cands, uniform(self.seed, rid, r.attempt, 0 if r.phase == "entry" else 1))
+            held[inst.id] = held.get(inst.id, 0) + 1
             r.instance = inst.id
             r.queued_at = None
             self.stats[spec.deployment].dispatched += 1
@@ -256,6 +271,13 @@ class Router(TickActor):
                     rid, spec.deployment, spec.t, r.handoff_t, spec.prompt, spec.out, r.attempt, 1, r.t_first, r.kv_nic
                 )
             work.setdefault(inst.id, []).append(item)
+        waiting: dict[str, list[int]] = {}
+        for rid in sorted(keep):
+            waiting.setdefault(self.open[rid].spec.deployment, []).append(rid)
+        for ids in waiting.values():
+            for rid in ids[self.timing.max_queue :]:  # shed the newest beyond the bound
+                self._fail(self.open[rid], "queue_full")
+                keep.discard(rid)
         self.todo = keep
         for iid in sorted(work, key=lambda s: (len(s), s)):
             info = self.known[iid]

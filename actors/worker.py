@@ -6,7 +6,8 @@ takes the router's work (``Dispatch``), polls the engine at every tick and sends
 router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
 engine is empty; a release stops the engine and ends the worker (through ``on_exit``, so that the mesh
 stops it between ticks rather than while it synchronises). ``KillNode`` (the simulated cloud's
-fault) ends it at once, without a word: its node is dead.
+fault) ends it at once, without a word: its node is dead; with cause ``hang`` it wedges instead: connected
+but silent, until its node is terminated.
 
 Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
 handoff (prefill head -> router -> decode head, one tick per hop) is admitted at its exact time.
@@ -57,8 +58,9 @@ class StageWorker(TickActor):
         router: str = ROUTER,
         supervisor: str = SUPERVISOR,
         on_exit: Callable[[str], None] | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(worker_name(node_id), tick_s=timing.tick_s)
+        super().__init__(name or worker_name(node_id), tick_s=timing.tick_s)
         self.node_id = node_id
         self.region = region
         self.node_type = node_type
@@ -70,7 +72,7 @@ class StageWorker(TickActor):
         self.supervisor = supervisor
         self.on_exit = on_exit
         self.exited = False
-        self.state = "idle"  # idle | loading | loaded | serving | draining | released | dead
+        self.state = "idle"  # idle | loading | loaded | serving | draining | released | dead | hung
         self.instance = ""
         self.head = False
         self.lag = 0.0
@@ -89,7 +91,12 @@ class StageWorker(TickActor):
         if self.state in ("dead", "released"):
             return
         if isinstance(msg, KillNode):
-            self.state = "dead"
+            if msg.cause != "hang":
+                self.state = "dead"
+            elif self.state != "hung":
+                self.state = "hung"
+        elif self.state == "hung":
+            return  # wedged: takes its messages and does nothing
         elif isinstance(msg, LoadStage):
             tpl = self.templates[msg.template_id]
             self.instance = msg.instance
@@ -116,6 +123,8 @@ class StageWorker(TickActor):
             self.state = "released"
 
     async def on_tick(self, now: float) -> None:
+        if self.state == "hung":
+            return  # no heartbeat, no work; the bus connection lives on
         if self.state in ("dead", "released"):
             if not self.exited:
                 self.exited = True

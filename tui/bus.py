@@ -39,7 +39,7 @@ import zmq
 from textual.message import Message
 
 from coral.errors import CoralError
-from coral.kernel import BusClient, BusError, DecodeError, Endpoints, Envelope, ErrorEvent, RequestError
+from coral.kernel import BusClient, BusError, ClientKeys, DecodeError, Endpoints, Envelope, ErrorEvent, RequestError
 from coral.kernel.journal import read_journal
 from coral.messages.control import OPERATOR
 from coral.templates import Template
@@ -233,9 +233,11 @@ class LiveSource:
         handshake_s: float = 2.0,
         request_timeout_s: float = 15.0,
         snapshot_timeout_s: float = 5.0,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.snapshot_timeout_s = snapshot_timeout_s
+        self.curve = curve
         self.address = f"{endpoints.router} {endpoints.pub}"
         self.name = name or f"tui-{os.getpid()}"
         self.ping_s = ping_s
@@ -259,6 +261,7 @@ class LiveSource:
                     subscribe=TOPICS,
                     inbox_size=8192,
                     handshake_timeout=self.handshake_s,
+                    curve=self.curve,
                 ) as bus:
                     sink.link(Link("connected", f"as {bus.name}", self.address))
                     detail = await self._session_loop(bus, sink)

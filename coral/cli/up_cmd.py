@@ -35,7 +35,7 @@ from rich.text import Text
 
 from coral.cli.common import catalog_from, perf_from
 from coral.errors import CoralError
-from coral.kernel import Endpoints, Mesh
+from coral.kernel import Endpoints, Mesh, ServerKeys
 from coral.messages.mesh import CloudSetup, Host
 from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
@@ -62,6 +62,27 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         "--bind",
         default=DEFAULT_BIND,
         help=f"kernel address: tcp://HOST:PORT, ipc://PATH or inproc (default: {DEFAULT_BIND})",
+    )
+    p.add_argument(
+        "--keys",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="CurveZMQ key directory (`coral keys init`): encrypt and authenticate the tcp bus "
+        "(default: $CORAL_KEYS; required to bind a non-loopback address)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="JOURNAL",
+        help="restart a crashed run from its --record journal (and JOURNAL.cloud.json), appending to it",
+    )
+    p.add_argument(
+        "--unknown-nodes",
+        default="release",
+        choices=("adopt", "release"),
+        help="with --resume: nodes the provider runs that the journal does not know (default: release)",
     )
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument(
@@ -175,8 +196,15 @@ def run_up(args: argparse.Namespace) -> int:
     speed = parse_speed(args.speed)
     wall_limit = parse_duration(args.for_) if args.for_ is not None else None
     endpoints = parse_bind(args.bind)
+    from coral.cli.keys_cmd import kernel_keys
+
+    curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
+    if args.resume is not None:
+        from coral.cli.resume import run_resumed
+
+        return run_resumed(args, endpoints, speed, wall_limit, curve)
     if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
         raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
     cat = catalog_from(args)
@@ -208,6 +236,7 @@ def run_up(args: argparse.Namespace) -> int:
         console,
         not (args.no_status or args.json or args.tui),
         path if args.tui else None,
+        curve,
         backend="asyncio",
     )
     console.quiet = False
@@ -233,6 +262,9 @@ async def run_up_async(
     live: bool,
     on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
     tui_store: Path | None = None,
+    curve: ServerKeys | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
@@ -240,6 +272,8 @@ async def run_up_async(
     store), and quitting it stops the mesh.
     """
     from actors.compose import RunState, run_mesh
+    from actors.recovery import provider_state_path
+    from coral.cli.resume import resume_summary
 
     stop = anyio.Event()
     state = RunState()
@@ -253,12 +287,12 @@ async def run_up_async(
         if on_start is not None:
             await on_start(mesh, cm)
         if tui_store is not None:
-            tg.start_soon(tui, mesh.endpoints)
+            tg.start_soon(tui, mesh)
 
-    async def tui(endpoints: Endpoints) -> None:
+    async def tui(mesh: Mesh) -> None:
         from tui.app import run_tui_async
 
-        await run_tui_async(endpoints, store=tui_store)
+        await run_tui_async(mesh.endpoints, store=tui_store, curve=mesh.local_keys)
         stop.set()
 
     async with anyio.create_task_group() as tg:
@@ -297,9 +331,16 @@ async def run_up_async(
             gateway=True,
             state=state,
             on_start=started,
+            curve=curve,
+            provider_state=provider_state_path(journal) if journal is not None else None,
+            resume=resume,
+            unknown_nodes=unknown_nodes,
         )
         tg.cancel_scope.cancel()
-    return summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+    out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+    if result.resumed is not None:
+        out["resumed"] = resume_summary(result.resumed, resume)
+    return out
 
 
 async def _run(
@@ -314,6 +355,9 @@ async def _run(
     console: Console,
     live: bool,
     tui_store: Path | None,
+    curve: ServerKeys | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -327,6 +371,9 @@ async def _run(
         console=console,
         live=live,
         tui_store=tui_store,
+        curve=curve,
+        resume=resume,
+        unknown_nodes=unknown_nodes,
     )
 
 
@@ -368,6 +415,10 @@ def _print_summary(s: dict[str, Any], con: Console) -> None:
         f"coral up: {s['scenario']} stopped at t={s['end_s']:.0f} s ({s['reason']}) after {s['wall_s']:.1f} s; "
         f"{s['plans']} plans, ${s['spent_usd']:.2f} spent" + (f"; journal {s['journal']}" if s["journal"] else "")
     )
+    if "resumed" in s:
+        from coral.cli.resume import describe
+
+        con.print(describe(s["resumed"]))
 
 
 def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoints: Endpoints | None) -> Group:

@@ -34,6 +34,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ErrorEvent, Goodbye, Heartbeat, Hello, Ready, SyncMark, SyncRequest
+from coral.kernel.keys import ClientKeys
 from coral.kernel.wire import (
     KERNEL,
     KERNEL_B,
@@ -116,11 +117,15 @@ class BusClient:
         handshake_timeout: float = 10.0,
         codec: Codec = DEFAULT_CODEC,
         context: zmq.asyncio.Context | None = None,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.name = check_name(name)
         if not isinstance(endpoints, Endpoints):
             raise BusError(f"endpoints: expected Endpoints, got {type(endpoints).__name__}")
         self.endpoints = endpoints
+        tcp = any(a.startswith("tcp://") for a in (endpoints.router, endpoints.pub))
+        self.curve = curve if tcp else None
+        """CURVE keys for a tcp:// kernel (inproc:// and ipc:// need none); None: plaintext."""
         self._topics = [_check_prefix(p) for p in subscribe]
         if not isinstance(inbox_size, int) or inbox_size < 1:
             raise BusError(f"inbox_size: expected an int >= 1, got {inbox_size!r}")
@@ -170,6 +175,9 @@ class BusClient:
             # this client's sync marks, subscribed before connecting: a subscription made at each sync
             # reached the publisher after the mark it was for (a lost mark and a retry per sync)
             sub.setsockopt(zmq.SUBSCRIBE, self._sync_prefix)
+            if self.curve is not None:
+                self.curve.apply(dealer)
+                self.curve.apply(sub)
             try:
                 dealer.connect(self.endpoints.router)
                 sub.connect(self.endpoints.pub)
@@ -228,9 +236,16 @@ class BusClient:
                     await self._ready_event.wait()
                 retry = min(retry * 2, 1.0)
         if scope.cancelled_caught:
+            hint = (
+                f" (with CURVE key {self.curve.name!r}: the kernel refuses unknown or revoked keys)"
+                if self.curve is not None
+                else " (a kernel with keys refuses plaintext clients: give --keys)"
+                if self.endpoints.router.startswith("tcp://")
+                else ""
+            )
             raise BusError(
                 f"client {self.name!r}: no Ready from the kernel at {self.endpoints.router} "
-                f"within {self.handshake_timeout}s"
+                f"within {self.handshake_timeout}s{hint}"
             )
         await self.sync(timeout=self.handshake_timeout)
 

@@ -80,6 +80,18 @@ class ErrorEvent:
     reason: str
 
 
+@message("kernel.auth.refused")
+@attrs.frozen
+class AuthRefused:
+    """The kernel refused a connection: an unknown or revoked CURVE key (``key``, z85), or a client that
+    failed the security handshake (a plaintext client of a CURVE kernel: ``mechanism`` is what failed)."""
+
+    address: str
+    mechanism: str
+    key: str
+    reason: str
+
+
 @message("kernel.peer.joined")
 @attrs.frozen
 class PeerJoined:

@@ -36,11 +36,14 @@ class RequestSpec:
 @message("req.arrivals")
 @attrs.frozen
 class ArrivalBatch:
-    """Requests arriving in ``[start, end)`` (an external input)."""
+    """Requests arriving in ``[start, end)`` (an external input). ``resubmitted``: requests that were
+    open when the kernel crashed, handed again to the router of the resumed run (their demand was already
+    counted before the crash, so the router does not count it again)."""
 
     start: float
     end: float
     requests: tuple[RequestSpec, ...]
+    resubmitted: bool = False
 
 
 @message("req.finish")

@@ -59,6 +59,7 @@ SAMPLES: list[object] = [
     m.SnapshotRequest(),
     m.Snapshot(4.0, (m.SnapshotRecord("allocator", "ctl.alloc_state", b"\x91\x01"),)),
     m.MeshEnd(10.0, "stopped"),
+    m.MeshResumed(40.0, 150, ("i1",), ("n2",), ("n3",), 20, 281),
 ]
 
 
@@ -116,6 +117,8 @@ def test_valid_commands_have_no_problems_and_an_owner() -> None:
         ({"lookahead_ticks": 1}, "lookahead_ticks"),
         ({"warmup_s": 2.0}, "warmup_s"),
         ({"max_attempts": 0}, "max_attempts"),
+        ({"max_queue": 0}, "max_queue"),
+        ({"instance_queue_s": 0.5}, "instance_queue_s"),
     ],
 )
 def test_timing_checks_name_the_field(change: dict[str, Any], needle: str) -> None:
