@@ -488,7 +488,8 @@ class Broker:
             mark = SyncMark(msg.token)
             self._reply(ident, None, mark)
             mtag, mbody = self.codec.encode(mark)
-            self._publish(SYNC_TOPIC + ident + b"." + str(msg.token).encode(), KERNEL_B, mtag, mbody)
+            sep = b"!" if msg.fresh else b"."
+            self._publish(SYNC_TOPIC + ident + sep + str(msg.token).encode(), KERNEL_B, mtag, mbody)
         elif tag == _HELLO and isinstance(msg, Hello):
             if msg.protocol != PROTOCOL:
                 self._error(text(tag), f"{text(ident)} speaks protocol {msg.protocol}, kernel {PROTOCOL}")

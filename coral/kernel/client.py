@@ -138,6 +138,7 @@ class BusClient:
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._name_b = name.encode()
         self._sync_prefix = SYNC_TOPIC + self._name_b + b"."
+        self._fresh_prefix = SYNC_TOPIC + self._name_b + b"!"
         self._inbox_recv: MemoryObjectReceiveStream[Envelope] | None = None
         self._accepting = True
         self._feeds: list[MemoryObjectSendStream[Envelope]] = []
@@ -341,7 +342,7 @@ class BusClient:
         """Receive published messages whose tag starts with ``prefix``; returns once that is live."""
         self._set_sub(zmq.SUBSCRIBE, _check_prefix(prefix).encode())
         self._topics.append(prefix)
-        await self.sync()
+        await self.sync(fresh=True)
 
     async def unsubscribe(self, prefix: str) -> None:
         """Undo one ``subscribe(prefix)``."""
@@ -349,7 +350,7 @@ class BusClient:
             raise BusError(f"unsubscribe: {prefix!r} is not subscribed")
         self._set_sub(zmq.UNSUBSCRIBE, prefix.encode())
         self._topics.remove(prefix)
-        await self.sync()
+        await self.sync(fresh=True)
 
     def _set_sub(self, option: int, topic: bytes) -> None:
         self._sub.setsockopt(option, topic)
@@ -364,24 +365,32 @@ class BusClient:
     def subscriptions(self) -> tuple[str, ...]:
         return tuple(self._topics)
 
-    async def sync(self, timeout: float = 10.0) -> None:
+    async def sync(self, timeout: float = 10.0, *, fresh: bool = False) -> None:
         """Barrier with the kernel, on both paths.
 
         On return, the kernel has handled everything this client sent before the call, and this client
         has received (into its inbox) everything the kernel routed or published to it before that.
+        ``fresh`` also proves that every subscription change made before the call is live at the
+        kernel: its mark is published on a topic of its own that only a subscription made after them
+        covers (subscriptions reach the kernel in order).
         """
         token = next(self._ids)
         state = self._syncs[token] = _Sync()
+        topic = self._fresh_prefix + str(token).encode()
+        if fresh:
+            self._set_sub(zmq.SUBSCRIBE, topic)
         retry = 0.005
         try:
             with anyio.move_on_after(timeout):
                 while not state.event.is_set():
-                    await self._send_frames(KERNEL_B, SyncRequest(token))
+                    await self._send_frames(KERNEL_B, SyncRequest(token, fresh))
                     with anyio.move_on_after(retry):
                         await state.event.wait()
                     retry = min(retry * 2, 0.5)
         finally:
             del self._syncs[token]
+            if fresh and not self._closed:
+                self._set_sub(zmq.UNSUBSCRIBE, topic)
         if self._closed:
             raise BusError(f"client {self.name!r}: closed during a sync")
         if not state.event.is_set():
@@ -465,9 +474,11 @@ class BusClient:
     def on_published(self, frames: list[bytes]) -> Envelope | Malformed | None:
         """Classify one published frame list: sync marks are consumed (None), the rest returned."""
         if frames and frames[0][:1] == b"\x00" and frames[0].startswith(SYNC_TOPIC):
-            if frames[0].startswith(self._sync_prefix):
+            for prefix in (self._sync_prefix, self._fresh_prefix):
+                if not frames[0].startswith(prefix):
+                    continue
                 try:
-                    token = int(frames[0][len(self._sync_prefix) :])
+                    token = int(frames[0][len(prefix) :])
                 except ValueError:
                     return None
                 state = self._syncs.get(token)
