@@ -515,9 +515,10 @@ async def run_mesh(
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     fsync: Fsync = Fsync.BATCH,
     shutdown_timeout: float = 5.0,
+    engine_factory: Callable[[str], Engine] | None = None,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set."""
-    cm = CoralMesh(setup, scenario, catalog, perf, efforts=efforts)
+    cm = CoralMesh(setup, scenario, catalog, perf, efforts=efforts, engine_factory=engine_factory)
     st = state if state is not None else RunState()
     t0 = time.perf_counter()
     st.now = cm.start_time
