@@ -141,17 +141,17 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         try:
             if path == "/health":
-                await _respond(send, 200, b'{"status":"ok"}')
+                await respond(send, 200, b'{"status":"ok"}')
             elif path == "/v1/models":
-                await _respond(send, 200, self.models())
+                await respond(send, 200, self.models())
             elif path in _PATHS:
                 if method != "POST":
                     raise _Reply(405, "invalid_request_error", f"{path}: use POST")
-                await self.generate(_PATHS[path], path, await _body(receive), send)
+                await self.generate(_PATHS[path], path, await read_body(receive), send)
             else:
                 raise _Reply(404, "not_found_error", f"no route {method} {path}")
         except _Reply as r:
-            await _respond(send, r.status, openai.error_body(str(r), r.kind, r.status, r.param), r.headers)
+            await respond(send, r.status, openai.error_body(str(r), r.kind, r.status, r.param), r.headers)
 
     def models(self) -> bytes:
         data = [
@@ -268,7 +268,7 @@ class Gateway:
                         break
                     if not req.stream:
                         if o.kind == "done":
-                            await _respond(send, 200, openai.completion(req, rid, out, created, finish))
+                            await respond(send, 200, openai.completion(req, rid, out, created, finish))
                             return
                         continue
                     upto = out if o.kind == "done" else min(o.tokens, out)
@@ -277,12 +277,12 @@ class Gateway:
                         sent = 0
                     if upto > sent:
                         text = openai.words(rid, sent, upto)
-                        await _chunk(send, openai.chunk(req, rid, created, text, first=sent == 0, finish=None))
+                        await send_chunk(send, openai.chunk(req, rid, created, text, first=sent == 0, finish=None))
                         sent = upto
                     if o.kind == "done":
-                        await _chunk(send, openai.chunk(req, rid, created, "", first=False, finish=finish))
+                        await send_chunk(send, openai.chunk(req, rid, created, "", first=False, finish=finish))
                         if req.include_usage:
-                            await _chunk(send, openai.usage_chunk(req, rid, created, out))
+                            await send_chunk(send, openai.usage_chunk(req, rid, created, out))
                         await send({"type": "http.response.body", "body": openai.DONE, "more_body": False})
                         return
         finally:
@@ -296,7 +296,8 @@ class Gateway:
         )
 
 
-async def _body(receive: Receive) -> bytes:
+async def read_body(receive: Receive) -> bytes:
+    """The request body (at most ``MAX_BODY`` bytes)."""
     parts = []
     size = 0
     while True:
@@ -312,13 +313,15 @@ async def _body(receive: Receive) -> bytes:
             return b"".join(parts)
 
 
-async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A whole JSON response."""
     hs = [*_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])]
     await send({"type": "http.response.start", "status": status, "headers": hs})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _chunk(send: Send, data: bytes) -> None:
+async def send_chunk(send: Send, data: bytes) -> None:
+    """One part of a streamed response."""
     await send({"type": "http.response.body", "body": data, "more_body": True})
 
 
