@@ -430,9 +430,14 @@ async def start_serving(
 
 
 async def _serve_forever(app: Any, sock: socket.socket, what: str, console: Console) -> None:
-    async with serving(app, sock, what=f"--{what}") as url:
-        console.print(f"coral up: {what} at {url}")
-        await anyio.sleep_forever()
+    try:
+        async with serving(app, sock, what=f"--{what}") as url:
+            console.print(f"coral up: {what} at {url}")
+            await anyio.sleep_forever()
+    finally:
+        if isinstance(app, Gateway):
+            with anyio.CancelScope(shield=True):
+                await app.aclose()
 
 
 def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journal: Path | None) -> dict[str, Any]:

@@ -19,7 +19,9 @@ LOCAL = ("127.0.0.1", 0)
 
 
 def inst(iid: str, dep: str, endpoint: str, state: str = "serving", weight: float = 1.0) -> InstanceInfo:
-    return InstanceInfo(iid, dep, "t1", "r1", "aggregated", state, ("a",), ("n" + iid,), "w", weight, 1e9, 0.0, endpoint)
+    return InstanceInfo(
+        iid, dep, "t1", "r1", "aggregated", state, ("a",), ("n" + iid,), "w", weight, 1e9, 0.0, endpoint
+    )
 
 
 def fleet(seq: int, *instances: InstanceInfo) -> FleetUpdate:
@@ -55,7 +57,9 @@ async def test_proxy_routes_streams_and_reports_errors() -> None:
 
             served = set()
             for _ in range(12):
-                st, hd, body = await post(s, url + "/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": 3})
+                st, hd, body = await post(
+                    s, url + "/v1/completions", {"model": "chat", "prompt": "hi", "max_tokens": 3}
+                )
                 assert st == 200, body
                 doc = json.loads(body)
                 assert doc["usage"]["completion_tokens"] == 3 and len(doc["choices"][0]["text"].split()) == 3
@@ -119,12 +123,14 @@ async def test_retry_once_on_a_dead_instance() -> None:
         # instance i1's server is gone: connections to it are refused
         async with aiohttp.ClientSession() as s:
             for _ in range(10):
-                st, hd, body = await post(s, url + "/v1/completions", {"model": "chat", "prompt": "x", "max_tokens": 2})
+                st, _hd, body = await post(
+                    s, url + "/v1/completions", {"model": "chat", "prompt": "x", "max_tokens": 2}
+                )
                 assert st == 200 and json.loads(body)["served_by"] == "b"
             assert gw.retried >= 1
             assert b.served == 10
             gw.on_fleet(fleet(2, inst("i1", "chat", ua)))
-            st, hd, body = await post(s, url + "/v1/completions", {"model": "chat", "prompt": "x"})
+            st, _hd, body = await post(s, url + "/v1/completions", {"model": "chat", "prompt": "x"})
             assert st == 502 and "i1" in json.loads(body)["error"]["message"]
     await gw.aclose()
 
