@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import anyio
 import anyio.abc
+import yarl
 from anyio.streams.memory import MemoryObjectSendStream
 
 from coral.errors import CoralError
@@ -30,6 +31,7 @@ MAX_BODY = 16 << 20
 DEFAULT_OUT = 16
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_UPSTREAM_HEADERS = {"content-type": "application/json"}
 _PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
@@ -89,6 +91,7 @@ class Gateway:
         self.waiters: dict[int, MemoryObjectSendStream[Outcome]] = {}
         self.shed = 0
         self.retried = 0
+        self.urls: dict[tuple[str, str], yarl.URL] = {}
 
     # -- the bus side -------------------------------------------------------------------------------
 
@@ -217,17 +220,15 @@ class Gateway:
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
             )
-        url = inst.endpoint.rstrip("/") + path
         try:
-            resp = await self.session.post(url, data=body, headers={"content-type": "application/json"})
+            resp = await self.session.post(self._url(inst, path), data=body, headers=_UPSTREAM_HEADERS)
         except aiohttp.ClientConnectionError as e:
             other = self.table.choose(req.model, rid, 1, avoid=inst.id)
             if other is None or not other.endpoint:
                 raise _Reply(502, "upstream_error", f"instance {inst.id} failed ({e.__class__.__name__})") from None
             self.retried += 1
-            url = other.endpoint.rstrip("/") + path
             try:
-                resp = await self.session.post(url, data=body, headers={"content-type": "application/json"})
+                resp = await self.session.post(self._url(other, path), data=body, headers=_UPSTREAM_HEADERS)
             except aiohttp.ClientConnectionError as e2:
                 raise _Reply(
                     502, "upstream_error", f"instances {inst.id} and {other.id} failed ({e2.__class__.__name__})"
@@ -247,6 +248,15 @@ class Gateway:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             resp.release()
+
+    def _url(self, inst: InstanceInfo, path: str) -> yarl.URL:
+        key = (inst.endpoint, path)
+        url = self.urls.get(key)
+        if url is None:
+            if len(self.urls) > 4096:
+                self.urls.clear()
+            url = self.urls[key] = yarl.URL(inst.endpoint.rstrip("/") + path)
+        return url
 
     # -- simulated in the mesh ----------------------------------------------------------------------
 

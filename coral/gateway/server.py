@@ -36,7 +36,7 @@ class _Server(uvicorn.Server):
 def bind(host: str, port: int, what: str) -> socket.socket:
     """A listening TCP socket on ``host:port``; a CoralError naming ``what`` when it cannot be bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # the proto makes asyncio set TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
