@@ -239,6 +239,11 @@ class Gateway:
                 for k, v in resp.headers.items()
                 if k.lower() in ("content-type", "content-length", "content-encoding", "cache-control")
             ]
+            if resp.content_length is not None:  # a whole response (not a stream): pass it in one piece
+                data = await resp.read()
+                await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             try:
                 async for data in resp.content.iter_any():

@@ -55,7 +55,15 @@ async def serving(app: Any, where: tuple[str, int] | socket.socket, *, what: str
     sock = where if isinstance(where, socket.socket) else bind(*where, what)
     host, bound = sock.getsockname()[:2]
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", http="httptools", timeout_graceful_shutdown=2
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        http="httptools",
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=2,
     )
     server = _Server(config)
     shown = f"[{host}]" if ":" in host else host
