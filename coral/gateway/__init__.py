@@ -21,10 +21,10 @@ instances and their plan weights (capacity in req/s). It picks one by weight wit
   counts the requested output and the estimated prompt (see ``coral.gateway.openai``). Timing follows the
   run's pace (``coral up --speed``): at 60x a simulated second is 1/60 s of wall time.
 
-Errors are OpenAI-style JSON: 400 (malformed body, naming the field), 404 (unknown model or path), 503
-with ``Retry-After`` (the model has no live instance, or its request failed in the fleet before its first
-byte), 429 with ``Retry-After`` (more than ``max_active`` requests in progress and ``max_queue`` waiting),
-502 (both instances tried failed).
+Errors are OpenAI-style JSON: 400 (malformed body, naming the field; or a simulated request too long for
+the instance's KV cache), 404 (unknown model or path), 503 with ``Retry-After`` (the model has no live
+instance, or its request failed in the fleet before its first byte), 429 with ``Retry-After`` (more than
+``max_active`` requests in progress and ``max_queue`` waiting), 502 (both instances tried failed).
 """
 
 from coral.gateway.app import GATEWAY_ID_BASE, Gateway, GatewayError

@@ -304,6 +304,10 @@ class Gateway:
             self.waiters.pop(rid, None)
         reason = o.reason if o is not None and o.kind == "failed" else "the mesh stopped"
         message = f"request failed in the fleet ({reason})"
+        if sent < 0 and reason == "too_long":
+            raise _Reply(
+                400, "invalid_request_error", f"{message}: prompt and max_tokens exceed the instance's KV cache"
+            )
         if sent < 0:
             raise _Reply(503, "service_unavailable", message, [(b"retry-after", self.retry_after)])
         await send(

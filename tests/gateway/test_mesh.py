@@ -173,7 +173,11 @@ async def test_simulated_requests_through_the_gateway(world: World, tmp_path: Pa
             assert all(json.loads(r[2])["usage"]["completion_tokens"] == 128 for r in results)
             assert all(json.loads(r[2])["choices"][0]["finish_reason"] == "stop" for r in results)
 
-            while counted.get("chat-8b", 0) < 8:  # every request counted once for the demand monitor
+            huge = {"model": "chat-8b", "prompt": list(range(400_000)), "max_tokens": 4}
+            st, _hd, body = await post(s, url + "/v1/completions", huge)  # the simulated instance fails it
+            assert st == 400 and "too_long" in json.loads(body)["error"]["message"], body
+
+            while counted.get("chat-8b", 0) < 9:  # every request counted once for the demand monitor
                 await anyio.sleep(0.05)
             await anyio.sleep(0.5)
             seen["counted"] = dict(counted)
@@ -183,14 +187,14 @@ async def test_simulated_requests_through_the_gateway(world: World, tmp_path: Pa
                     text = await r.text()
                 fams = {f.name: f for f in text_string_to_metric_families(text)}
                 arrived = [x.value for x in fams["coral_requests_arrived"].samples if x.name.endswith("_total")]
-                if arrived and arrived[0] >= 8:
+                if arrived and arrived[0] >= 9:
                     break
                 await anyio.sleep(0.1)
             seen["metrics"] = fams
 
     journal = tmp_path / "gateway.journal"
     await run_with_gateway(world, client, journal=journal)
-    assert seen["counted"] == {"chat-8b": 8}
+    assert seen["counted"] == {"chat-8b": 9}
     report = await replay_journal(journal)  # the gateway's requests are journaled inputs: the run replays
     assert report.ok, report.diffs
     assert report.counts.get("req.stats", 0) > 0
@@ -206,8 +210,9 @@ async def test_simulated_requests_through_the_gateway(world: World, tmp_path: Pa
         return vals[0]
 
     dep = {"deployment": "chat-8b", "model": "llama-3.1-8b"}
-    assert value("coral_requests_arrived", "coral_requests_arrived_total", **dep) == 8
+    assert value("coral_requests_arrived", "coral_requests_arrived_total", **dep) == 9
     assert value("coral_requests_completed", "coral_requests_completed_total", **dep) == 8
+    assert value("coral_requests_failed", "coral_requests_failed_total", reason="too_long", **dep) == 1
     assert value("coral_ttft_seconds", "coral_ttft_seconds_count", **dep) == 8
     assert value("coral_tpot_seconds", "coral_tpot_seconds_count", **dep) == 8
     assert value("coral_ttft_seconds", "coral_ttft_seconds_sum", **dep) > 0
