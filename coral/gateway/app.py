@@ -150,7 +150,7 @@ class Gateway:
             elif path in _PATHS:
                 if method != "POST":
                     raise _Reply(405, "invalid_request_error", f"{path}: use POST")
-                await self.generate(_PATHS[path], path, await read_body(receive), send)
+                await self.generate(_PATHS[path], path, await read_body(receive), send, receive)
             else:
                 raise _Reply(404, "not_found_error", f"no route {method} {path}")
         except _Reply as r:
@@ -163,8 +163,9 @@ class Gateway:
         ]
         return openai._encode({"object": "list", "data": data})
 
-    async def generate(self, kind: str, path: str, body: bytes, send: Send) -> None:
-        """Serve one completion request: check it, admit it, route it."""
+    async def generate(self, kind: str, path: str, body: bytes, send: Send, receive: Receive) -> None:
+        """Serve one completion request: check it, admit it, route it. A stream ends when its client goes
+        away (a proxied one closes its upstream connection, which makes vLLM abort the request)."""
         try:
             req = openai.parse(kind, body)
         except BadRequest as e:
@@ -202,9 +203,16 @@ class Gateway:
         try:
             if inst.endpoint:
                 self.proxied[req.model] = self.proxied.get(req.model, 0) + 1
-                await self.proxy(req, rid, inst, path, body, send)
+                serve = self.proxy(req, rid, inst, path, body, send)
             else:
-                await self.simulate(req, rid, send)
+                serve = self.simulate(req, rid, send)
+            if not req.stream:
+                await serve
+                return
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+                await serve
+                tg.cancel_scope.cancel()
         finally:
             self.slots.release()
 
@@ -342,6 +350,12 @@ async def respond(send: Send, status: int, body: bytes, headers: list[tuple[byte
 async def send_chunk(send: Send, data: bytes) -> None:
     """One part of a streamed response."""
     await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

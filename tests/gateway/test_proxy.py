@@ -182,3 +182,45 @@ async def test_overload_is_shed_with_429() -> None:
 def test_bad_parameters_are_named(kwargs: dict[str, int], needle: str) -> None:
     with pytest.raises(GatewayError, match=needle):
         Gateway({"chat": 16}, **kwargs)
+
+
+class Slow:
+    """An upstream that streams a chunk every 20 ms (up to 500) and notes when its client goes away."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.gone = anyio.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for _ in range(500):
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+            self.chunks += 1
+            with anyio.move_on_after(0.02):
+                if (await receive())["type"] == "http.disconnect":
+                    self.gone.set()
+                    return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def test_a_stream_ends_upstream_when_its_client_goes_away() -> None:
+    up = Slow()
+    gw = Gateway({"chat": 16}, max_active=4)
+    async with serving(up, LOCAL) as uu, serving(gw, LOCAL) as url:
+        gw.on_fleet(fleet(1, inst("i1", "chat", uu)))
+        async with aiohttp.ClientSession() as s:
+            body = {"model": "chat", "prompt": "x", "stream": True}
+            r = await s.post(url + "/v1/completions", json=body)
+            assert r.status == 200
+            assert (await r.content.readany()).startswith(b"data: ")
+            r.close()  # the client hangs up mid-stream
+        with anyio.fail_after(10):
+            await up.gone.wait()
+            while gw.slots.value < 4:
+                await anyio.sleep(0.01)
+        assert up.chunks < 500
+    await gw.aclose()
