@@ -161,7 +161,7 @@ class Gateway:
             {"id": d, "object": "model", "created": 0, "owned_by": "coral", "ready": bool(self.table.instances(d))}
             for d in sorted(self.table.known)
         ]
-        return openai._encode({"object": "list", "data": data})
+        return openai.encode_json({"object": "list", "data": data})
 
     async def generate(self, kind: str, path: str, body: bytes, send: Send, receive: Receive) -> None:
         """Serve one completion request: check it, admit it, route it. A stream ends when its client goes

@@ -30,7 +30,8 @@ WORDS = (
     "the", "coral", "reef", "grows", "slowly", "under", "warm", "light", "and", "every", "polyp", "builds",
     "a", "small", "stone", "cup", "while", "fish", "drift", "past", "in", "schools", "of", "silver",
 )  # fmt: skip
-_encode = msgspec.json.Encoder().encode
+encode_json = msgspec.json.Encoder().encode
+"""JSON bytes of a value (msgspec)."""
 
 
 class BadRequest(CoralError):
@@ -133,7 +134,7 @@ def parse(kind: str, body: bytes) -> ApiRequest:
 
 def error_body(message: str, kind: str, code: int | str | None = None, param: str | None = None) -> bytes:
     """An OpenAI-style error body."""
-    return _encode({"error": {"message": message, "type": kind, "param": param, "code": code}})
+    return encode_json({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 def words(rid: int, start: int, end: int) -> str:
@@ -159,7 +160,7 @@ def completion(req: ApiRequest, rid: int, out: int, created: int, finish: str) -
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
-    return _encode(
+    return encode_json(
         {
             "id": f"{_prefix(req)}-{rid}",
             "object": obj,
@@ -188,7 +189,7 @@ def chunk(req: ApiRequest, rid: int, created: int, text: str, *, first: bool, fi
         obj = "text_completion"
     body: dict[str, Any] = {"id": f"{_prefix(req)}-{rid}", "object": obj, "created": created, "model": req.model}
     body["choices"] = [choice]
-    return b"data: " + _encode(body) + b"\n\n"
+    return b"data: " + encode_json(body) + b"\n\n"
 
 
 def usage_chunk(req: ApiRequest, rid: int, created: int, out: int) -> bytes:
@@ -198,7 +199,7 @@ def usage_chunk(req: ApiRequest, rid: int, created: int, out: int) -> bytes:
         "id": f"{_prefix(req)}-{rid}", "object": obj, "created": created, "model": req.model, "choices": [],
         "usage": usage(req.prompt_tokens, out),
     }  # fmt: skip
-    return b"data: " + _encode(body) + b"\n\n"
+    return b"data: " + encode_json(body) + b"\n\n"
 
 
 def error_event(message: str, kind: str) -> bytes:
