@@ -248,7 +248,12 @@ class Gateway:
                 if k.lower() in ("content-type", "content-length", "content-encoding", "cache-control")
             ]
             if resp.content_length is not None:  # a whole response (not a stream): pass it in one piece
-                data = await resp.read()
+                try:
+                    data = await resp.read()
+                except aiohttp.ClientError as e:
+                    raise _Reply(
+                        502, "upstream_error", f"instance failed mid-response ({e.__class__.__name__})"
+                    ) from None
                 await send({"type": "http.response.start", "status": resp.status, "headers": headers})
                 await send({"type": "http.response.body", "body": data, "more_body": False})
                 return

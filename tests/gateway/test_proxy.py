@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import anyio.abc
 import pytest
 
 from coral.gateway import Gateway, GatewayError, serving
@@ -223,4 +224,27 @@ async def test_a_stream_ends_upstream_when_its_client_goes_away() -> None:
             while gw.slots.value < 4:
                 await anyio.sleep(0.01)
         assert up.chunks < 500
+    await gw.aclose()
+
+
+async def test_an_instance_that_dies_mid_response_gives_502() -> None:
+    async def half(conn: anyio.abc.SocketStream) -> None:
+        async with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await conn.receive()
+            await conn.send(
+                b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"partial'
+            )
+
+    gw = Gateway({"chat": 16})
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg, serving(gw, LOCAL) as url:
+        tg.start_soon(listener.serve, half)
+        gw.on_fleet(fleet(1, inst("i1", "chat", f"http://127.0.0.1:{port}")))
+        async with aiohttp.ClientSession() as s:
+            st, _hd, body = await post(s, url + "/v1/completions", {"model": "chat", "prompt": "x"})
+        assert st == 502 and "mid-response" in json.loads(body)["error"]["message"]
+        tg.cancel_scope.cancel()
     await gw.aclose()
