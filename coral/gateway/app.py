@@ -7,14 +7,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-import aiohttp
 import anyio
 import anyio.abc
-import yarl
 from anyio.streams.memory import MemoryObjectSendStream
 
 from coral.errors import CoralError
 from coral.gateway import openai
+from coral.gateway.client import Client, UpstreamError
 from coral.gateway.openai import ApiRequest, BadRequest
 from coral.gateway.table import RouteTable
 from coral.messages.fleet import FleetUpdate, InstanceInfo
@@ -31,7 +30,7 @@ MAX_BODY = 16 << 20
 DEFAULT_OUT = 16
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-_UPSTREAM_HEADERS = {"content-type": "application/json"}
+_PASSED_HEADERS = frozenset((b"content-type", b"content-length", b"content-encoding", b"cache-control"))
 _PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
@@ -80,18 +79,16 @@ class Gateway:
         self.max_active = max_active
         self.max_queue = max_queue
         self.retry_after = str(retry_after_s).encode()
-        self.connect_timeout_s = connect_timeout_s
         self.slots = anyio.Semaphore(max_active)
         self.waiting = 0
         self.next_id = GATEWAY_ID_BASE
-        self.session: aiohttp.ClientSession | None = None
+        self.client = Client(connect_timeout_s)
         self.linked = False
         self.pending: list[tuple[int, str, int, int]] = []
         self.proxied: dict[str, int] = {}
         self.waiters: dict[int, MemoryObjectSendStream[Outcome]] = {}
         self.shed = 0
         self.retried = 0
-        self.urls: dict[tuple[str, str], yarl.URL] = {}
 
     # -- the bus side -------------------------------------------------------------------------------
 
@@ -129,9 +126,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         """Close the upstream connections."""
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        self.client.close()
 
     # -- the HTTP side ------------------------------------------------------------------------------
 
@@ -221,60 +216,36 @@ class Gateway:
     async def proxy(self, req: ApiRequest, rid: int, inst: InstanceInfo, path: str, body: bytes, send: Send) -> None:
         """Pass the request to ``inst``'s endpoint and its response back as it comes (once retried on
         another instance when the first fails before its first byte)."""
-        if self.session is None:
-            self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
         try:
-            resp = await self.session.post(self._url(inst, path), data=body, headers=_UPSTREAM_HEADERS)
-        except aiohttp.ClientConnectionError as e:
+            resp = await self.client.post(inst.endpoint, path, body)
+        except UpstreamError as e:
             other = self.table.choose(req.model, rid, 1, avoid=inst.id)
-            if other is None or not other.endpoint:
-                raise _Reply(502, "upstream_error", f"instance {inst.id} failed ({e.__class__.__name__})") from None
+            if not e.before_first_byte or other is None or not other.endpoint:
+                raise _Reply(502, "upstream_error", f"instance {inst.id} failed: {e}") from None
             self.retried += 1
             try:
-                resp = await self.session.post(self._url(other, path), data=body, headers=_UPSTREAM_HEADERS)
-            except aiohttp.ClientConnectionError as e2:
-                raise _Reply(
-                    502, "upstream_error", f"instances {inst.id} and {other.id} failed ({e2.__class__.__name__})"
-                ) from None
+                resp = await self.client.post(other.endpoint, path, body)
+            except UpstreamError as e2:
+                raise _Reply(502, "upstream_error", f"instances {inst.id} and {other.id} failed: {e2}") from None
         try:
-            headers = [
-                (k.lower().encode(), v.encode())
-                for k, v in resp.headers.items()
-                if k.lower() in ("content-type", "content-length", "content-encoding", "cache-control")
-            ]
-            if resp.content_length is not None:  # a whole response (not a stream): pass it in one piece
+            headers = [(k, v) for k, v in resp.headers if k in _PASSED_HEADERS]
+            if any(k == b"content-length" for k, _ in headers):  # a whole response: pass it in one piece
                 try:
                     data = await resp.read()
-                except aiohttp.ClientError as e:
-                    raise _Reply(
-                        502, "upstream_error", f"instance failed mid-response ({e.__class__.__name__})"
-                    ) from None
+                except UpstreamError as e:
+                    raise _Reply(502, "upstream_error", f"instance failed mid-response: {e}") from None
                 await send({"type": "http.response.start", "status": resp.status, "headers": headers})
                 await send({"type": "http.response.body", "body": data, "more_body": False})
                 return
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             try:
-                async for data in resp.content.iter_any():
+                async for data in resp.chunks():
                     await send({"type": "http.response.body", "body": data, "more_body": True})
-            except aiohttp.ClientError:
+            except UpstreamError:
                 pass  # the instance died mid-response: end what was sent (nothing can be retried now)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             resp.release()
-
-    def _url(self, inst: InstanceInfo, path: str) -> yarl.URL:
-        key = (inst.endpoint, path)
-        url = self.urls.get(key)
-        if url is None:
-            if len(self.urls) > 4096:
-                self.urls.clear()
-            url = self.urls[key] = yarl.URL(inst.endpoint.rstrip("/") + path)
-        return url
 
     # -- simulated in the mesh ----------------------------------------------------------------------
 

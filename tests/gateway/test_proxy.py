@@ -248,3 +248,36 @@ async def test_an_instance_that_dies_mid_response_gives_502() -> None:
         assert st == 502 and "mid-response" in json.loads(body)["error"]["message"]
         tg.cancel_scope.cancel()
     await gw.aclose()
+
+
+async def test_a_pooled_connection_closed_by_the_instance_is_replaced_without_a_retry() -> None:
+    conns = 0
+    doc = b'{"served_by":"raw"}'
+
+    async def once(conn: anyio.abc.SocketStream) -> None:
+        """Answer the first request of a connection; close it on the second (an idle close racing it)."""
+        nonlocal conns
+        conns += 1
+        async with conn:
+            for n in range(2):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += await conn.receive()
+                if n == 1:
+                    return
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(doc)
+                await conn.send(head + doc)
+
+    gw = Gateway({"chat": 16})
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg, serving(gw, LOCAL) as url:
+        tg.start_soon(listener.serve, once)
+        gw.on_fleet(fleet(1, inst("i1", "chat", f"http://127.0.0.1:{port}")))
+        async with aiohttp.ClientSession() as s:
+            for _ in range(3):
+                st, _hd, body = await post(s, url + "/v1/completions", {"model": "chat", "prompt": "x"})
+                assert st == 200 and body == doc
+        assert gw.retried == 0 and conns == 3  # each second request found its connection closing
+        tg.cancel_scope.cancel()
+    await gw.aclose()
