@@ -281,3 +281,26 @@ async def test_a_pooled_connection_closed_by_the_instance_is_replaced_without_a_
         assert gw.retried == 0 and conns == 3  # each second request found its connection closing
         tg.cancel_scope.cancel()
     await gw.aclose()
+
+
+async def test_retry_once_when_an_instance_drops_the_connection() -> None:
+    async def drop(conn: anyio.abc.SocketStream) -> None:
+        async with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await conn.receive()  # read the request, then hang up without a byte
+
+    b = PlaceholderServer("b")
+    gw = Gateway({"chat": 16}, seed=5)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg, serving(b, LOCAL) as ub, serving(gw, LOCAL) as url:
+        tg.start_soon(listener.serve, drop)
+        gw.on_fleet(fleet(1, inst("i1", "chat", f"http://127.0.0.1:{port}"), inst("i2", "chat", ub)))
+        async with aiohttp.ClientSession() as s:
+            for _ in range(8):
+                st, _hd, body = await post(s, url + "/v1/completions", {"model": "chat", "prompt": "x"})
+                assert st == 200 and json.loads(body)["served_by"] == "b"
+        assert gw.retried >= 1 and b.served == 8
+        tg.cancel_scope.cancel()
+    await gw.aclose()
