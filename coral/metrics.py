@@ -23,19 +23,30 @@ metric                                       type     from
 Fleet-wide: ``coral_fleet_cost_dollars_per_hour`` and ``coral_spent_dollars_total`` (``fleet.update``),
 ``coral_plan_solve_seconds`` (histogram of the allocator's solve times, ``plan.new``) and
 ``coral_kernel_time_seconds`` (the kernel clock of the latest report). Times are kernel-clock seconds.
+
+With the HTTP gateway in the same process (``GatewayCollector``): ``coral_gateway_responses_total``
+(labels ``path`` and ``code``), ``coral_gateway_shed_total`` (429s for a full queue),
+``coral_gateway_retries_total`` (requests retried on a second instance), ``coral_gateway_active_requests``
+and ``coral_gateway_waiting_requests``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from coral.kernel import Envelope
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import INSTANCE_STATES, ROUTABLE_STATES, FleetUpdate
 from coral.messages.plan import NewPlan
 from coral.messages.requests import LatencySamples, RoutingStats
+
+if TYPE_CHECKING:
+    from coral.gateway import Gateway
 
 TOPICS = ("dem.update", "fleet.update", "req.stats", "req.latency", "plan.new")
 """The bus topics the metrics are fed from."""
@@ -153,3 +164,24 @@ class MeshMetrics:
     def asgi(self) -> object:
         """An ASGI application serving the exposition text (any path)."""
         return make_asgi_app(self.registry)
+
+
+class GatewayCollector(Collector):
+    """The gateway's counters, read at each scrape."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        gw = self.gateway
+        resp = CounterMetricFamily(
+            "coral_gateway_responses", "Gateway responses by path and status", labels=("path", "code")
+        )
+        for (path, code), n in sorted(gw.responses.items()):
+            resp.add_metric((path, str(code)), n)
+        yield resp
+        yield CounterMetricFamily("coral_gateway_shed", "Requests shed with 429 (queue full)", value=gw.shed)
+        yield CounterMetricFamily("coral_gateway_retries", "Requests retried on a second instance", value=gw.retried)
+        active = gw.max_active - gw.slots.value
+        yield GaugeMetricFamily("coral_gateway_active_requests", "Requests being served", value=active)
+        yield GaugeMetricFamily("coral_gateway_waiting_requests", "Requests waiting for a slot", value=gw.waiting)

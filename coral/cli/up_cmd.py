@@ -404,8 +404,9 @@ async def start_serving(
     console: Console,
 ) -> None:
     """Attach the gateway and the metrics to ``mesh`` and serve them in ``tg`` (until it is cancelled)."""
-    from coral.metrics import TOPICS, MeshMetrics
+    from coral.metrics import TOPICS, GatewayCollector, MeshMetrics
 
+    gw: Gateway | None = None
     if serve.gateway is not None:
         gw = Gateway(
             {d.name: max(1, round(d.shape.mean_out)) for d in scenario.deployments},
@@ -419,6 +420,8 @@ async def start_serving(
         tg.start_soon(_serve_forever, gw, serve.gateway, "gateway", console)
     if serve.metrics is not None:
         metrics = MeshMetrics({d.name: d.model for d in scenario.deployments})
+        if gw is not None:
+            metrics.registry.register(GatewayCollector(gw))
         bus = await mesh.client("metrics", subscribe=TOPICS, inbox_size=1 << 16)
 
         async def feed() -> None:

@@ -89,6 +89,7 @@ class Gateway:
         self.waiters: dict[int, MemoryObjectSendStream[Outcome]] = {}
         self.shed = 0
         self.retried = 0
+        self.responses: dict[tuple[str, int], int] = {}
 
     # -- the bus side -------------------------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class Gateway:
             elif path == "/v1/models":
                 await respond(send, 200, self.models())
             elif path in _PATHS:
+                send = self._counted(send, path)
                 if method != "POST":
                     raise _Reply(405, "invalid_request_error", f"{path}: use POST")
                 await self.generate(_PATHS[path], path, await read_body(receive), send, receive)
@@ -150,6 +152,17 @@ class Gateway:
                 raise _Reply(404, "not_found_error", f"no route {method} {path}")
         except _Reply as r:
             await respond(send, r.status, openai.error_body(str(r), r.kind, r.status, r.param), r.headers)
+
+    def _counted(self, send: Send, path: str) -> Send:
+        """``send`` that counts the response's status per path (``responses``)."""
+
+        async def counted(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                key = (path, msg["status"])
+                self.responses[key] = self.responses.get(key, 0) + 1
+            await send(msg)
+
+        return counted
 
     def models(self) -> bytes:
         data = [

@@ -225,6 +225,13 @@ async def test_simulated_requests_through_the_gateway(world: World, tmp_path: Pa
     assert value("coral_plan_solve_seconds", "coral_plan_solve_seconds_count") >= 1
     assert value("coral_fleet_cost_dollars_per_hour", "coral_fleet_cost_dollars_per_hour") > 0
     assert "coral_goodput_requests_per_second" in fams and "coral_spent_dollars" in fams
+    gw = "coral_gateway_responses"
+    assert value(gw, gw + "_total", path="/v1/completions", code="200") == 7
+    assert value(gw, gw + "_total", path="/v1/chat/completions", code="200") == 1
+    assert value(gw, gw + "_total", path="/v1/completions", code="404") == 1
+    assert value(gw, gw + "_total", path="/v1/completions", code="400") == 1
+    assert value("coral_gateway_shed", "coral_gateway_shed_total") == 0
+    assert value("coral_gateway_active_requests", "coral_gateway_active_requests") == 0
 
 
 class HttpSim(SimEngine):
