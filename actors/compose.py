@@ -667,11 +667,13 @@ async def run_mesh(
     provider_state: str | os.PathLike[str] | None = None,
     resume: Recovery | None = None,
     unknown_nodes: str = "release",
+    engine_factory: Callable[[str], Engine] | None = None,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
 
     ``provider_state``: the file where the cloud keeps its durable state; with ``resume`` (a crashed
     run's journal, which ``journal`` must name to append to it) the run restores it and goes on.
+    ``engine_factory`` makes the stage workers' engines (default: the simulated engine).
     """
     cm = CoralMesh(
         setup,
@@ -682,6 +684,7 @@ async def run_mesh(
         provider_state=provider_state,
         resume=resume,
         unknown_nodes=unknown_nodes,
+        engine_factory=engine_factory,
     )
     st = state if state is not None else RunState()
     t0 = time.perf_counter()

@@ -19,9 +19,14 @@ counting a retry. At the end of a run (``req.finish``) whatever is still open fa
 every arrival ends completed or failed with a reason.
 
 Reports, every ``report_s``: ``req.counts`` (arrivals per deployment whose arrival time has passed, for
-the demand monitor) and ``req.stats`` (totals, SLO attainment and latency quantiles per deployment).
-A completion meets the SLO when its TTFT and its TPOT (time per output token after the first) are
-within the deployment's targets.
+the demand monitor), ``req.stats`` (totals, SLO attainment and latency quantiles per deployment) and
+``req.latency`` (the window's TTFT and TPOT samples). A completion meets the SLO when its TTFT and its TPOT
+(time per output token after the first) are within the deployment's targets.
+
+The HTTP gateway's requests (an arrival batch with ``reply``) are routed the same way; their instances
+report token progress, and the router relays progress and outcomes to the gateway (``req.result``) at the
+end of its tick. Requests the gateway proxied to an instance's own HTTP endpoint (``req.proxied``) are
+only counted as arrivals, for the demand monitor.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ from coral.messages.requests import (
     DeploymentTraffic,
     Dispatch,
     FinishTraffic,
+    LatencySamples,
+    Outcome,
+    ProxiedArrivals,
+    RequestResults,
     RequestSpec,
     RoutingStats,
     WorkItem,
@@ -67,6 +76,7 @@ class OpenRequest:
     kv_nic: float = 0.0
     region: str = ""
     queued_at: float | None = None
+    origin: str = ""
 
 
 @attrs.define
@@ -85,6 +95,8 @@ class TrafficStats:
     ttft: LogHist = attrs.field(factory=LogHist)
     tpot: LogHist = attrs.field(factory=LogHist)
     e2e: LogHist = attrs.field(factory=LogHist)
+    win_ttft: list[float] = attrs.field(factory=list)
+    win_tpot: list[float] = attrs.field(factory=list)
 
 
 def _inst_order(i: InstanceInfo) -> tuple[int, str]:
@@ -116,6 +128,7 @@ class Router(TickActor):
         self.ticks = 0
         self.finishing = False
         self.seq = 0
+        self.replies: dict[str, list[Outcome]] = {}
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -125,11 +138,15 @@ class Router(TickActor):
             for spec in msg.requests:
                 if spec.deployment not in self.stats or spec.id in self.open:
                     continue
-                self.open[spec.id] = OpenRequest(spec)
+                self.open[spec.id] = OpenRequest(spec, origin=env.source if msg.reply else "")
                 self.todo.add(spec.id)
                 self.stats[spec.deployment].arrivals += 1
                 if not msg.resubmitted:
                     self.uncounted.append((spec.t, spec.deployment))
+        elif isinstance(msg, ProxiedArrivals):
+            for d, n in sorted(msg.counts.items()):
+                if d in self.stats:
+                    self.uncounted.extend([(msg.at, d)] * max(int(n), 0))
         elif isinstance(msg, Completions):
             self._outcomes(msg)
         elif isinstance(msg, FleetUpdate):
@@ -155,7 +172,9 @@ class Router(TickActor):
             r = self.open.get(o.id)
             if r is None or r.instance != msg.instance:
                 continue  # a stale report from an attempt already given up
-            if o.kind == "done":
+            if o.kind == "progress":
+                self._relay(r, o)
+            elif o.kind == "done":
                 self._complete(r, o.t, o.t_first)
             elif o.kind == "failed":
                 self._fail(r, o.reason or "engine")
@@ -194,11 +213,15 @@ class Router(TickActor):
             tpot = (t_done - first) / (spec.out - 1)
             st.tpot.add(tpot)
             ok = ok and tpot <= slo.tpot_s
+        st.win_ttft.append(ttft)
+        if spec.out > 1:
+            st.win_tpot.append(tpot)
         st.completed += 1
         st.win_done += 1
         if ok:
             st.slo_met += 1
             st.win_met += 1
+        self._relay(r, Outcome(spec.id, "done", t_done, first, tokens=spec.out))
         del self.open[spec.id]
         self.todo.discard(spec.id)
 
@@ -207,8 +230,13 @@ class Router(TickActor):
         st.failed += 1
         st.win_done += 1
         st.failed_by[reason] = st.failed_by.get(reason, 0) + 1
+        self._relay(r, Outcome(r.spec.id, "failed", self.ctx.now(), r.t_first, reason))
         del self.open[r.spec.id]
         self.todo.discard(r.spec.id)
+
+    def _relay(self, r: OpenRequest, o: Outcome) -> None:
+        if r.origin:
+            self.replies.setdefault(r.origin, []).append(o)
 
     # -- the tick ------------------------------------------------------------------------------------
 
@@ -224,6 +252,9 @@ class Router(TickActor):
             await self._report(now, final=True)
         elif self.ticks % self.report_every == 0:
             await self._report(now)
+        replies, self.replies = self.replies, {}
+        for origin in sorted(replies):
+            await self.ctx.send(origin, RequestResults(now, tuple(replies[origin])))
 
     async def _route(self, now: float) -> None:
         entry: dict[str, list[InstanceInfo]] = {}
@@ -265,11 +296,15 @@ class Router(TickActor):
             r.queued_at = None
             self.stats[spec.deployment].dispatched += 1
             if r.phase == "entry":
-                item = WorkItem(rid, spec.deployment, spec.t, max(spec.t, now), spec.prompt, spec.out, r.attempt)
+                item = WorkItem(
+                    rid, spec.deployment, spec.t, max(spec.t, now), spec.prompt, spec.out, r.attempt,
+                    progress=bool(r.origin),
+                )  # fmt: skip
             else:
                 item = WorkItem(
-                    rid, spec.deployment, spec.t, r.handoff_t, spec.prompt, spec.out, r.attempt, 1, r.t_first, r.kv_nic
-                )
+                    rid, spec.deployment, spec.t, r.handoff_t, spec.prompt, spec.out, r.attempt, 1, r.t_first,
+                    r.kv_nic, bool(r.origin),
+                )  # fmt: skip
             work.setdefault(inst.id, []).append(item)
         waiting: dict[str, list[int]] = {}
         for rid in sorted(keep):
@@ -300,6 +335,14 @@ class Router(TickActor):
         for r in self.open.values():
             side = in_flight if r.instance else queued
             side[r.spec.deployment] = side.get(r.spec.deployment, 0) + 1
+        await self.ctx.publish(
+            LatencySamples(
+                now,
+                since,
+                {d: tuple(st.win_ttft) for d, st in self.stats.items() if st.win_ttft},
+                {d: tuple(st.win_tpot) for d, st in self.stats.items() if st.win_tpot},
+            )
+        )
         deps = []
         for d, st in self.stats.items():
             deps.append(
@@ -323,5 +366,7 @@ class Router(TickActor):
                 )
             )
             st.win_met = st.win_done = 0
+            st.win_ttft.clear()
+            st.win_tpot.clear()
         self.seq += 1
         await self.ctx.publish(RoutingStats(self.seq, now, tuple(deps), final))

@@ -9,6 +9,11 @@ stops it between ticks rather than while it synchronises). ``KillNode`` (the sim
 fault) ends it at once, without a word: its node is dead; with cause ``hang`` it wedges instead: connected
 but silent, until its node is terminated.
 
+Progress: for work items with ``progress`` (the HTTP gateway's requests), the head worker reports the
+tokens generated so far at each tick where they grew (``progress`` outcomes), so that the gateway can
+stream them at the simulated times. It reads them from the simulated engine's instance model; an engine
+without one (vLLM serves the gateway over HTTP itself) reports none.
+
 Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
 handoff (prefill head -> router -> decode head, one tick per hop) is admitted at its exact time.
 """
@@ -19,6 +24,7 @@ from collections.abc import Callable, Mapping
 
 from actors.base import TickActor
 from coral.engines import Engine, StageAssignment
+from coral.engines.sim import SimEngine
 from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SUPERVISOR
 from coral.messages.fleet import (
@@ -32,7 +38,7 @@ from coral.messages.fleet import (
     WorkerHeartbeat,
 )
 from coral.messages.mesh import MeshTiming
-from coral.messages.requests import Completions, Dispatch
+from coral.messages.requests import Completions, Dispatch, Outcome
 from coral.scenario import Deployment
 from coral.templates import Template
 
@@ -81,6 +87,7 @@ class StageWorker(TickActor):
         self.drained_sent = False
         self.hb_every = timing.ticks(timing.heartbeat_s)
         self.ticks = 0
+        self.watched: dict[int, int] = {}
 
     def engine_now(self, now: float) -> float:
         return now - self.lag
@@ -113,6 +120,9 @@ class StageWorker(TickActor):
             self.state = "serving"
         elif isinstance(msg, Dispatch) and msg.instance == self.instance and self.head:
             self.engine.submit(msg.items, self.engine_now(now))
+            for item in msg.items:
+                if item.progress:
+                    self.watched[item.id] = item.gen
         elif isinstance(msg, DrainOrder) and msg.instance == self.instance:
             back = self.engine.drain(self.engine_now(now))
             self.state = "draining"
@@ -142,6 +152,8 @@ class StageWorker(TickActor):
             await self.ctx.send(self.supervisor, StageLoaded(self.node_id, self.instance, now, endpoint))
         if self.head and self.state in ("serving", "draining"):
             out = self.engine.poll(self.engine_now(now))
+            if self.watched:
+                out = self._progress(now, out)
             if out:
                 await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
         if self.state == "draining" and not self.drained_sent and self.engine.drained:
@@ -150,6 +162,23 @@ class StageWorker(TickActor):
         if self.ticks % self.hb_every == 1 or self.hb_every == 1:
             m = self.engine.metrics()
             await self.ctx.send(self.supervisor, WorkerHeartbeat(self.node_id, now, self.state, m.in_flight))
+
+    def _progress(self, now: float, out: list[Outcome]) -> list[Outcome]:
+        """``out`` with a ``progress`` outcome (before it) for each watched request whose tokens grew."""
+        for o in out:
+            if o.kind != "progress":
+                self.watched.pop(o.id, None)
+        model = self.engine.model if isinstance(self.engine, SimEngine) else None
+        if model is None:
+            return out
+        grew = []
+        for req, item in model.items.items():
+            seen = self.watched.get(item.id)
+            if seen is not None and req.gen > seen:
+                self.watched[item.id] = req.gen
+                grew.append(Outcome(item.id, "progress", now, req.first_t, tokens=req.gen))
+        grew.sort(key=lambda o: o.id)
+        return grew + out
 
 
 EngineFactory = Callable[[str], Engine]

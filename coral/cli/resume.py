@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -44,6 +45,7 @@ def run_resumed(
     speed: float | None,
     wall_limit: float | None,
     curve: ServerKeys | None,
+    serve: Callable[[], Any] | None = None,
 ) -> int:
     """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
     from actors.compose import world_of
@@ -68,6 +70,7 @@ def run_resumed(
         not (args.no_status or args.json or args.tui),
         (args.store or default_store_path()) if args.tui else None,
         curve,
+        serve() if serve is not None else None,
         rec,
         args.unknown_nodes,
         backend="asyncio",

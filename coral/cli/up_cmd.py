@@ -11,6 +11,10 @@ Other programs attach through ``--bind`` (the kernel's ROUTER at the given port,
 send control commands (``coral.messages.control``) to the ``operator`` gateway, which applies them at the
 next quiet point of the run and replies with the ``CommandResult``. The terminal UI attaches the same way
 (``run_up(..., on_start=...)`` is where ``coral up --tui`` will start it).
+
+``--gateway HOST:PORT`` serves the OpenAI-compatible HTTP gateway (``coral.gateway``) in the same process:
+clients ask for a deployment by name as ``model``. ``--metrics HOST:PORT`` serves the mesh's Prometheus
+metrics (``coral.metrics``). Both are off unless given.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import math
 import re
 import signal
+import socket
 import sys
 import time
 import tomllib
@@ -28,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
+import attrs
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -35,6 +42,8 @@ from rich.text import Text
 
 from coral.cli.common import catalog_from, perf_from
 from coral.errors import CoralError
+from coral.gateway import Gateway, MeshLink, parse_address, serving
+from coral.gateway.server import bind
 from coral.kernel import Endpoints, Mesh, ServerKeys
 from coral.messages.mesh import CloudSetup, Host
 from coral.scenario import Scenario, load_scenario
@@ -109,6 +118,27 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument("--no-status", action="store_true", help="no live status, only the summary at the end")
     p.add_argument("--tui", action="store_true", help="watch and steer the mesh in the terminal UI (quit it to stop)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--gateway",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the OpenAI-compatible gateway here (model = deployment name; default: off)",
+    )
+    p.add_argument(
+        "--gateway-active",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests the gateway serves at once (default: 256)",
+    )
+    p.add_argument(
+        "--gateway-queue",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="requests that may wait for a slot; more are shed with 429 (default: 1024)",
+    )
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here (default: off)")
     p.set_defaults(func=run_up)
 
 
@@ -201,12 +231,18 @@ def run_up(args: argparse.Namespace) -> int:
     curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
+    if args.resume is None and args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
+        raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+    gw_addr = parse_address(args.gateway, "--gateway") if args.gateway is not None else None
+    metrics_addr = parse_address(args.metrics, "--metrics") if args.metrics is not None else None
+    if args.gateway_active < 1:
+        raise CoralError(f"--gateway-active: must be at least 1, got {args.gateway_active}")
+    if args.gateway_queue < 0:
+        raise CoralError(f"--gateway-queue: must not be negative, got {args.gateway_queue}")
     if args.resume is not None:
         from coral.cli.resume import run_resumed
 
-        return run_resumed(args, endpoints, speed, wall_limit, curve)
-    if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
-        raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+        return run_resumed(args, endpoints, speed, wall_limit, curve, lambda: _serve(args, gw_addr, metrics_addr))
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
@@ -223,6 +259,7 @@ def run_up(args: argparse.Namespace) -> int:
     )
     setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
     console = Console(stderr=args.json, quiet=args.tui)
+    serve = _serve(args, gw_addr, metrics_addr)
     summary = anyio.run(
         _run,
         setup,
@@ -237,6 +274,7 @@ def run_up(args: argparse.Namespace) -> int:
         not (args.no_status or args.json or args.tui),
         path if args.tui else None,
         curve,
+        serve,
         backend="asyncio",
     )
     console.quiet = False
@@ -265,11 +303,12 @@ async def run_up_async(
     curve: ServerKeys | None = None,
     resume: Any = None,
     unknown_nodes: str = "release",
+    serve: Serve | None = None,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
     With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
-    store), and quitting it stops the mesh.
+    store), and quitting it stops the mesh. ``serve`` adds the HTTP gateway and the metrics endpoint.
     """
     from actors.compose import RunState, run_mesh
     from actors.recovery import provider_state_path
@@ -279,6 +318,7 @@ async def run_up_async(
     state = RunState()
     t0 = time.monotonic()
     info: dict[str, Any] = {"endpoints": None}
+    links: list[MeshLink] = []
 
     async def started(mesh: Mesh, cm: Any) -> None:
         info["endpoints"] = mesh.endpoints
@@ -286,8 +326,14 @@ async def run_up_async(
             console.print(f"coral up: {setup.scenario_name}, kernel at {mesh.endpoints.router} / {mesh.endpoints.pub}")
         if on_start is not None:
             await on_start(mesh, cm)
+        if serve is not None:
+            await start_serving(serve, mesh, scenario, setup.seed, tg, links, console)
         if tui_store is not None:
             tg.start_soon(tui, mesh)
+
+    def stepped(now: float) -> None:
+        for link in links:
+            link.step(now)
 
     async def tui(mesh: Mesh) -> None:
         from tui.app import run_tui_async
@@ -335,12 +381,23 @@ async def run_up_async(
             provider_state=provider_state_path(journal) if journal is not None else None,
             resume=resume,
             unknown_nodes=unknown_nodes,
+            on_step=stepped,
         )
         tg.cancel_scope.cancel()
     out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
     if result.resumed is not None:
         out["resumed"] = resume_summary(result.resumed, resume)
     return out
+
+
+def _serve(args: argparse.Namespace, gw_addr: tuple[str, int] | None, metrics_addr: tuple[str, int] | None) -> Serve:
+    """Bind the gateway's and the metrics' sockets (before the mesh starts: a taken port fails early)."""
+    return Serve(
+        bind(*gw_addr, "--gateway") if gw_addr is not None else None,
+        bind(*metrics_addr, "--metrics") if metrics_addr is not None else None,
+        args.gateway_active,
+        args.gateway_queue,
+    )
 
 
 async def _run(
@@ -356,6 +413,7 @@ async def _run(
     live: bool,
     tui_store: Path | None,
     curve: ServerKeys | None = None,
+    serve: Serve | None = None,
     resume: Any = None,
     unknown_nodes: str = "release",
 ) -> dict[str, Any]:
@@ -374,7 +432,67 @@ async def _run(
         curve=curve,
         resume=resume,
         unknown_nodes=unknown_nodes,
+        serve=serve,
     )
+
+
+@attrs.frozen
+class Serve:
+    """What ``coral up`` serves over HTTP besides the kernel: the gateway and the metrics (bound sockets)."""
+
+    gateway: socket.socket | None = None
+    metrics: socket.socket | None = None
+    max_active: int = 256
+    max_queue: int = 1024
+
+
+async def start_serving(
+    serve: Serve,
+    mesh: Mesh,
+    scenario: Scenario,
+    seed: int,
+    tg: anyio.abc.TaskGroup,
+    links: list[MeshLink],
+    console: Console,
+) -> None:
+    """Attach the gateway and the metrics to ``mesh`` and serve them in ``tg`` (until it is cancelled)."""
+    from coral.metrics import TOPICS, GatewayCollector, MeshMetrics
+
+    gw: Gateway | None = None
+    if serve.gateway is not None:
+        gw = Gateway(
+            {d.name: max(1, round(d.shape.mean_out)) for d in scenario.deployments},
+            seed=seed,
+            max_active=serve.max_active,
+            max_queue=serve.max_queue,
+        )
+        link = await MeshLink.open(gw, mesh)
+        links.append(link)
+        tg.start_soon(link.run)
+        tg.start_soon(_serve_forever, gw, serve.gateway, "gateway", console)
+    if serve.metrics is not None:
+        metrics = MeshMetrics({d.name: d.model for d in scenario.deployments})
+        if gw is not None:
+            metrics.registry.register(GatewayCollector(gw))
+        bus = await mesh.client("metrics", subscribe=TOPICS, inbox_size=1 << 16)
+
+        async def feed() -> None:
+            async for env in bus:
+                metrics.update(env)
+
+        tg.start_soon(feed)
+        tg.start_soon(_serve_forever, metrics.asgi(), serve.metrics, "metrics", console)
+
+
+async def _serve_forever(app: Any, sock: socket.socket, what: str, console: Console) -> None:
+    try:
+        async with serving(app, sock, what=f"--{what}") as url:
+            console.print(f"coral up: {what} at {url}")
+            await anyio.sleep_forever()
+    finally:
+        if isinstance(app, Gateway):
+            with anyio.CancelScope(shield=True):
+                await app.aclose()
 
 
 def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journal: Path | None) -> dict[str, Any]:

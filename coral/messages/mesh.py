@@ -25,9 +25,9 @@ from coral.templates import Template
 
 SETUP_VERSION = 1
 
-INPUT_SOURCES = ("feed.market", "feed.traffic", "feed.faults", "operator")
+INPUT_SOURCES = ("feed.market", "feed.traffic", "feed.faults", "operator", "gateway")
 """Senders of external inputs: what a replay feeds into a fresh mesh."""
-INPUT_TAGS = ("mkt.quote", "req.arrivals", "req.finish", "fleet.fault")
+INPUT_TAGS = ("mkt.quote", "req.arrivals", "req.finish", "fleet.fault", "req.proxied")
 DECISION_TAGS = (
     "mkt.update",
     "dem.update",

@@ -39,6 +39,10 @@ SAMPLES: list[object] = [
     m.Dispatch("i1", (m.WorkItem(1, "chat", 0.5, 0.5, 100, 20, 1, 1, 0.7, 1e9),)),
     m.Completions("i1", 2.0, (m.Outcome(1, "done", 1.9, 0.7), m.Outcome(2, "failed", 1.0, -1.0, "too_long"))),
     m.ArrivalCounts(5.0, 0.0, {"chat": 4}),
+    m.ArrivalBatch(2.0, 2.0, (m.RequestSpec(1 << 48, "chat", 2.0, 10, 4),), reply=True),
+    m.RequestResults(3.0, (m.Outcome(1 << 48, "progress", 3.0, 2.5, tokens=2),)),
+    m.ProxiedArrivals(3.0, {"chat": 2}),
+    m.LatencySamples(5.0, 0.0, {"chat": (0.1, 0.2)}, {"chat": (0.01,)}),
     m.RoutingStats(
         1, 5.0, (m.DeploymentTraffic("chat", 4, 4, 2, 1, {"x": 1}, 0, 1, 0, 2, 0.1, 0.2, 0.01, 0.02, 1.0, 0.5),)
     ),
