@@ -1,4 +1,5 @@
-"""The production placer: exact on the option grid; fast (milliseconds) up to three nodes.
+"""The production placer: exact on the option grid; milliseconds up to three nodes, a fraction of a
+second at four, seconds at five and six.
 
 ``place`` runs, in order, stopping at the first step that proves the optimum:
 
@@ -27,11 +28,17 @@
    two it minimises each metric and their normalised sum in turn (a heuristic: the later steps stay
    exact). A set-partition DP over the subsets adds the replicas.
 4. If that placement reaches UB, it is optimal ("dp-proven").
-5. The LP relaxation of the MILP bounds every placement; if it does not exceed the placement's value by
-   more than 1e-7 (relative) it proves it ("lp-proven"). Otherwise its reduced costs fix to zero every
-   option and edge that no placement better than the current one can use (LP duality), a few rounds.
-6. The reference MILP (``solvers.placement.milp_place``) on what is left, warm-started with the step 3
-   placement ("milp"). This is the slow step: the only one that can end unproven at ``time_limit``.
+5. The shape search (``solvers.shapes.shape_search``, method "shapes"), started from the step 3
+   placement: every connected shape of every sub-multiset that could still beat the best placement
+   known is decided exactly at that threshold, and the best partition into components is assembled.
+   It proves the optimum unless its deterministic work budget (``shape_budget`` enumerated rows)
+   runs out.
+6. Only then (the residue): the LP relaxation of the MILP bounds every placement; if it does not exceed
+   the placement's value by more than 1e-7 (relative) it proves it ("lp-proven"). Otherwise its reduced
+   costs fix to zero every option and edge that no placement better than the current one can use (LP
+   duality), a few rounds, and the reference MILP (``solvers.placement.milp_place``) solves what is
+   left, warm-started with the step 3 placement ("milp"). This is the slow step: the only one that can
+   end unproven at ``time_limit``.
 """
 
 from __future__ import annotations
@@ -53,10 +60,13 @@ from solvers.placement import (
     usable_edges,
 )
 from solvers.problem import Edge, NodeMenu, PlacementProblem, PlacementResult, check_problem
+from solvers.shapes import shape_search
 
 FloatArray = np.ndarray
 LP_ROUNDS = 4
 PROOF_RTOL = 1e-7
+SHAPE_BUDGET = 20_000_000
+"""Default work budget of the shape search (rows enumerated) before the LP/MILP residue path."""
 
 
 @attrs.frozen(eq=False)
@@ -759,17 +769,20 @@ def _renumber(res: PlacementResult, keep: Sequence[np.ndarray]) -> PlacementResu
     return attrs.evolve(res, option=tuple(int(new[i][o]) for i, o in enumerate(res.option)))
 
 
-def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementResult:
+def place(problem: PlacementProblem, *, time_limit: float = 10.0, shape_budget: int = SHAPE_BUDGET) -> PlacementResult:
     """The optimal placement of ``problem`` (see the module docstring for the method).
 
     ``method`` names the step that settled it: "reduce" (proved infeasible), "shapes", "dp-proven",
-    "lp-proven" or "milp". ``time_limit`` bounds the MILP step only (HiGHS may overrun it); that step
-    is the only one that can end unproven (``feasible`` with a bound, or ``unknown``).
+    "lp-proven" or "milp". ``shape_budget`` bounds the shape search's work (n >= 4; deterministic);
+    ``time_limit`` bounds the MILP step only (HiGHS may overrun it); that step is the only one that can
+    end unproven (``feasible`` with a bound, or ``unknown``).
     """
     t0 = time.perf_counter()
     check_problem(problem)
     if time_limit <= 0 or math.isnan(time_limit):
         raise ValueError(f"time_limit must be > 0, got {time_limit}")
+    if isinstance(shape_budget, bool) or not isinstance(shape_budget, int) or shape_budget < 0:
+        raise ValueError(f"shape_budget must be an integer >= 0, got {shape_budget!r}")
     red = reduce_problem(problem)
     if red is None:
         return PlacementResult(0.0, "infeasible", 0.0, "reduce", solve_s=time.perf_counter() - t0)
@@ -786,6 +799,12 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementRe
     if dp is not None and dp.value >= red.ub * (1 - 1e-9):
         res = attrs.evolve(dp, status="optimal", bound=dp.value, method="dp-proven")
         return _lift(red, res, problem, time.perf_counter() - t0)
+    if shape_budget > 0:
+        found = shape_search(rp, incumbent=dp, budget=shape_budget)
+        if found is not None:
+            if found.status == "infeasible":
+                return attrs.evolve(found, method="shapes", solve_s=time.perf_counter() - t0)
+            return _lift(red, attrs.evolve(found, method="shapes"), problem, time.perf_counter() - t0)
     index = list(red.index)
     cur = rp
     inc = dp
