@@ -65,7 +65,7 @@ from solvers.shapes import shape_search
 FloatArray = np.ndarray
 LP_ROUNDS = 4
 PROOF_RTOL = 1e-7
-SHAPE_BUDGET = 20_000_000
+SHAPE_BUDGET = 2_000_000
 """Default work budget of the shape search (rows enumerated) before the LP/MILP residue path."""
 
 
@@ -799,15 +799,19 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0, shape_budget: 
     if dp is not None and dp.value >= red.ub * (1 - 1e-9):
         res = attrs.evolve(dp, status="optimal", bound=dp.value, method="dp-proven")
         return _lift(red, res, problem, time.perf_counter() - t0)
+    inc = dp
+    shape_bound = math.inf
     if shape_budget > 0:
         found = shape_search(rp, incumbent=dp, budget=shape_budget)
-        if found is not None:
-            if found.status == "infeasible":
-                return attrs.evolve(found, method="shapes", solve_s=time.perf_counter() - t0)
-            return _lift(red, attrs.evolve(found, method="shapes"), problem, time.perf_counter() - t0)
+        if found is not None and found.status == "infeasible":
+            return attrs.evolve(found, solve_s=time.perf_counter() - t0)
+        if found is not None and found.status == "optimal":
+            return _lift(red, found, problem, time.perf_counter() - t0)
+        if found is not None:  # the budget ran out: a better incumbent and a bound for the residue
+            inc = attrs.evolve(found, status="feasible", method="dp")
+            shape_bound = found.bound
     index = list(red.index)
     cur = rp
-    inc = dp
     if inc is not None and inc.value > 0:
         for _ in range(LP_ROUNDS):
             bound, keep, edges = lp_reduce(cur, inc.value)
@@ -825,4 +829,4 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0, shape_budget: 
     res = milp_place(cur, time_limit=time_limit, warm_start=inc is not None, initial=inc, symmetry=True)
     if res.status == "infeasible":
         return attrs.evolve(res, solve_s=time.perf_counter() - t0)
-    return _lift(Reduced(cur, tuple(index), red.ub), res, problem, time.perf_counter() - t0)
+    return _lift(Reduced(cur, tuple(index), min(red.ub, shape_bound)), res, problem, time.perf_counter() - t0)

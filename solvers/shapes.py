@@ -40,7 +40,8 @@ recomputed by an exact maximum flow.
 from upper bounds skip most components, and each component's best value is raised by repeated decisions
 (a feasible decision at F returns a placement worth v >= F; the next decision asks for more than v)
 until none is feasible, which proves it. Everything is exact; the work is bounded by a deterministic
-budget of enumerated rows, and the search gives up (returns None) when a shape would exceed it.
+budget of enumerated rows (``budget``); when it runs out the search returns its best placement, unproven,
+with an upper bound.
 """
 
 from __future__ import annotations
@@ -563,123 +564,6 @@ class _Family:
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
 
-    def positions_exist(self, F: float, idx: np.ndarray) -> np.ndarray:
-        """Of the labellings ``idx``, those for which some boundary positions give every node a length
-        with a usable option and keep every path's latency lower bound within the limits (a relaxation
-        of ``decide``: segments may take any total length between their members' extremes)."""
-        tb, sh = self.tb, self.sh
-        if idx.size == 0 or F <= 0:
-            return idx
-        L, nm = tb.L, tb.nm
-        nodes = sorted({int(x) for x in np.unique(self.labels[idx])})
-        work = tb.work_ok(nodes, F)
-        if work is None:
-            return idx[:0]
-        wk = dict(zip(nodes, work, strict=True))
-        n = tb.n
-        allow = np.zeros((2, n, L + 1), bool)  # [need, node, k]
-        lbl = np.full((2, nm, n, L + 1), np.inf)
-        ubc = np.full((n, L + 1), -np.inf)  # largest clipped capacity per node and k
-        for i in nodes:
-            base_ok = tb.useful(i, F) & wk[i]
-            ubc[i] = np.where(base_ok, np.minimum(tb.cap[i], F), -np.inf).max(axis=1)
-            for need in (0, 1):
-                ok = base_ok & (tb.cap[i] >= F) if need else base_ok
-                allow[need, i] = ok.any(axis=1)
-                lbl[need, :, i] = np.where(ok[None], tb.lat[i], np.inf).min(axis=2)
-        lab = self.labels[idx]  # (NL, s)
-        NL = lab.shape[0]
-        ne = len(sh.elements)
-        el_allow = np.zeros((NL, ne, L + 1), bool)
-        el_lb = np.zeros((nm, NL, ne, L + 1))
-        kk = np.arange(L + 1)
-        for q, e in enumerate(sh.elements):
-            need = int(sh.need[q])
-            if len(e) == 1:
-                el_allow[:, q] = allow[need, lab[:, e[0]]]
-                el_lb[:, :, q] = lbl[need][:, lab[:, e[0]]]
-            else:
-                lo = np.zeros(NL, np.int64)
-                hi = np.zeros(NL, np.int64)
-                lbsum = np.zeros((nm, NL))
-                for x in e:
-                    a = allow[1, lab[:, x]]  # (NL, L+1)
-                    has = a.any(axis=1)
-                    lo += np.where(has, np.argmax(a, axis=1), L + 1)
-                    hi += np.where(has, L - np.argmax(a[:, ::-1], axis=1), -1)
-                    lbm = np.where(a[None], lbl[1][:, lab[:, x]], np.inf).min(axis=2)
-                    lbsum += lbm
-                el_allow[:, q] = (kk[None, :] >= lo[:, None]) & (kk[None, :] <= hi[:, None])
-                el_lb[:, :, q] = np.where(el_allow[None, :, q], lbsum[:, :, None], np.inf)
-        el_lb = np.where(el_allow[None], el_lb, np.inf)
-        floor = el_lb.min(axis=3)  # (nm, NL, ne)
-        # kept cuts (their edges all below F) with the largest capacity of each element per length
-        el_ub = np.full((NL, ne, L + 1), F)
-        for q, e in enumerate(sh.elements):
-            if len(e) == 1 and not sh.need[q]:
-                el_ub[:, q] = ubc[lab[:, e[0]]]
-        el_ub = np.where(el_allow, el_ub, -np.inf)
-        ceil = el_ub.max(axis=2)  # (NL, ne)
-        kept = [c for c in range(len(self.cuts)) if self.cuts[c][0] and bool((self.cut_emax[idx, c] < F).any())]
-        cacc = np.full((NL, len(kept)), np.inf)
-        for j, c in enumerate(kept):
-            tot = self.cut_es[idx, c] + ceil[:, list(self.cuts[c][0])].sum(axis=1)
-            cacc[:, j] = np.where(self.cut_emax[idx, c] < F, tot, np.inf)
-        on_cut = [[j for j, c in enumerate(kept) if q in self.cuts[c][0]] for q in range(ne)]
-        acc = self.plink[:, idx, :].copy()  # (nm, NL, P)
-        on_path = [[pi for pi, els in enumerate(sh.paths_el) if q in els] for q in range(ne)]
-        for q in range(ne):
-            for pi in on_path[q]:
-                acc[:, :, pi] += floor[:, :, q]
-        alive = np.all(np.isfinite(floor), axis=(0, 2)) & np.all(acc <= tb.budget[:, None, None], axis=(0, 2))
-        alive &= np.all(cacc >= F, axis=1)
-        r = len(sh.kept) - 1
-        by_end: dict[int, list[int]] = {}
-        for q, (_, b) in enumerate(sh.elem_iv):
-            by_end.setdefault(b, []).append(q)
-        rl = np.flatnonzero(alive)  # row -> labelling (index into idx)
-        rows = np.zeros((rl.size, 1), np.int64)
-        acc = acc[:, rl]
-        cacc = cacc[rl]
-        # the allowed lengths of each element, as padded lists per labelling
-        width = max(1, int(el_allow.sum(axis=2).max()))
-        klist = np.argsort(~el_allow, axis=2, kind="stable")[:, :, :width]
-        klist = np.where(np.take_along_axis(el_allow, klist, axis=2), klist, -1)  # (NL, ne, width)
-        kcount = el_allow.sum(axis=2)  # (NL, ne)
-        with np.errstate(invalid="ignore"):
-            for t in range(1, r + 1):
-                if rl.size == 0:
-                    break
-                if t < r:
-                    # extend by the lengths allowed to the element ending here with the fewest of them
-                    qs = by_end[t]
-                    qstar: int = min(qs, key=lambda q: int(kcount[:, q].max()))
-                    a = sh.elem_iv[qstar][0]
-                    cand = rows[:, a][:, None] + klist[rl, qstar]  # (R, width)
-                    good = (klist[rl, qstar] >= 0) & (cand > rows[:, -1][:, None]) & (cand <= L - (r - t))
-                    sel, jj = np.nonzero(good)
-                    new = cand[sel, jj]
-                else:
-                    sel = np.arange(rows.shape[0])
-                    new = np.full(rows.shape[0], L, np.int64)
-                rows = np.concatenate([rows[sel], new[:, None]], axis=1)
-                rl, acc, cacc = rl[sel], acc[:, sel], cacc[sel]
-                ok = np.ones(rl.size, bool)
-                for q in by_end.get(t, []):
-                    a = sh.elem_iv[q][0]
-                    k = rows[:, t] - rows[:, a]
-                    ok &= el_allow[rl, q, k]
-                    if on_path[q]:
-                        add = el_lb[:, rl, q, k] - floor[:, rl, q]
-                        acc[:, :, on_path[q]] += np.where(ok, add, 0.0)[:, :, None]
-                    if on_cut[q]:
-                        sub = np.where(ok, el_ub[rl, q, k] - ceil[rl, q], 0.0)
-                        cacc[:, on_cut[q]] += sub[:, None]
-                ok &= np.all(acc <= tb.budget[:, None, None], axis=(0, 2))
-                ok &= np.all(cacc >= F, axis=1)
-                rows, rl, acc, cacc = rows[ok], rl[ok], acc[:, ok], cacc[ok]
-        return idx[np.unique(rl)]
-
 
 class _Labelled:
     """One shape with a problem node on each of its nodes (see ``decide``)."""
@@ -737,7 +621,9 @@ class _Labelled:
         tb.fronts[key] = (front, backs)
         return front, backs
 
-    def _rows(self, allowed: list[np.ndarray], lb_lat: list[np.ndarray], base: np.ndarray) -> np.ndarray:
+    def _rows(
+        self, allowed: list[np.ndarray], lb_lat: list[np.ndarray], base: np.ndarray, budget: list[int]
+    ) -> np.ndarray:
         """Every kept-boundary position vector 0 = B_0 < ... < B_r = L in which each element's length
         has an allowed option and no path's latency lower bound exceeds the limits, built boundary by
         boundary. ``lb_lat[q]`` (metrics, L + 1) is element q's least latency per length; ``base``
@@ -765,6 +651,9 @@ class _Labelled:
             else:
                 idx = np.arange(rows.shape[0])
                 new = np.full(rows.shape[0], L, np.int64)
+            budget[0] -= idx.size
+            if budget[0] < 0:
+                raise TooBig(idx.size)
             rows = np.concatenate([rows[idx], new[:, None]], axis=1)
             acc = acc[:, idx]
             ok = np.ones(rows.shape[0], bool)
@@ -827,7 +716,7 @@ class _Labelled:
                 base[:, pi] += fin.min(axis=1) if fin.size else np.inf
         if np.any(base > tb.budget[:, None]):
             return None
-        rowsB = self._rows(allowed, lb_lat, base)
+        rowsB = self._rows(allowed, lb_lat, base, budget)
         if rowsB.shape[0] == 0:
             return None
         cand = [q for q in range(nseg, ne) if not (self.need[q] and F > 0)]
@@ -1202,10 +1091,32 @@ def _bound(tb: _Tables, nodes: Sequence[int]) -> float:
     return min(total, work / tb.L)
 
 
+def _best_so_far(
+    problem: PlacementProblem,
+    tb: _Tables,
+    cl: _Classes,
+    low: dict[tuple[int, ...], tuple[float, tuple[int, ...], _Witness] | None],
+    bound: float,
+    incumbent: PlacementResult | None,
+) -> PlacementResult | None:
+    """The better of ``incumbent`` and the best partition of the components placed so far, unproven."""
+    found = _assemble(problem, tb, cl, low, "shapes")
+    best = found if found.status != "infeasible" else None
+    if incumbent is not None and incumbent.option and (best is None or incumbent.value > best.value):
+        best = incumbent
+    if best is None:
+        return None
+    return attrs.evolve(best, status="feasible", bound=max(bound, best.value), method="shapes")
+
+
 def shape_search(
     problem: PlacementProblem, *, incumbent: PlacementResult | None = None, budget: int = 20_000_000
 ) -> PlacementResult | None:
-    """The proven optimum of ``problem`` (n <= 6) by shapes, or None when the work budget runs out.
+    """The proven optimum of ``problem`` (n <= 6) by shapes (status ``optimal`` or ``infeasible``).
+
+    When the work budget runs out it returns the best placement known (the incumbent or a partition
+    of the components placed so far) with status ``feasible`` and the partition bound UP(all nodes)
+    below as ``bound``, or None when it knows no placement.
 
     Each sub-multiset S of the nodes (up to interchangeable nodes) has an upper bound up(S) on its best
     connected placement, first ``_bound``. UP(X) is the best partition of X by these bounds and V the
@@ -1275,7 +1186,7 @@ def shape_search(
                 fam = _Family(_shape(sk), cl.labellings(sk, c), tb)
                 F = max(tau, cur[0] if cur is not None else -math.inf)
                 F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
-                for row in fam.positions_exist(F, fam.candidates(F)):
+                for row in fam.candidates(F):
                     lab = fam.labelled(int(row))
                     F = max(tau, cur[0] if cur is not None else -math.inf)
                     F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
@@ -1284,6 +1195,7 @@ def shape_search(
                         feasible = True
                         if cur is None or v > cur[0]:
                             cur = (v, lab.nodes, w)
+                            low[c] = cur
                         F = max(F, v) * (1 + SEARCH_RTOL) + 1e-300
             low[c] = cur
             done.add(c)
@@ -1294,7 +1206,7 @@ def shape_search(
             else:
                 up[c] = min(up[c], max(tau, cur[0] if cur is not None else -math.inf))
     except TooBig:
-        return None
+        return _best_so_far(problem, tb, cl, low, partitions(up)[cl.full], incumbent)
     if best_assembled is None:
         if -math.inf < V and incumbent is not None:
             return attrs.evolve(incumbent, status="optimal", bound=incumbent.value, method="shapes")

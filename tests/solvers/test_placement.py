@@ -72,8 +72,9 @@ def test_four_node_instances_agree_with_brute_force(seed: int) -> None:
         ref = brute_force_place(p)
         fast = place(p)
         residue = place(p, shape_budget=0)
+        cut_short = place(p, shape_budget=30)  # the shape search runs out: its best and bound go on
         methods.add(fast.method)
-        for res in (fast, residue):
+        for res in (fast, residue, cut_short):
             assert _same(ref, res), (ref, res)
             assert res.status in ("optimal", "infeasible")
             _check_placement(p, res)
@@ -127,6 +128,23 @@ def test_five_and_six_nodes_match_milp() -> None:
         ref = milp_place(p, time_limit=120.0)
         assert ref.status == "optimal"
         assert _same(ref, fast), (ref, fast)
+
+
+def test_shape_search_out_of_budget_is_unproven() -> None:
+    """A budget too small to finish gives the best placement known, marked unproven, with a valid bound."""
+    rng = np.random.default_rng(23)
+    seen = 0
+    for _ in range(30):
+        p = random_tiny_problem(rng, n=4, num_layers=6, max_options=5, style="perf")
+        ref = brute_force_place(p)
+        res = shape_search(p, budget=20)
+        if res is None or res.status != "feasible":
+            continue
+        seen += 1
+        _check_placement(p, res)
+        assert res.value <= ref.value * (1 + RTOL) + 1e-12
+        assert res.bound >= ref.value * (1 - RTOL)
+    assert seen >= 3
 
 
 def test_skeleton_catalogue() -> None:
