@@ -65,6 +65,10 @@ from solvers.shapes import shape_search
 FloatArray = np.ndarray
 LP_ROUNDS = 4
 PROOF_RTOL = 1e-7
+SMALL_NODES = 3
+"""Up to this many nodes ``exact_small`` settles every problem."""
+PLACER = "shapes-1"
+"""Version of the method for more than SMALL_NODES nodes; part of those templates' content keys."""
 SHAPE_BUDGET = 2_000_000
 """Default work budget of the shape search (rows enumerated) before the LP/MILP residue path."""
 
@@ -697,7 +701,7 @@ def exact_small(problem: PlacementProblem) -> PlacementResult | None:
     option pairs whose k add up to L). Returns status ``infeasible`` when no shape has a placement,
     and None when n > 3."""
     n = problem.n
-    if n > 3:
+    if n > SMALL_NODES:
         return None
     sm = _Small(problem)
     chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
