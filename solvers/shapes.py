@@ -272,6 +272,7 @@ class _Tables:
         self.gmin = [t.min(axis=2) for t in self.lat]
         self._useful: dict[tuple[int, float], np.ndarray] = {}
         self._cover: dict[tuple[int, ...], np.ndarray] = {}
+        self._cover_at: dict[tuple[int, int, float], np.ndarray] = {}
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
         self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -355,6 +356,34 @@ class _Tables:
             self._cover_tab = tab[:, :, L].T.copy()  # (nm, 2^n)
             self._cover_full = tab
         return self._cover_tab[:, masks]
+
+    def cover_at(self, mask: int, cut: int, F: float) -> np.ndarray:
+        """Per metric, the least latency with which the nodes of bit mask ``mask`` (each holding >= 1
+        layer) cover all L layers when those of ``cut`` use only options of capacity >= F."""
+        key = (mask, cut, F)
+        got = self._cover_at.get(key)
+        if got is not None:
+            return got
+        L = self.L
+        acc = np.full((self.nm, L + 1), np.inf)
+        acc[:, 0] = 0.0
+        kk = np.arange(L + 1)
+        d = kk[:, None] - kk[None, :]
+        dd = np.clip(d, 0, L)
+        for i in range(self.n):
+            if not mask >> i & 1:
+                continue
+            if cut >> i & 1:
+                g = np.where(self.cap[i][None] >= F, self.lat[i], np.inf).min(axis=2)
+            else:
+                g = self.gmin[i].copy()
+            g[:, 0] = np.inf
+            cand = acc[:, None, :] + g[:, dd]
+            acc = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
+        if len(self._cover_at) > 65536:
+            self._cover_at.clear()
+        self._cover_at[key] = acc[:, L]
+        return self._cover_at[key]
 
     def cover(self, nodes: tuple[int, ...]) -> np.ndarray:
         """Per metric, the least latency with which ``nodes`` (each holding >= 1 layer) cover all L
@@ -508,9 +537,14 @@ class _Family:
         )
         bits = 1 << labels  # (NL, s)
         viable = np.ones(nl, bool)
+        self.path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for pi, path in enumerate(sh.sk.paths):
             mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
             viable &= np.all(full[:, :, pi] + tb.cover_masks(mask) <= tb.budget[:, None], axis=0)
+            cut = [x for x in path if sh.cutnode[x]]
+            cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(nl, np.int64)
+            keys, inv = np.unique(mask * (1 << n) + cmask, return_inverse=True)
+            self.path_keys.append((keys, inv.reshape(-1), full[:, :, pi]))
         self.viable = viable
         # per cut: sum and largest of its edge capacities; per element: the largest capacity of its nodes
         E = len(sh.edges)
@@ -547,13 +581,18 @@ class _Family:
 
     def candidates(self, F: float) -> np.ndarray:
         """The labellings that pass the cheap tests at threshold F: every path can cover the layers
-        within the limits, every cut node can carry F, and every kept cut can."""
+        within the limits (its cut nodes with options of capacity >= F only, since all the flow crosses
+        them), every cut node can carry F, and every kept cut can."""
         ok = self.viable.copy()
         if F <= 0:
             return np.flatnonzero(ok)
         for q, need in enumerate(self.sh.need):
             if need:
                 ok &= self.el_maxcap[:, q] >= F
+        n = self.tb.n
+        for keys, inv, links in self.path_keys:
+            cov = np.stack([self.tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F) for k in keys], axis=1)
+            ok &= np.all(links + cov[:, inv] <= self.tb.budget[:, None], axis=0)
         with np.errstate(invalid="ignore"):
             for c, (els, _) in enumerate(self.cuts):
                 kept = self.cut_emax[:, c] < F
