@@ -69,7 +69,7 @@ SMALL_NODES = 3
 """Up to this many nodes ``exact_small`` settles every problem."""
 PLACER = "shapes-1"
 """Version of the method for more than SMALL_NODES nodes; part of those templates' content keys."""
-SHAPE_BUDGET = 2_000_000
+SHAPE_BUDGET = 30_000_000
 """Default work budget of the shape search (rows enumerated) before the LP/MILP residue path."""
 
 
