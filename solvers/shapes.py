@@ -31,6 +31,11 @@ limit? It uses four exact facts.
   least latency that meets it is best, because a smaller latency never hurts a path and more capacity
   never hurts a cut (for several metrics this needs the ordered latencies above; other nodes are fixed).
 
+Before a labelled shape is decided, cheap necessary tests run over all labellings of the shape at once
+(``_Family.candidates``): every path can cover the L layers within the limits (its cut nodes with options
+of capacity >= F only), every cut node has an option of capacity >= F that fits its paths, and every
+cut whose edges all carry less than F has enough node capacity.
+
 The rest is enumerated with numpy: the remaining boundaries (all increasing tuples) times the options
 of the fixed nodes, and every row is checked against every path's latency (node latencies plus the
 labelled links) and every kept cut. A feasible row is a placement of the component; its value is
