@@ -123,9 +123,9 @@ def test_five_and_six_nodes_match_milp() -> None:
     matches the reference MILP's proven optimum (or does at least as well when the MILP stops early)."""
     rng = np.random.default_rng(19)
     agree = 0
-    for t in range(40):
+    for t in range(24):
         n = 5 + t % 2
-        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(n, n + 4)), max_options=4)
+        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(n, n + 3)), max_options=4)
         fast = place(p)
         assert fast.status in ("optimal", "infeasible")
         _check_placement(p, fast)
@@ -137,7 +137,7 @@ def test_five_and_six_nodes_match_milp() -> None:
             agree += fast.value > 0
         else:
             assert fast.value >= ref.value * (1 - RTOL)
-    assert agree >= 10
+    assert agree >= 8
 
 
 def test_shape_search_out_of_budget_is_unproven() -> None:
