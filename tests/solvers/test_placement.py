@@ -12,7 +12,7 @@ from solvers.brute import brute_force_place, max_flow
 from solvers.fastplace import exact_small, pipeline_dp, place, reduce_problem
 from solvers.placement import evaluate_placement, lp_reduce, milp_place, stages_of
 from solvers.problem import NodeMenu, PlacementInputError, PlacementProblem, PlacementResult, check_problem
-from solvers.shapes import shape_search, skeletons
+from solvers.shapes import exhaustive_shapes, shape_search, skeletons
 from tests.solvers.instances import branching_problem, fork_problem, random_mid_problem, random_tiny_problem
 
 RTOL = 1e-6
@@ -84,7 +84,8 @@ def test_four_node_instances_agree_with_brute_force(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_shape_search_agrees_with_brute_force(seed: int) -> None:
-    """The shape search on its own (no incumbent, no reductions) is exact: n 1..4, L 2..8 (n = 4: L <= 6)."""
+    """The shape search on its own (no incumbent, no reductions), and its unpruned reference version, are
+    exact: n 1..4, L 2..8 (n = 4: L <= 6)."""
     rng = np.random.default_rng(3000 + seed)
     for t in range(20):
         n = 1 + t % 4
@@ -92,9 +93,11 @@ def test_shape_search_agrees_with_brute_force(seed: int) -> None:
         p = random_tiny_problem(rng, n=n, num_layers=L, max_options=int(rng.integers(1, 6)))
         ref = brute_force_place(p)
         res = shape_search(p)
-        assert res is not None
-        assert _same(ref, res), (ref, res)
-        _check_placement(p, res)
+        full = exhaustive_shapes(p)  # every component of every sub-multiset, without the pruning
+        for r in (res, full):
+            assert r is not None
+            assert _same(ref, r), (ref, r)
+            _check_placement(p, r)
 
 
 @pytest.mark.parametrize("seed", range(2))
