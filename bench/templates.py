@@ -4,8 +4,10 @@ Default: the `core` scenario's six models and twenty node types, N_max = 6, rho 
 into a fresh store under /tmp, with a wall-clock budget. Models are built one after another (smallest
 first); when the budget runs out the current model stops at the end of its level and the report says what
 was covered. Figures per model: multisets enumerated; outcomes (kept, infeasible, dominated, split, of
-which skipped by the upper bound without solving); solve paths; proven optimal; the gap distribution of
-the rest; time per solved multiset p50/p99 by size; wall time; multisets per second per core.
+which skipped by the upper bound without solving); solve paths ("reduce", "shapes", "dp-proven",
+"lp-proven", "milp"; "bound-infeasible" / "bound-pruned" settled before placement), in all and by size;
+proven optimal; the gap distribution of the rest; time per solved multiset p50/p99 by size; wall time;
+multisets per second per core.
 """
 
 from __future__ import annotations
@@ -78,7 +80,12 @@ def _row(model: str, mode: str, r: object, workers: int) -> dict[str, object]:
     assert isinstance(r, BuildReport)
     done = r.enumerated - r.unfinished
     per_size = {
-        n: {"solved": len(v), "p50_ms": float(np.percentile(v, 50) * 1e3), "p99_ms": float(np.percentile(v, 99) * 1e3)}
+        n: {
+            "solved": len(v),
+            "p50_ms": float(np.percentile(v, 50) * 1e3),
+            "p99_ms": float(np.percentile(v, 99) * 1e3),
+            "paths": dict(sorted(r.paths_by_size.get(n, {}).items())),
+        }
         for n, v in sorted(r.seconds_by_size.items())
         if v
     }
@@ -105,7 +112,8 @@ def _print(row: dict[str, object]) -> None:
         f" unproven {row['unproven']} (gap p50 {row['gap_p50']:.2%}, max {row['gap_max']:.2%})"
     )
     for n, s in row["per_size"].items():  # type: ignore[attr-defined]
-        print(f"   n={n}: {s['solved']} solved, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms")
+        paths = " ".join(f"{k}:{v}" for k, v in s["paths"].items())
+        print(f"   n={n}: {s['solved']} solved, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms; paths {paths}")
 
 
 if __name__ == "__main__":

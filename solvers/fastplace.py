@@ -1,4 +1,7 @@
-"""The production placer: exact on the option grid; fast (milliseconds) up to three nodes.
+"""The production placer: exact on the option grid. Milliseconds up to three nodes; at four nodes
+0.02-0.3 s (every real ``core`` multiset measured was proven); at five, seconds (up to about a minute);
+at six the shape search often runs out of its work budget and the LP/MILP residue ends unproven (see
+``bench/placement_paths.py``).
 
 ``place`` runs, in order, stopping at the first step that proves the optimum:
 
@@ -27,11 +30,17 @@
    two it minimises each metric and their normalised sum in turn (a heuristic: the later steps stay
    exact). A set-partition DP over the subsets adds the replicas.
 4. If that placement reaches UB, it is optimal ("dp-proven").
-5. The LP relaxation of the MILP bounds every placement; if it does not exceed the placement's value by
-   more than 1e-7 (relative) it proves it ("lp-proven"). Otherwise its reduced costs fix to zero every
-   option and edge that no placement better than the current one can use (LP duality), a few rounds.
-6. The reference MILP (``solvers.placement.milp_place``) on what is left, warm-started with the step 3
-   placement ("milp"). This is the slow step: the only one that can end unproven at ``time_limit``.
+5. The shape search (``solvers.shapes.shape_search``, method "shapes"), started from the step 3
+   placement: every connected shape of every sub-multiset that could still beat the best placement
+   known is decided exactly at that threshold, and the best partition into components is assembled.
+   It proves the optimum unless its deterministic work budget (``shape_budget`` enumerated rows)
+   runs out.
+6. Only then (the residue): the LP relaxation of the MILP bounds every placement; if it does not exceed
+   the placement's value by more than 1e-7 (relative) it proves it ("lp-proven"). Otherwise its reduced
+   costs fix to zero every option and edge that no placement better than the current one can use (LP
+   duality), a few rounds, and the reference MILP (``solvers.placement.milp_place``) solves what is
+   left, warm-started with the step 3 placement ("milp"). This is the slow step: the only one that can
+   end unproven at ``time_limit``.
 """
 
 from __future__ import annotations
@@ -53,10 +62,17 @@ from solvers.placement import (
     usable_edges,
 )
 from solvers.problem import Edge, NodeMenu, PlacementProblem, PlacementResult, check_problem
+from solvers.shapes import shape_search
 
 FloatArray = np.ndarray
 LP_ROUNDS = 4
 PROOF_RTOL = 1e-7
+SMALL_NODES = 3
+"""Up to this many nodes ``exact_small`` settles every problem."""
+PLACER = "shapes-1"
+"""Version of the method for more than SMALL_NODES nodes; part of those templates' content keys."""
+SHAPE_BUDGET = 30_000_000
+"""Default work budget of the shape search (rows enumerated) before the LP/MILP residue path."""
 
 
 @attrs.frozen(eq=False)
@@ -687,7 +703,7 @@ def exact_small(problem: PlacementProblem) -> PlacementResult | None:
     option pairs whose k add up to L). Returns status ``infeasible`` when no shape has a placement,
     and None when n > 3."""
     n = problem.n
-    if n > 3:
+    if n > SMALL_NODES:
         return None
     sm = _Small(problem)
     chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
@@ -759,17 +775,20 @@ def _renumber(res: PlacementResult, keep: Sequence[np.ndarray]) -> PlacementResu
     return attrs.evolve(res, option=tuple(int(new[i][o]) for i, o in enumerate(res.option)))
 
 
-def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementResult:
+def place(problem: PlacementProblem, *, time_limit: float = 10.0, shape_budget: int = SHAPE_BUDGET) -> PlacementResult:
     """The optimal placement of ``problem`` (see the module docstring for the method).
 
     ``method`` names the step that settled it: "reduce" (proved infeasible), "shapes", "dp-proven",
-    "lp-proven" or "milp". ``time_limit`` bounds the MILP step only (HiGHS may overrun it); that step
-    is the only one that can end unproven (``feasible`` with a bound, or ``unknown``).
+    "lp-proven" or "milp". ``shape_budget`` bounds the shape search's work (n >= 4; deterministic);
+    ``time_limit`` bounds the MILP step only (HiGHS may overrun it); that step is the only one that can
+    end unproven (``feasible`` with a bound, or ``unknown``).
     """
     t0 = time.perf_counter()
     check_problem(problem)
     if time_limit <= 0 or math.isnan(time_limit):
         raise ValueError(f"time_limit must be > 0, got {time_limit}")
+    if isinstance(shape_budget, bool) or not isinstance(shape_budget, int) or shape_budget < 0:
+        raise ValueError(f"shape_budget must be an integer >= 0, got {shape_budget!r}")
     red = reduce_problem(problem)
     if red is None:
         return PlacementResult(0.0, "infeasible", 0.0, "reduce", solve_s=time.perf_counter() - t0)
@@ -786,9 +805,19 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementRe
     if dp is not None and dp.value >= red.ub * (1 - 1e-9):
         res = attrs.evolve(dp, status="optimal", bound=dp.value, method="dp-proven")
         return _lift(red, res, problem, time.perf_counter() - t0)
+    inc = dp
+    shape_bound = math.inf
+    if shape_budget > 0:
+        found = shape_search(rp, incumbent=dp, budget=shape_budget)
+        if found is not None and found.status == "infeasible":
+            return attrs.evolve(found, solve_s=time.perf_counter() - t0)
+        if found is not None and found.status == "optimal":
+            return _lift(red, found, problem, time.perf_counter() - t0)
+        if found is not None:  # the budget ran out: a better incumbent and a bound for the residue
+            inc = attrs.evolve(found, status="feasible", method="dp")
+            shape_bound = found.bound
     index = list(red.index)
     cur = rp
-    inc = dp
     if inc is not None and inc.value > 0:
         for _ in range(LP_ROUNDS):
             bound, keep, edges = lp_reduce(cur, inc.value)
@@ -806,4 +835,4 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0) -> PlacementRe
     res = milp_place(cur, time_limit=time_limit, warm_start=inc is not None, initial=inc, symmetry=True)
     if res.status == "infeasible":
         return attrs.evolve(res, solve_s=time.perf_counter() - t0)
-    return _lift(Reduced(cur, tuple(index), red.ub), res, problem, time.perf_counter() - t0)
+    return _lift(Reduced(cur, tuple(index), min(red.ub, shape_bound)), res, problem, time.perf_counter() - t0)

@@ -25,6 +25,7 @@ from coral.store import Outcome, TemplateStore, template_key
 from coral.templates import Template
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, layer_work_bound, prune_verdict
+from solvers.fastplace import PLACER, SMALL_NODES
 from solvers.library import solve_multiset
 from solvers.options import FORMULATION, build_problem
 from solvers.placement import lp_reduce
@@ -70,6 +71,7 @@ class BuildReport:
     split: int = 0
     bound_skipped: int = 0
     by_path: dict[str, int] = attrs.field(factory=dict)
+    paths_by_size: dict[int, dict[str, int]] = attrs.field(factory=dict)
     proven: int = 0
     gaps: list[float] = attrs.field(factory=list)
     seconds_by_size: dict[int, list[float]] = attrs.field(factory=dict)
@@ -140,7 +142,7 @@ def build_library(
             raise ValueError(f"unknown node type {n!r}; known: {', '.join(sorted(perf.catalog.nodes))}")
     report = BuildReport(workers=workers)
     t_start = time.perf_counter()
-    params = {"nmax": nmax, "rho": rho, "time_limit": time_limit, "formulation": FORMULATION}
+    params: dict[str, object] = {"nmax": nmax, "rho": rho, "time_limit": time_limit, "formulation": FORMULATION}
     levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
     total = sum(len(v) for lv in levels.values() for v in lv.values())
     report.enumerated = total
@@ -155,7 +157,9 @@ def build_library(
             for job in jobs:
                 level = levels[job][size]
                 keys = [
-                    template_key(perf.catalog, job.model, s, job.mode, job.slo, job.shape, perf.version, params)
+                    template_key(
+                        perf.catalog, job.model, s, job.mode, job.slo, job.shape, perf.version, _params(params, s)
+                    )
                     for s in level
                 ]
                 known = store.outcomes(keys)
@@ -228,6 +232,18 @@ def _run(
         yield f.result()
 
 
+def _params(params: dict[str, object], s: Multiset) -> dict[str, object]:
+    """The solver parameters in a multiset's template key: from 4 nodes up, also the placer's version
+    (templates of 1-3 nodes keep their keys when only the 4+ node method changes)."""
+    return params if len(s) <= SMALL_NODES else {**params, "placer": PLACER}
+
+
+def _count_path(report: BuildReport, size: int, path: str) -> None:
+    report.by_path[path] = report.by_path.get(path, 0) + 1
+    per = report.paths_by_size.setdefault(size, {})
+    per[path] = per.get(path, 0) + 1
+
+
 def _record(
     report: BuildReport, job: BuildJob, s: Multiset, key: str, split: float, sub: float, res: Solved, size: int
 ) -> Outcome:
@@ -244,10 +260,10 @@ def _record(
         report.infeasible += 1
         if res.path != "bound-infeasible":
             report.solved += 1
-            report.by_path[res.path] = report.by_path.get(res.path, 0) + 1
+            _count_path(report, size, res.path)
         return Outcome(key, job.model, job.mode, slo_key, s, "infeasible", None, 0.0, res.path)
     report.solved += 1
-    report.by_path[res.path] = report.by_path.get(res.path, 0) + 1
+    _count_path(report, size, res.path)
     verdict = prune_verdict(res.bound, sub, split)
     if verdict is not None:
         setattr(report, verdict, getattr(report, verdict) + 1)

@@ -117,6 +117,36 @@ def branching_problem() -> PlacementProblem:
     )
 
 
+def fork_problem() -> PlacementProblem:
+    """L = 8 on four nodes where one node holding layers 0..3 feeding three nodes holding 4..7 is optimal.
+
+    Node 0 ("big") holds 4 layers at capacity 15 or all 8 at capacity 3; nodes 1..3 ("small") hold 4
+    layers at capacity 5 and send at most 2 units/s into the big node. The fork big -> {small x 3} carries
+    min(15, 3 x 5) = 15; the best placement made of chains (pipelines and replicas) is two two-node chains,
+    5 + 5 = 10 (a small node cannot hold all 8 layers, so none can stand alone); a fork into two smalls
+    leaves the third small to join in, which adds nothing past the two smalls' 10 at the sink.
+    """
+    big = NodeMenu(
+        k=np.array([4, 8]),
+        b=np.array([8, 8]),
+        cap=np.array([15.0, 3.0]),
+        lat=np.array([[1.0, 2.0]]),
+        mem=np.array([4.0, 8.0]),
+    )
+    small = NodeMenu(k=np.array([4]), b=np.array([4]), cap=np.array([5.0]), lat=np.array([[1.0]]), mem=np.array([4.0]))
+    n = 4
+    link_cap = np.full((n + 1, n + 1), np.inf)
+    link_cap[1:4, 0] = 2.0
+    return PlacementProblem(
+        num_layers=8,
+        kinds=("big", "small", "small", "small"),
+        menus=(big, small, small, small),
+        link_lat=np.full((1, n + 1, n + 1), 0.1),
+        link_cap=link_cap,
+        lat_limit=np.array([3.0]),
+    )
+
+
 def random_mid_problem(rng: np.random.Generator, *, n: int, num_layers: int, num_metrics: int = 1) -> PlacementProblem:
     """A perf-like problem beyond brute force: every (k, b) with k up to a memory cap, b in 1..8."""
     L = num_layers

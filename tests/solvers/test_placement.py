@@ -12,7 +12,8 @@ from solvers.brute import brute_force_place, max_flow
 from solvers.fastplace import exact_small, pipeline_dp, place, reduce_problem
 from solvers.placement import evaluate_placement, lp_reduce, milp_place, stages_of
 from solvers.problem import NodeMenu, PlacementInputError, PlacementProblem, PlacementResult, check_problem
-from tests.solvers.instances import branching_problem, random_mid_problem, random_tiny_problem
+from solvers.shapes import exhaustive_shapes, shape_search, skeletons
+from tests.solvers.instances import branching_problem, fork_problem, random_mid_problem, random_tiny_problem
 
 RTOL = 1e-6
 
@@ -62,17 +63,120 @@ def test_tiny_instances_agree_with_brute_force(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_four_node_instances_agree_with_brute_force(seed: int) -> None:
-    """n = 4 takes the DP, LP-fixing and MILP path of ``place`` (n <= 3 is enumerated)."""
+    """n = 4: ``place`` (chain DP, then the shape search) and its residue path (LP fixing and MILP,
+    with the shape search switched off) both match brute force."""
     rng = np.random.default_rng(2000 + seed)
     methods = set()
     for _ in range(15):
         p = random_tiny_problem(rng, n=4, num_layers=int(rng.integers(2, 7)), max_options=int(rng.integers(1, 5)))
         ref = brute_force_place(p)
         fast = place(p)
+        residue = place(p, shape_budget=0)
+        cut_short = place(p, shape_budget=30)  # the shape search runs out: its best and bound go on
         methods.add(fast.method)
-        assert _same(ref, fast), (ref, fast)
+        for res in (fast, residue, cut_short):
+            assert _same(ref, res), (ref, res)
+            assert res.status in ("optimal", "infeasible")
+            _check_placement(p, res)
+        assert residue.method in ("reduce", "dp-proven", "lp-proven", "milp")
+    assert "shapes" in methods
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shape_search_agrees_with_brute_force(seed: int) -> None:
+    """The shape search on its own (no incumbent, no reductions), and its unpruned reference version, are
+    exact: n 1..4, L 2..8 (n = 4: L <= 6)."""
+    rng = np.random.default_rng(3000 + seed)
+    for t in range(20):
+        n = 1 + t % 4
+        L = int(rng.integers(2, 7 if n == 4 else 9))
+        p = random_tiny_problem(rng, n=n, num_layers=L, max_options=int(rng.integers(1, 6)))
+        ref = brute_force_place(p)
+        res = shape_search(p)
+        full = exhaustive_shapes(p)  # every component of every sub-multiset, without the pruning
+        for r in (res, full):
+            assert r is not None
+            assert _same(ref, r), (ref, r)
+            _check_placement(p, r)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_four_node_shapes_match_milp(seed: int) -> None:
+    """n = 4 with L up to 8 and two metrics, beyond quick brute force: ``place`` matches the reference
+    MILP wherever the MILP proves its answer (and it proves most of these)."""
+    rng = np.random.default_rng(4000 + seed)
+    proven = 0
+    for _ in range(8):
+        p = random_tiny_problem(rng, n=4, num_layers=int(rng.integers(6, 9)), max_options=5)
+        fast = place(p)
+        assert fast.status in ("optimal", "infeasible")
         _check_placement(p, fast)
-    assert len(methods) >= 2
+        ref = milp_place(p, time_limit=30.0)
+        if ref.proven:
+            proven += 1
+            assert _same(ref, fast), (ref, fast)
+        else:
+            assert fast.value >= ref.value * (1 - RTOL)
+    assert proven >= 6
+
+
+@pytest.mark.slow
+def test_five_and_six_nodes_match_milp() -> None:
+    """Five and six nodes on small random problems: wherever ``place`` needs the shape search, it
+    matches the reference MILP's proven optimum (or does at least as well when the MILP stops early)."""
+    rng = np.random.default_rng(19)
+    agree = 0
+    for t in range(24):
+        n = 5 + t % 2
+        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(n, n + 3)), max_options=4)
+        fast = place(p)
+        assert fast.status in ("optimal", "infeasible")
+        _check_placement(p, fast)
+        if fast.method != "shapes":
+            continue
+        ref = milp_place(p, time_limit=20.0)
+        if ref.proven:
+            assert _same(ref, fast), (ref, fast)
+            agree += fast.value > 0
+        else:
+            assert fast.value >= ref.value * (1 - RTOL)
+    assert agree >= 8
+
+
+def test_shape_search_out_of_budget_is_unproven() -> None:
+    """A budget too small to finish gives the best placement known, marked unproven, with a valid bound."""
+    rng = np.random.default_rng(23)
+    seen = 0
+    for _ in range(30):
+        p = random_tiny_problem(rng, n=4, num_layers=6, max_options=5, style="perf")
+        ref = brute_force_place(p)
+        res = shape_search(p, budget=20)
+        if res is None or res.status != "feasible":
+            continue
+        seen += 1
+        _check_placement(p, res)
+        assert res.value <= ref.value * (1 + RTOL) + 1e-12
+        assert res.bound >= ref.value * (1 - RTOL)
+    assert seen >= 3
+
+
+def test_skeleton_catalogue() -> None:
+    """Connected shapes up to relabelling: 1, 1, 3, 10, 45, 249 for 1..6 nodes."""
+    assert [len(skeletons(s)) for s in range(1, 7)] == [1, 1, 3, 10, 45, 249]
+    with pytest.raises(ValueError, match="s must be"):
+        skeletons(0)
+
+
+def test_four_node_fork_is_found() -> None:
+    """One node feeding three is the unique optimum (15); chains and replicas reach only 10."""
+    p = fork_problem()
+    assert pipeline_dp(p).value == pytest.approx(10.0)
+    for res in (brute_force_place(p), milp_place(p), place(p)):
+        assert res.status == "optimal"
+        assert res.value == pytest.approx(15.0)
+        assert stages_of(p, res) == [(0, 0, 4, 0), (1, 4, 8, 0), (2, 4, 8, 0), (3, 4, 8, 0)]
+        assert {e for e, f in res.flows.items() if f > 0} == {(4, 0), (0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)}
+    assert place(p).method == "shapes"
 
 
 def test_branching_shape_is_found() -> None:
@@ -238,6 +342,13 @@ def test_bad_input_is_rejected(change: object, needle: str) -> None:
 def test_mismatched_menu_arrays() -> None:
     with pytest.raises(ValueError, match="one entry per option"):
         NodeMenu(k=np.array([1, 2]), b=np.array([1]), cap=np.array([1.0, 2.0]), lat=np.ones((1, 2)), mem=np.ones(2))
+
+
+def test_bad_shape_budget() -> None:
+    p = branching_problem()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="shape_budget"):
+            place(p, shape_budget=bad)  # type: ignore[arg-type]
 
 
 def test_bad_time_limit_and_size() -> None:

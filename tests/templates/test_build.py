@@ -9,11 +9,12 @@ import pytest
 
 from coral.catalog import Catalog
 from coral.cli import main
-from coral.cli.build import BuildJob, build_library
+from coral.cli.build import BuildJob, _params, build_library
 from coral.perf import PerfModel
 from coral.store import TemplateStore
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, enumerate_multisets, splits, sub_multisets
+from solvers.fastplace import PLACER
 
 NODES = ["g6e.xlarge", "g6.xlarge", "p5.4xlarge"]
 JOB = BuildJob("llama-3.1-8b", "aggregated", Slo(2.0, 0.1), WorkloadShape(1155, 211))
@@ -116,3 +117,17 @@ def test_cli_refuses_foreign_store(tmp_path: Path, capsys: pytest.CaptureFixture
     p.write_bytes(b"not a database" * 64)
     assert main(["templates", "list", "--store", str(p)]) == 2
     assert "not a Coral template store" in capsys.readouterr().err
+
+
+def test_build_four_nodes_by_shapes(tmp_path: Path, perf: PerfModel) -> None:
+    """From four nodes up the shape search settles every multiset, proven, and the template keys carry
+    the placer's version (the keys of 1-3 node multisets do not)."""
+    with TemplateStore(tmp_path / "lib.sqlite") as store:
+        rep = build_library(perf, store, [JOB], NODES, nmax=4, rho=12.0)
+    assert rep.proven == rep.kept and not rep.gaps
+    four = rep.paths_by_size.get(4, {})
+    assert sum(four.values()) > 0
+    assert set(four) <= {"reduce", "dp-proven", "shapes"}
+    params: dict[str, object] = {"nmax": 4}
+    assert _params(params, ("a", "b", "c")) == params
+    assert _params(params, ("a", "a", "b", "c")) == {"nmax": 4, "placer": PLACER}

@@ -1,0 +1,1260 @@
+r"""Exact placement by shape enumeration: every connected shape of up to six nodes, solved exactly.
+
+A placement's weakly connected components are independent (their flows add up; their paths are
+disjoint), so the optimum is the best partition of the nodes into components, each placed in the best
+*connected* way. A connected placement has a *shape* (a ``Skeleton``): m + 1 boundaries
+0 = B_0 < B_1 < ... < B_m = L, an interval (a_i, b_i) of boundary indices per node (node i holds layers
+B_{a_i} .. B_{b_i} - 1), and the edges between nodes whose intervals abut; edges from the source go to
+every node with a_i = 0 and edges to the sink leave every node with b_i = m (a node that starts at layer
+0 can have no other input). ``skeletons(s)`` lists every connected shape of s nodes up to relabelling:
+1, 1, 3, 10, 45 and 249 for s = 1..6. A *labelled* shape assigns a problem node to each shape node;
+interchangeable nodes (same kind, menu and links) make many labellings equal, and the shape's
+automorphisms identify more.
+
+Deciding one labelled shape at a flow threshold F (``_Labelled.decide``) is exact: is there a choice of
+boundaries and options with maximum flow >= F in which every source-to-sink path meets every latency
+limit? It uses four exact facts.
+
+- Max-flow min-cut: flow >= F iff every cut of the shape (a set of nodes and edges whose removal
+  separates source from sink) has capacity >= F. A cut that contains an edge of capacity >= F always
+  has; so only the shape's minimal cuts made of nodes and of edges with capacity < F are checked.
+- Capacity clipping: a flow of value F puts at most F on any node, so capacities above F act as F, and
+  among the options of one node with the same k and capacity >= F only those with the least latencies
+  matter (one option when the latencies grow with the capacity in every metric, which the perf model's
+  menus do).
+- A *cut node* ({i} is a cut: every path goes through it) needs capacity >= F. A maximal run of cut
+  nodes that follow each other with nothing else ending or starting in between (a chain inside the
+  shape) is contracted: its least latency for each total length is a min-plus convolution (one metric)
+  or a Pareto front of latency vectors (several metrics), with back-pointers to its split and options.
+- *Free* nodes: for nodes of which no cut holds two, once the options of every other node are fixed,
+  each free node's cuts ask for a capacity of at least F minus the rest of the cut, and the option of
+  least latency that meets it is best, because a smaller latency never hurts a path and more capacity
+  never hurts a cut (for several metrics this needs the ordered latencies above; other nodes are fixed).
+
+Before a labelled shape is decided, cheap necessary tests run over all labellings of the shape at once
+(``_Family.candidates``): every path can cover the L layers within the limits (its cut nodes with options
+of capacity >= F only), every cut node has an option of capacity >= F that fits its paths, and every
+cut whose edges all carry less than F has enough node capacity.
+
+The rest is enumerated with numpy: the remaining boundaries (all increasing tuples) times the options
+of the fixed nodes, and every row is checked against every path's latency (node latencies plus the
+labelled links) and every kept cut. A feasible row is a placement of the component; its value is
+recomputed by an exact maximum flow.
+
+``shape_search`` then finds the best partition (see its docstring): thresholds from an incumbent and
+from upper bounds skip most components, and each component's best value is raised by repeated decisions
+(a feasible decision at F returns a placement worth v >= F; the next decision asks for more than v)
+until none is feasible, which proves it. Everything is exact; the work is bounded by a deterministic
+budget of enumerated rows (``budget``); when it runs out the search returns its best placement, unproven,
+with an upper bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+
+import attrs
+import numpy as np
+
+from solvers.placement import LAT_RTOL, evaluate_placement, interchangeable
+from solvers.problem import Edge, PlacementProblem, PlacementResult
+
+SEARCH_RTOL = 1e-9
+"""A new placement must beat the best one by this much (relative) to count as better."""
+
+# ----------------------------------------------------------------------------------------------------
+# The catalogue of connected shapes
+
+
+@attrs.frozen
+class Skeleton:
+    """A connected shape of ``s`` nodes (see the module docstring).
+
+    ``edges`` are the edges between nodes; ``paths`` every source-to-sink path as a node sequence;
+    ``cuts`` every minimal cut as (nodes, edges), where an edge (s, i) leaves the source and (i, s) enters
+    the sink; ``aut`` the node permutations that map the shape onto itself.
+    """
+
+    m: int
+    iv: tuple[tuple[int, int], ...]
+    edges: tuple[tuple[int, int], ...]
+    aut: tuple[tuple[int, ...], ...]
+
+    @property
+    def s(self) -> int:
+        return len(self.iv)
+
+    @property
+    def paths(self) -> tuple[tuple[int, ...], ...]:
+        return _paths(self.iv, self.edges, self.m)
+
+    @property
+    def cuts(self) -> tuple[tuple[tuple[int, ...], tuple[tuple[int, int], ...]], ...]:
+        return _cuts(self.iv, self.edges, self.m)
+
+    def all_edges(self) -> list[tuple[int, int]]:
+        """Source edges, node edges and sink edges (source and sink are index ``s``)."""
+        s, m = self.s, self.m
+        src = [(s, i) for i in range(s) if self.iv[i][0] == 0]
+        return src + list(self.edges) + [(i, s) for i in range(s) if self.iv[i][1] == m]
+
+
+def _perms_within(iv: Sequence[tuple[int, int]]) -> Iterator[tuple[int, ...]]:
+    """Node permutations that keep every node's interval (relabellings of one shape)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, x in enumerate(iv):
+        groups.setdefault(x, []).append(i)
+    gl = list(groups.values())
+    for choice in itertools.product(*(itertools.permutations(g) for g in gl)):
+        perm = list(range(len(iv)))
+        for g, c in zip(gl, choice, strict=True):
+            for a, b in zip(g, c, strict=True):
+                perm[a] = b
+        yield tuple(perm)
+
+
+@functools.cache
+def _paths(iv: tuple[tuple[int, int], ...], edges: tuple[tuple[int, int], ...], m: int) -> tuple[tuple[int, ...], ...]:
+    s = len(iv)
+    succ: dict[int, list[int]] = {i: [] for i in range(s)}
+    for x, y in edges:
+        succ[x].append(y)
+    out: list[tuple[int, ...]] = []
+
+    def walk(i: int, seq: tuple[int, ...]) -> None:
+        if iv[i][1] == m:
+            out.append(seq)
+        for j in succ[i]:
+            walk(j, (*seq, j))
+
+    for i in range(s):
+        if iv[i][0] == 0:
+            walk(i, (i,))
+    return tuple(out)
+
+
+@functools.cache
+def _cuts(
+    iv: tuple[tuple[int, int], ...], edges: tuple[tuple[int, int], ...], m: int
+) -> tuple[tuple[tuple[int, ...], tuple[tuple[int, int], ...]], ...]:
+    """Minimal cuts of the node-split graph: each node is on the source side, cut (its input half on the
+    source side, its output half on the sink side) or on the sink side; an edge is cut when its tail's
+    output half is on the source side and its head's input half on the sink side."""
+    s = len(iv)
+    all_edges = [(s, i) for i in range(s) if iv[i][0] == 0] + list(edges) + [(i, s) for i in range(s) if iv[i][1] == m]
+    states = _states(s)
+    tail = np.concatenate([states, np.zeros((states.shape[0], 1), np.int64)], axis=1)
+    head = np.concatenate([states, np.full((states.shape[0], 1), 2, np.int64)], axis=1)
+    mask = np.zeros(states.shape[0], dtype=np.int64)
+    for i in range(s):
+        mask |= (states[:, i] == 1).astype(np.int64) << i
+    for t, (u, v) in enumerate(all_edges):
+        mask |= ((tail[:, u] == 0) & (head[:, v] == 2)).astype(np.int64) << (s + t)
+    uniq = np.unique(mask)
+    sub = (uniq[:, None] & uniq[None, :]) == uniq[:, None]  # [a, b]: a is a subset of b
+    np.fill_diagonal(sub, False)
+    keep = uniq[~sub.any(axis=0)].tolist()
+    out = [
+        (tuple(i for i in range(s) if x >> i & 1), tuple(e for t, e in enumerate(all_edges) if x >> (s + t) & 1))
+        for x in keep
+    ]
+    return tuple(sorted(out))
+
+
+@functools.cache
+def _states(s: int) -> np.ndarray:
+    return np.array(list(itertools.product(range(3), repeat=s)), dtype=np.int64).reshape(-1, s)
+
+
+@functools.cache
+def skeletons(s: int) -> tuple[Skeleton, ...]:
+    """Every connected shape of ``s`` nodes, once up to relabelling."""
+    if s < 1:
+        raise ValueError(f"s must be >= 1, got {s}")
+    out: dict[tuple[object, ...], Skeleton] = {}
+    for m in range(1, s + 1):
+        ivs = [(a, b) for a in range(m) for b in range(a + 1, m + 1)]
+        inner = (1 << m) - 2  # bits 1..m-1
+        for combo in itertools.combinations_with_replacement(ivs, s):
+            ends = starts = 0
+            for a, b in combo:
+                ends |= 1 << b
+                starts |= 1 << a
+            if ends & starts & inner != inner:
+                continue
+            junctions = []
+            for t in range(1, m):
+                enders = {i for i, (_, b) in enumerate(combo) if b == t}
+                starters = {i for i, (a, _) in enumerate(combo) if a == t}
+                pairs = [(x, y) for x in sorted(enders) for y in sorted(starters)]
+                opts = []
+                for bits in range(1, 1 << len(pairs)):
+                    es = [pairs[q] for q in range(len(pairs)) if bits >> q & 1]
+                    if {x for x, _ in es} == enders and {y for _, y in es} == starters:
+                        opts.append(es)
+                junctions.append(opts)
+            perms = list(_perms_within(combo))
+            for choice in itertools.product(*junctions):
+                edges = [e for j in choice for e in j]
+                if not _connected(s, edges):
+                    continue
+                key = min(tuple(sorted((p[x], p[y]) for x, y in edges)) for p in perms)
+                if (combo, key) in out:
+                    continue
+                eset = set(key)
+                aut = tuple(p for p in perms if {(p[x], p[y]) for x, y in eset} == eset)
+                out[(combo, key)] = Skeleton(m, combo, key, aut)
+    return tuple(out.values())
+
+
+def _connected(s: int, edges: Sequence[tuple[int, int]]) -> bool:
+    par = list(range(s))
+
+    def find(x: int) -> int:
+        while par[x] != x:
+            par[x] = par[par[x]]
+            x = par[x]
+        return x
+
+    for x, y in edges:
+        par[find(x)] = find(y)
+    return len({find(i) for i in range(s)}) == 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-problem option tables
+
+
+class _Tables:
+    """Per node: the options of each k, sorted by capacity (then latency), in padded arrays.
+
+    ``cap[i]`` (L + 1, W_i), -1 where padded; ``lat[i]`` (metrics, L + 1, W_i), inf where padded;
+    ``opt[i]`` (L + 1, W_i), the option index, -1 where padded. ``ordered[i]``: along the capacity order
+    the latencies never fall in any metric, at every k. ``gmin[i]`` (metrics, L + 1): the least latency
+    of each metric over the options with k layers.
+    """
+
+    def __init__(self, problem: PlacementProblem) -> None:
+        self.p = problem
+        self.n, self.L, self.nm = problem.n, int(problem.num_layers), problem.num_metrics
+        lim = np.asarray(problem.lat_limit, dtype=np.float64)
+        self.budget = lim + LAT_RTOL * np.where(np.isfinite(lim), np.maximum(lim, 1.0), 0.0)
+        self.ll = np.asarray(problem.link_lat, dtype=np.float64)
+        self.lc = np.asarray(problem.link_cap, dtype=np.float64)
+        L = self.L
+        self.cap: list[np.ndarray] = []
+        self.lat: list[np.ndarray] = []
+        self.opt: list[np.ndarray] = []
+        self.ordered: list[bool] = []
+        for menu in problem.menus:
+            k = np.asarray(menu.k)
+            cap = np.asarray(menu.cap, dtype=np.float64)
+            lat = np.asarray(menu.lat, dtype=np.float64)
+            sel = np.flatnonzero(k <= L)
+            counts = np.bincount(k[sel], minlength=L + 1) if sel.size else np.zeros(L + 1, np.int64)
+            w = max(1, int(counts.max()))
+            C = np.full((L + 1, w), -1.0)
+            T = np.full((self.nm, L + 1, w), np.inf)
+            opt = np.full((L + 1, w), -1, np.int64)
+            order = sel[np.lexsort((lat[:, sel].sum(axis=0), cap[sel], k[sel]))]
+            ks = k[order]
+            slot = np.arange(order.size) - np.searchsorted(ks, ks, side="left")
+            C[ks, slot] = cap[order]
+            T[:, ks, slot] = lat[:, order]
+            opt[ks, slot] = order
+            ordered = True
+            if order.size > 1:
+                same = ks[1:] == ks[:-1]
+                ordered = not bool(np.any(same & np.any(np.diff(lat[:, order], axis=1) < 0, axis=0)))
+            self.cap.append(C)
+            self.lat.append(T)
+            self.opt.append(opt)
+            self.ordered.append(ordered)
+        self.maxcap = np.array([float(c.max()) for c in self.cap])
+        self.gmin = [t.min(axis=2) for t in self.lat]
+        self._useful: dict[tuple[int, float], np.ndarray] = {}
+        self._cover: dict[tuple[int, ...], np.ndarray] = {}
+        self._cover_at: dict[tuple[int, int, float], np.ndarray] = {}
+        self._cover_tab: np.ndarray | None = None
+        self._cover_full: np.ndarray | None = None
+        self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.fronts: dict[
+            tuple[tuple[int, ...], float, tuple[int, ...]], tuple[np.ndarray, list[tuple[np.ndarray, int, int]]]
+        ] = {}
+
+    def useful(self, i: int, F: float) -> np.ndarray:
+        """(L + 1, W) mask of the options of node i worth enumerating at threshold F: every option with
+        capacity < F, and among those with capacity >= F only the ones whose latencies no other such
+        option beats (the first one when the node is ordered)."""
+        key = (i, F)
+        if key in self._useful:
+            return self._useful[key]
+        C, T, opt = self.cap[i], self.lat[i], self.opt[i]
+        big = C >= F
+        if self.ordered[i]:
+            firstbig = big & ~np.concatenate([np.zeros((C.shape[0], 1), bool), big[:, :-1]], axis=1)
+            out = (opt >= 0) & (~big | firstbig)
+        else:
+            le = np.all(T[:, :, None, :] <= T[:, :, :, None], axis=0)  # [k, x, y]: y <= x
+            eq = np.all(T[:, :, None, :] == T[:, :, :, None], axis=0)
+            w = C.shape[1]
+            earlier = np.arange(w)[None, :] < np.arange(w)[:, None]  # [x, y]: y before x
+            beats = big[:, None, :] & big[:, :, None] & le & (~eq | earlier[None])
+            beats &= ~np.eye(w, dtype=bool)[None]
+            out = (opt >= 0) & ~beats.any(axis=2)
+        if len(self._useful) > 4096:
+            self._useful.clear()
+        self._useful[key] = out
+        return out
+
+    def work_ok(self, nodes: Sequence[int], F: float) -> list[np.ndarray] | None:
+        """Per node of ``nodes``, the (L + 1, W) mask of options whose layer work k * min(cap, F) leaves
+        room for flow F: every unit of flow crosses L layers and a node carries at most min(cap, F), so
+        sum_i k_i min(c_i, F) >= L F; an option is kept only if it reaches L F minus the most the other
+        nodes can add. None when even the most work of every node falls short."""
+        kk = np.arange(self.L + 1)[:, None]
+        works = [np.where(self.opt[i] >= 0, kk * np.minimum(self.cap[i], F), -np.inf) for i in nodes]
+        best = [float(w.max()) for w in works]
+        total = sum(best)
+        need = self.L * F
+        if total < need * (1 - 1e-12):
+            return None
+        return [w >= need - (total - b) - 1e-9 * need for w, b in zip(works, best, strict=True)]
+
+    def slack(self, i: int, rest: int) -> tuple[np.ndarray, np.ndarray]:
+        """For node i on a path with the other nodes ``rest`` (a bit mask): per option of i (flattened),
+        its latency plus the least latency with which ``rest`` covers the remaining layers, and its
+        capacity. An option fits the path only if that sum plus the path's links fits the limits."""
+        key = (i, rest)
+        if key not in self._slack:
+            self.cover_masks(np.zeros(1, np.int64))
+            assert self._cover_full is not None
+            need = self._cover_full[rest]  # (nm, L+1): covering exactly j layers
+            L = self.L
+            kk = np.arange(L + 1)
+            rem = need[:, L - kk]  # (nm, L+1) for k layers held by i
+            if rest == 0:
+                rem = np.where(kk[None, :] == L, 0.0, np.inf)
+            tot = self.lat[i] + rem[:, :, None]
+            ok = self.opt[i] >= 0
+            self._slack[key] = (tot[:, ok], self.cap[i][ok])
+        return self._slack[key]
+
+    def cover_masks(self, masks: np.ndarray) -> np.ndarray:
+        """``cover`` for node sets given as bit masks: (metrics, len(masks))."""
+        if self._cover_tab is None:
+            n, L = self.n, self.L
+            tab = np.full((1 << n, self.nm, L + 1), np.inf)
+            tab[0, :, 0] = 0.0
+            kk = np.arange(L + 1)
+            d = kk[:, None] - kk[None, :]
+            dd = np.clip(d, 0, L)
+            for mask in range(1, 1 << n):
+                i = (mask & -mask).bit_length() - 1
+                g = self.gmin[i].copy()
+                g[:, 0] = np.inf
+                cand = tab[mask & (mask - 1)][:, None, :] + g[:, dd]
+                tab[mask] = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
+            self._cover_tab = tab[:, :, L].T.copy()  # (nm, 2^n)
+            self._cover_full = tab
+        return self._cover_tab[:, masks]
+
+    def cover_at(self, mask: int, cut: int, F: float) -> np.ndarray:
+        """Per metric, the least latency with which the nodes of bit mask ``mask`` (each holding >= 1
+        layer) cover all L layers when those of ``cut`` use only options of capacity >= F."""
+        key = (mask, cut, F)
+        got = self._cover_at.get(key)
+        if got is not None:
+            return got
+        L = self.L
+        acc = np.full((self.nm, L + 1), np.inf)
+        acc[:, 0] = 0.0
+        kk = np.arange(L + 1)
+        d = kk[:, None] - kk[None, :]
+        dd = np.clip(d, 0, L)
+        for i in range(self.n):
+            if not mask >> i & 1:
+                continue
+            if cut >> i & 1:
+                g = np.where(self.cap[i][None] >= F, self.lat[i], np.inf).min(axis=2)
+            else:
+                g = self.gmin[i].copy()
+            g[:, 0] = np.inf
+            cand = acc[:, None, :] + g[:, dd]
+            acc = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
+        if len(self._cover_at) > 65536:
+            self._cover_at.clear()
+        self._cover_at[key] = acc[:, L]
+        return self._cover_at[key]
+
+    def cover(self, nodes: tuple[int, ...]) -> np.ndarray:
+        """Per metric, the least latency with which ``nodes`` (each holding >= 1 layer) cover all L
+        layers, metric by metric (a lower bound for any path through exactly these nodes)."""
+        key = tuple(sorted(nodes))
+        if key not in self._cover:
+            L = self.L
+            acc = np.full((self.nm, L + 1), np.inf)
+            acc[:, 0] = 0.0
+            kk = np.arange(L + 1)
+            d = kk[:, None] - kk[None, :]
+            dd = np.clip(d, 0, L)
+            for i in key:
+                g = self.gmin[i].copy()
+                g[:, 0] = np.inf
+                cand = acc[:, None, :] + g[:, dd]
+                acc = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
+            self._cover[key] = acc[:, L]
+        return self._cover[key]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Deciding one labelled shape
+
+
+@attrs.frozen
+class _Witness:
+    """A placement of one component: per node (option, start), and its edges (problem indices)."""
+
+    option: dict[int, int]
+    start: dict[int, int]
+    edges: tuple[Edge, ...]
+
+
+class TooBig(Exception):
+    """A search would enumerate more rows than its work budget allows."""
+
+
+@attrs.frozen(eq=False)
+class _Shape:
+    """What deciding a shape needs that does not depend on its labels.
+
+    Runs of cut nodes joined by chain links (a boundary where exactly one node ends and one starts) are
+    contracted into *segments*; the *elements* are the segments, then the other nodes, each with its
+    interval over the kept boundaries. ``paths_el`` lists each path's elements; ``path_edges`` its edges
+    outside segments (indices into ``edges``, which is ``Skeleton.all_edges()``); ``path_all`` all of
+    its edges. ``cuts`` holds every minimal cut but the single cut nodes, as (elements, edge indices).
+    """
+
+    sk: Skeleton
+    edges: tuple[tuple[int, int], ...]
+    cutnode: tuple[bool, ...]
+    segments: tuple[tuple[int, ...], ...]
+    kept: tuple[int, ...]
+    elements: tuple[tuple[int, ...], ...]
+    elem_iv: tuple[tuple[int, int], ...]
+    elem_of: tuple[int, ...]
+    need: tuple[bool, ...]
+    paths_el: tuple[tuple[int, ...], ...]
+    path_edges: tuple[tuple[int, ...], ...]
+    path_all: tuple[tuple[int, ...], ...]
+    cuts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+
+
+@functools.cache
+def _shape(sk: Skeleton) -> _Shape:
+    s = sk.s
+    edges = tuple(sk.all_edges())
+    eidx = {e: t for t, e in enumerate(edges)}
+    cutset = set(sk.cuts)
+    cutnode = tuple(((i,), ()) in cutset for i in range(s))
+    ends = {t: [i for i in range(s) if sk.iv[i][1] == t] for t in range(1, sk.m)}
+    starts = {t: [i for i in range(s) if sk.iv[i][0] == t] for t in range(1, sk.m)}
+    link = {t for t in range(1, sk.m) if len(ends[t]) == 1 and len(starts[t]) == 1}
+    nxt = {ends[t][0]: starts[t][0] for t in link}
+    prv = {v: u for u, v in nxt.items()}
+    segments: list[tuple[int, ...]] = []
+    seg_of = [-1] * s
+    for i in range(s):
+        if not cutnode[i] or (i in prv and cutnode[prv[i]]):
+            continue
+        run = [i]
+        while run[-1] in nxt and cutnode[nxt[run[-1]]]:
+            run.append(nxt[run[-1]])
+        if len(run) > 1:
+            for x in run:
+                seg_of[x] = len(segments)
+            segments.append(tuple(run))
+    inner = {sk.iv[x][1] for seg in segments for x in seg[:-1]}
+    kept = tuple(t for t in range(sk.m + 1) if t not in inner)
+    pos = {t: q for q, t in enumerate(kept)}
+    elements = [*segments, *((i,) for i in range(s) if seg_of[i] < 0)]
+    elem_iv = tuple((pos[sk.iv[e[0]][0]], pos[sk.iv[e[-1]][1]]) for e in elements)
+    elem_of = [0] * s
+    for q, e in enumerate(elements):
+        for x in e:
+            elem_of[x] = q
+    internal = {(seg[j], seg[j + 1]) for seg in segments for j in range(len(seg) - 1)}
+    paths_el, path_edges, path_all = [], [], []
+    for path in sk.paths:
+        pairs = list(itertools.pairwise((s, *path, s)))
+        path_all.append(tuple(eidx[e] for e in pairs))
+        path_edges.append(tuple(eidx[e] for e in pairs if e not in internal))
+        els: list[int] = []
+        for x in path:
+            if not els or els[-1] != elem_of[x]:
+                els.append(elem_of[x])
+        paths_el.append(tuple(els))
+    cuts = tuple(
+        (tuple(elem_of[x] for x in nc), tuple(eidx[e] for e in ec))
+        for nc, ec in sk.cuts
+        if not (len(nc) == 1 and not ec and cutnode[nc[0]])
+    )
+    return _Shape(
+        sk,
+        edges,
+        cutnode,
+        tuple(segments),
+        kept,
+        tuple(elements),
+        elem_iv,
+        tuple(elem_of),
+        tuple(cutnode[e[0]] for e in elements),
+        tuple(paths_el),
+        tuple(path_edges),
+        tuple(path_all),
+        cuts,
+    )
+
+
+class _Family:
+    """Every labelling of one shape by one sub-multiset, as arrays (one row per labelling), with the
+    label-dependent data: link latencies per path, edge capacities per cut, and a coverage test."""
+
+    def __init__(self, sh: _Shape, labels: np.ndarray, tb: _Tables) -> None:
+        self.sh, self.tb = sh, tb
+        n, s = tb.n, sh.sk.s
+        self.labels = labels  # (NL, s) problem nodes
+        ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
+        eu = np.array([u for u, _ in sh.edges], dtype=np.int64)
+        ev = np.array([v for _, v in sh.edges], dtype=np.int64)
+        U, V = ext[:, eu], ext[:, ev]  # (NL, E); index s maps to n (source / sink)
+        self.elat = tb.ll[:, U, V]  # (nm, NL, E)
+        self.ecap = tb.lc[U, V]  # (NL, E)
+        nl = labels.shape[0]
+        self.plink = np.stack([self.elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_edges], axis=2).reshape(
+            tb.nm, nl, len(sh.path_edges)
+        )
+        full = np.stack([self.elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_all], axis=2).reshape(
+            tb.nm, nl, len(sh.path_all)
+        )
+        bits = 1 << labels  # (NL, s)
+        viable = np.ones(nl, bool)
+        self.path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for pi, path in enumerate(sh.sk.paths):
+            mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
+            viable &= np.all(full[:, :, pi] + tb.cover_masks(mask) <= tb.budget[:, None], axis=0)
+            cut = [x for x in path if sh.cutnode[x]]
+            cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(nl, np.int64)
+            keys, inv = np.unique(mask * (1 << n) + cmask, return_inverse=True)
+            self.path_keys.append((keys, inv.reshape(-1), full[:, :, pi]))
+        self.viable = viable
+        # per cut: sum and largest of its edge capacities; per element: the largest capacity of its nodes
+        E = len(sh.edges)
+        inc = np.zeros((len(sh.cuts), E), bool)
+        for c, (_, ec) in enumerate(sh.cuts):
+            inc[c, list(ec)] = True
+        emax = np.where(inc[None], self.ecap[:, None, :], -np.inf).max(axis=2)  # (NL, C)
+        live = np.flatnonzero(np.isfinite(emax).any(axis=0) | ~inc.any(axis=1))
+        self.cuts = [sh.cuts[c] for c in live]  # the cuts that some labelling can keep
+        self.cut_emax = emax[:, live]
+        self.cut_es = np.where(inc[live][None], self.ecap[:, None, :], 0.0).sum(axis=2)
+        # kappa: per shape node, the largest capacity of an option that fits every path through it
+        kap = np.full((nl, s), np.inf)
+        for pi, path in enumerate(sh.sk.paths):
+            lk = full[:, :, pi]  # (nm, NL)
+            for j in path:
+                others = [x for x in path if x != j]
+                rest = np.bitwise_or.reduce(bits[:, others], axis=1) if others else np.zeros(nl, np.int64)
+                keys = labels[:, j] * (1 << n) + rest
+                uniq, inv = np.unique(keys, return_inverse=True)
+                tabs = [tb.slack(int(u) >> n, int(u) & ((1 << n) - 1)) for u in uniq]
+                width = max(t[1].size for t in tabs)
+                tot = np.full((len(tabs), tb.nm, width), np.inf)
+                cap = np.full((len(tabs), width), -np.inf)
+                for u, (tt, cc) in enumerate(tabs):
+                    tot[u, :, : cc.size] = tt
+                    cap[u, : cc.size] = cc
+                inv = inv.reshape(-1)
+                fits = np.all(tot[inv].transpose(1, 0, 2) + lk[:, :, None] <= tb.budget[:, None, None], axis=0)
+                kap[:, j] = np.minimum(kap[:, j], np.where(fits, cap[inv], -np.inf).max(axis=1))
+        self.kappa = kap
+        self.viable &= np.all(kap > -np.inf, axis=1)
+        self.el_maxcap = np.stack([kap[:, list(e)].min(axis=1) for e in sh.elements], axis=1)
+
+    def candidates(self, F: float) -> np.ndarray:
+        """The labellings that pass the cheap tests at threshold F: every path can cover the layers
+        within the limits (its cut nodes with options of capacity >= F only, since all the flow crosses
+        them), every cut node can carry F, and every kept cut can."""
+        ok = self.viable.copy()
+        if F <= 0:
+            return np.flatnonzero(ok)
+        for q, need in enumerate(self.sh.need):
+            if need:
+                ok &= self.el_maxcap[:, q] >= F
+        n = self.tb.n
+        for keys, inv, links in self.path_keys:
+            cov = np.stack([self.tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F) for k in keys], axis=1)
+            ok &= np.all(links + cov[:, inv] <= self.tb.budget[:, None], axis=0)
+        with np.errstate(invalid="ignore"):
+            for c, (els, _) in enumerate(self.cuts):
+                kept = self.cut_emax[:, c] < F
+                tot = self.cut_es[:, c] + self.el_maxcap[:, list(els)].sum(axis=1)
+                ok &= ~kept | (tot >= F)
+        return np.flatnonzero(ok)
+
+    def labelled(self, row: int) -> _Labelled:
+        return _Labelled(self, row)
+
+
+class _Labelled:
+    """One shape with a problem node on each of its nodes (see ``decide``)."""
+
+    def __init__(self, fam: _Family, row: int) -> None:
+        sh, tb = fam.sh, fam.tb
+        self._work: dict[int, np.ndarray] = {}
+        self.sh, self.tb = sh, tb
+        self.sk = sh.sk
+        self.nodes = tuple(int(x) for x in fam.labels[row])
+        s, n = sh.sk.s, tb.n
+        self.pedge = {e: (n if e[0] == s else self.nodes[e[0]], n if e[1] == s else self.nodes[e[1]]) for e in sh.edges}
+        self.segments, self.kept, self.elements = sh.segments, sh.kept, sh.elements
+        self.elem_iv, self.elem_of, self.need = sh.elem_iv, sh.elem_of, sh.need
+        self.paths_el = [list(p) for p in sh.paths_el]
+        self.plink = fam.plink[:, row, :].T  # (npath, nm)
+        self.cuts_el = [
+            (list(els), float(fam.cut_es[row, c]), float(fam.cut_emax[row, c])) for c, (els, _) in enumerate(fam.cuts)
+        ]
+        self.edges_sk = list(sh.edges)
+
+    def _segment_front(self, seg: tuple[int, ...], F: float) -> tuple[np.ndarray, list[tuple[np.ndarray, int, int]]]:
+        """Per total length K, the Pareto front of latency vectors of the chain ``seg`` when every
+        capacity is >= F: (metrics, L + 1, A), inf where padded; and per added node its back-pointers
+        (L + 1, A) into the flattened (K', a, b) candidates with the widths A and B."""
+        tb = self.tb
+        key = (tuple(self.nodes[x] for x in seg), F, tuple(sorted(self.nodes)))
+        if key in tb.fronts:
+            return tb.fronts[key]
+        work = self._work
+        L, nm = tb.L, tb.nm
+        first = self.nodes[seg[0]]
+        lat0, _ = _collapsed(tb, first, F, work.get(first))
+        front = np.where(lat0 <= tb.budget[:, None, None], lat0, np.inf)
+        front = np.where(np.all(np.isfinite(front), axis=0)[None], front, np.inf)
+        backs: list[tuple[np.ndarray, int, int]] = []
+        kk = np.arange(L + 1)
+        d = kk[:, None] - kk[None, :]
+        valid = (d >= 1) & (kk[None, :] >= 1)
+        dd = np.where(valid, d, 0)
+        for j in range(1, len(seg)):
+            node = self.nodes[seg[j]]
+            pu, pv = self.pedge[(seg[j - 1], seg[j])]
+            opts, _ = _collapsed(tb, node, F, work.get(node))
+            A, B = front.shape[2], opts.shape[2]
+            cand = (
+                front[:, None, :, :, None] + opts[:, dd][:, :, :, None, :] + tb.ll[:, pu, pv][:, None, None, None, None]
+            )
+            bad = ~valid[None, :, :, None, None] | np.any(cand > tb.budget[:, None, None, None, None], axis=0)[None]
+            cand = np.where(bad, np.inf, cand).reshape(nm, L + 1, -1)
+            arg, front = _pareto_rows(cand)
+            backs.append((arg, A, B))
+        if len(tb.fronts) > 4096:
+            tb.fronts.clear()
+        tb.fronts[key] = (front, backs)
+        return front, backs
+
+    def _rows(
+        self, allowed: list[np.ndarray], lb_lat: list[np.ndarray], base: np.ndarray, budget: list[int]
+    ) -> np.ndarray:
+        """Every kept-boundary position vector 0 = B_0 < ... < B_r = L in which each element's length
+        has an allowed option and no path's latency lower bound exceeds the limits, built boundary by
+        boundary. ``lb_lat[q]`` (metrics, L + 1) is element q's least latency per length; ``base``
+        (metrics, paths) the path's links plus the least latency of its elements at any length."""
+        tb = self.tb
+        L = tb.L
+        r = len(self.kept) - 1
+        by_end: dict[int, list[int]] = {}
+        for q, (_, b) in enumerate(self.elem_iv):
+            by_end.setdefault(b, []).append(q)
+        on_path = [[pi for pi, els in enumerate(self.paths_el) if q in els] for q in range(len(self.elements))]
+        floor = [
+            lb[:, allowed[q]].min(axis=1) if allowed[q].any() else np.full(tb.nm, np.inf) for q, lb in enumerate(lb_lat)
+        ]
+        rows = np.zeros((1, 1), np.int64)
+        acc = base[:, None, :].copy()  # (nm, R, P): path lower bounds
+        for t in range(1, r + 1):
+            if t < r:
+                last = rows[:, -1]
+                hi = L - (r - t)
+                cnt = np.maximum(hi - last, 0)
+                idx = np.repeat(np.arange(rows.shape[0]), cnt)
+                start = np.cumsum(cnt) - cnt
+                new = last[idx] + 1 + (np.arange(idx.size) - start[idx])
+            else:
+                idx = np.arange(rows.shape[0])
+                new = np.full(rows.shape[0], L, np.int64)
+            budget[0] -= idx.size
+            if budget[0] < 0:
+                raise TooBig(idx.size)
+            rows = np.concatenate([rows[idx], new[:, None]], axis=1)
+            acc = acc[:, idx]
+            ok = np.ones(rows.shape[0], bool)
+            for q in by_end.get(t, []):
+                a = self.elem_iv[q][0]
+                k = rows[:, t] - rows[:, a]
+                ok &= allowed[q][k]
+                if on_path[q]:
+                    with np.errstate(invalid="ignore"):
+                        add = np.where(ok[None], lb_lat[q][:, k] - floor[q][:, None], 0.0)  # (nm, R)
+                    acc[:, :, on_path[q]] += add[:, :, None]
+            ok &= np.all(acc <= tb.budget[:, None, None], axis=(0, 2))
+            rows, acc = rows[ok], acc[:, ok]
+            if rows.shape[0] == 0:
+                break
+        return rows
+
+    def decide(self, F: float, budget: list[int]) -> _Witness | None:
+        """A placement of this labelled shape with maximum flow >= F (any feasible one when F <= 0),
+        or None when none exists. ``budget[0]`` counts down the rows enumerated; TooBig when exhausted."""
+        tb = self.tb
+        nm = tb.nm
+        kept_cuts = [(els, es) for els, es, emax in self.cuts_el if emax < F] if F > 0 else []
+        ne = len(self.elements)
+        nseg = len(self.segments)
+        work: dict[int, np.ndarray] = {}
+        if F > 0:
+            wk = tb.work_ok(self.nodes, F)
+            if wk is None:
+                return None
+            work = dict(zip(self.nodes, wk, strict=True))
+        self._work = work
+        el_lat: list[np.ndarray] = []  # (nm, L+1, W)
+        el_cap: list[np.ndarray] = []  # (L+1, W), clipped at F
+        el_ok: list[np.ndarray] = []  # (L+1, W)
+        seg_backs: list[list[tuple[np.ndarray, int, int]]] = []
+        for q, e in enumerate(self.elements):
+            if q < nseg:
+                front, backs = self._segment_front(e, F)
+                el_lat.append(front)
+                el_cap.append(np.full(front.shape[1:], max(F, 0.0)))
+                el_ok.append(np.all(np.isfinite(front), axis=0))
+                seg_backs.append(backs)
+            else:
+                i = self.nodes[e[0]]
+                ok = tb.useful(i, F)
+                if self.need[q] and F > 0:
+                    ok = ok & (tb.cap[i] >= F)
+                if work:
+                    ok = ok & work[i]
+                el_lat.append(tb.lat[i])
+                el_cap.append(np.minimum(tb.cap[i], F) if F > 0 else tb.cap[i])
+                el_ok.append(ok)
+        allowed = [np.asarray(ok.any(axis=1)) for ok in el_ok]
+        lb_lat = [np.where(el_ok[q][None], el_lat[q], np.inf).min(axis=2) for q in range(ne)]  # (nm, L+1)
+        base = self.plink.T.copy()  # (nm, P)
+        for pi, els in enumerate(self.paths_el):
+            for q in els:
+                fin = lb_lat[q][:, allowed[q]]
+                base[:, pi] += fin.min(axis=1) if fin.size else np.inf
+        if np.any(base > tb.budget[:, None]):
+            return None
+        rowsB = self._rows(allowed, lb_lat, base, budget)
+        if rowsB.shape[0] == 0:
+            return None
+        cand = [q for q in range(nseg, ne) if not (self.need[q] and F > 0)]
+        cand = [q for q in cand if nm == 1 or tb.ordered[self.nodes[self.elements[q][0]]]]
+        free = _free_set(cand, [els for els, _ in kept_cuts], [el_lat[q].shape[2] for q in range(ne)])
+        fixed = [q for q in range(ne) if q not in free]
+        ks = np.stack([rowsB[:, b] - rowsB[:, a] for a, b in self.elem_iv], axis=1)
+        # per element and k: largest (clipped) capacity over its usable options
+        ub_cap = [np.where(el_ok[q], el_cap[q], -np.inf).max(axis=1) for q in range(ne)]  # (L+1,)
+        # level-by-level expansion over the fixed elements, pruned by latency lower bounds on every
+        # path and capacity upper bounds on every kept cut
+        rows = np.arange(rowsB.shape[0])
+        kr = ks
+        cur_lat = np.stack([lb_lat[q][:, ks[:, q]] for q in range(ne)], axis=2)  # (nm, R, ne)
+        cur_cap = np.stack([ub_cap[q][ks[:, q]] for q in range(ne)], axis=1)  # (R, ne)
+        slot = np.zeros((rows.size, ne), np.int64)
+
+        def bounds_ok(lat_: np.ndarray, cap_: np.ndarray) -> np.ndarray:
+            good = np.ones(cap_.shape[0], bool)
+            for pi, els in enumerate(self.paths_el):
+                tot = lat_[:, :, els].sum(axis=2) + self.plink[pi][:, None]
+                good &= np.all(tot <= tb.budget[:, None], axis=0)
+            for els, es in kept_cuts:
+                good &= cap_[:, els].sum(axis=1) + es >= F
+            return good
+
+        keep = bounds_ok(cur_lat, cur_cap)
+        rows, kr, cur_lat, cur_cap, slot = rows[keep], kr[keep], cur_lat[:, keep], cur_cap[keep], slot[keep]
+        widths = {q: int(el_ok[q][np.unique(kr[:, q])].sum(axis=1).max()) if rows.size else 1 for q in fixed}
+        for q in sorted(fixed, key=lambda x: widths[x]):
+            if rows.size == 0:
+                return None
+            okq = el_ok[q]
+            width = max(1, int(okq[kr[:, q]].sum(axis=1).max()))
+            order = np.argsort(~okq, axis=1, kind="stable")[:, :width]
+            comp = np.where(np.take_along_axis(okq, order, axis=1), order, -1)
+            cand = comp[kr[:, q]]  # (R, width)
+            rr, jj = np.nonzero(cand >= 0)
+            budget[0] -= rr.size
+            if budget[0] < 0:
+                raise TooBig(rr.size)
+            sl = cand[rr, jj]
+            rows, kr, slot = rows[rr], kr[rr], slot[rr]
+            cur_lat, cur_cap = cur_lat[:, rr], cur_cap[rr]
+            slot[:, q] = sl
+            cur_lat[:, :, q] = el_lat[q][:, kr[:, q], sl]
+            cur_cap[:, q] = el_cap[q][kr[:, q], sl]
+            keep = bounds_ok(cur_lat, cur_cap)
+            rows, kr, cur_lat, cur_cap, slot = rows[keep], kr[keep], cur_lat[:, keep], cur_cap[keep], slot[keep]
+        R = rows.size
+        if R == 0:
+            return None
+        capv = cur_cap
+        latv = cur_lat
+        ok = np.ones(R, bool)
+        ar = np.arange(R)
+        for q in sorted(free):
+            req = np.zeros(R)
+            for els, es in kept_cuts:
+                if q in els:
+                    others = np.full(R, es)
+                    for x in els:
+                        if x != q:
+                            others += capv[:, x]
+                    req = np.maximum(req, F - others)
+            C = el_cap[q][kr[:, q]]
+            good = el_ok[q][kr[:, q]] & (req[:, None] <= C)
+            j = np.argmax(good, axis=1)
+            ok &= good[ar, j]
+            slot[:, q] = j
+            capv[:, q] = C[ar, j]
+            latv[:, :, q] = el_lat[q][:, kr[:, q], j]
+        for pi, els in enumerate(self.paths_el):
+            tot = latv[:, :, els].sum(axis=2) + self.plink[pi][:, None]
+            ok &= np.all(tot <= tb.budget[:, None], axis=0)
+        for els, es in kept_cuts:
+            ok &= capv[:, els].sum(axis=1) + es >= F
+        hit = np.flatnonzero(ok)
+        if hit.size == 0:
+            return None
+        t = int(hit[self._rank(hit, kr, slot, capv, nseg)])
+        return self._witness(rowsB[rows[t]], kr[t], slot[t], seg_backs, F)
+
+    def _rank(self, hit: np.ndarray, kr: np.ndarray, slot: np.ndarray, capv: np.ndarray, nseg: int) -> int:
+        """The feasible row with the largest flow lower bound: every finite cut of the shape with the
+        unclipped capacities of the chosen options (a segment counts as F)."""
+        tb = self.tb
+        if hit.size == 1:
+            return 0
+        cap = capv[hit].copy()
+        for q in range(nseg, len(self.elements)):
+            node = self.nodes[self.elements[q][0]]
+            cap[:, q] = tb.cap[node][kr[hit, q], slot[hit, q]]
+        low = np.full(hit.size, np.inf)
+        for els, es, _ in self.cuts_el:
+            if math.isfinite(es):
+                low = np.minimum(low, es + cap[:, els].sum(axis=1))
+        return int(np.argmax(low))
+
+    def _witness(
+        self,
+        Bk: np.ndarray,
+        kr: np.ndarray,
+        slot: np.ndarray,
+        seg_backs: list[list[tuple[np.ndarray, int, int]]],
+        F: float,
+    ) -> _Witness:
+        tb = self.tb
+        option: dict[int, int] = {}
+        start: dict[int, int] = {}
+        for q, e in enumerate(self.elements):
+            pos = int(Bk[self.elem_iv[q][0]])
+            if q < len(self.segments):
+                F_slots = [_collapsed(tb, self.nodes[x], F, self._work.get(self.nodes[x]))[1] for x in e]
+                K, idx = int(kr[q]), int(slot[q])
+                parts: list[tuple[int, int]] = []
+                for j in range(len(e) - 1, 0, -1):
+                    arg, A, B = seg_backs[q][j - 1]
+                    flat = int(arg[K, idx])
+                    b = flat % B
+                    rest = flat // B
+                    a, Kp = rest % A, rest // A
+                    parts.append((K - Kp, int(F_slots[j][K - Kp, b])))
+                    K, idx = Kp, a
+                parts.append((K, int(F_slots[0][K, idx])))
+                parts.reverse()
+                for x, (k, b) in zip(e, parts, strict=True):
+                    node = self.nodes[x]
+                    option[node] = int(tb.opt[node][k, b])
+                    start[node] = pos
+                    pos += k
+            else:
+                node = self.nodes[e[0]]
+                option[node] = int(tb.opt[node][int(kr[q]), int(slot[q])])
+                start[node] = pos
+        return _Witness(option, start, tuple(self.pedge[x] for x in self.edges_sk))
+
+
+def _collapsed(tb: _Tables, i: int, F: float, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The options of node i with capacity >= F whose latencies no other such option beats (and that
+    ``extra`` allows), compacted per k: latencies (metrics, L + 1, B), inf where padded, and their
+    slots (L + 1, B), -1 padded."""
+    okm = tb.useful(i, F) & (tb.cap[i] >= F)
+    if extra is not None:
+        okm = okm & extra
+    width = max(1, int(okm.sum(axis=1).max()))
+    order = np.argsort(~okm, axis=1, kind="stable")[:, :width]
+    good = np.take_along_axis(okm, order, axis=1)
+    slots = np.where(good, order, -1)
+    lat = np.where(
+        good[None], np.take_along_axis(tb.lat[i], np.broadcast_to(order, (tb.nm, *order.shape)), axis=2), np.inf
+    )
+    return lat, slots
+
+
+def _free_set(cand: list[int], cuts: list[list[int]], widths: list[int]) -> set[int]:
+    """The candidates to leave free: no kept cut holds two of them; the most option slots saved."""
+    best: tuple[int, ...] = ()
+    best_w = -1.0
+    for size in range(len(cand), 0, -1):
+        for sub in itertools.combinations(cand, size):
+            if all(sum(1 for x in sub if x in c) <= 1 for c in cuts):
+                w = sum(math.log(widths[x] + 1) for x in sub)
+                if w > best_w:
+                    best, best_w = sub, w
+        if best:
+            break
+    return set(best)
+
+
+def _pareto_rows(cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``cand`` (metrics, R, M): the indices (R, A) of its Pareto-minimal finite columns
+    (-1 where padded) and their values (metrics, R, A) (inf where padded)."""
+    nm, R, _ = cand.shape
+    fin = np.all(np.isfinite(cand), axis=0)
+    if nm == 1:
+        arg = np.argmin(cand[0], axis=1)[:, None]
+        val = np.take_along_axis(cand[0], arg, axis=1)[None]
+        return np.where(np.isfinite(val[0]), arg, -1), val
+    # keep the finite columns only (as a compact list per row) before sorting
+    width = max(1, int(fin.sum(axis=1).max()))
+    pick = np.argsort(~fin, axis=1, kind="stable")[:, :width]
+    sub = np.take_along_axis(cand, np.broadcast_to(pick, (nm, R, width)), axis=2)
+    subfin = np.take_along_axis(fin, pick, axis=1)
+    sub = np.where(subfin[None], sub, np.inf)
+    if nm == 2:
+        o1 = np.argsort(sub[1], axis=1, kind="stable")
+        o0 = np.argsort(np.take_along_axis(sub[0], o1, axis=1), axis=1, kind="stable")
+        order = np.take_along_axis(o1, o0, axis=1)
+        l1 = np.take_along_axis(sub[1], order, axis=1)
+        prev = np.minimum.accumulate(np.concatenate([np.full((R, 1), np.inf), l1[:, :-1]], axis=1), axis=1)
+        keep_sorted = (l1 < prev) & np.take_along_axis(subfin, order, axis=1)
+        keep = np.zeros((R, width), bool)
+        np.put_along_axis(keep, order, keep_sorted, axis=1)
+    else:
+        le = np.all(sub[:, :, None, :] <= sub[:, :, :, None], axis=0)
+        lt = np.any(sub[:, :, None, :] < sub[:, :, :, None], axis=0)
+        earlier = np.arange(width)[None, :] < np.arange(width)[:, None]
+        dom = le & (lt | (~lt & earlier[None]))
+        dom &= ~np.eye(width, dtype=bool)[None]
+        keep = subfin & ~dom.any(axis=2)
+    A = max(1, int(keep.sum(axis=1).max()))
+    idx = np.argsort(~keep, axis=1, kind="stable")[:, :A]
+    kept = np.take_along_axis(keep, idx, axis=1)
+    arg = np.where(kept, np.take_along_axis(pick, idx, axis=1), -1)
+    val = np.where(kept[None], np.take_along_axis(sub, np.broadcast_to(idx, (nm, R, A)), axis=2), np.inf)
+    return arg, val
+
+
+# ----------------------------------------------------------------------------------------------------
+# The search over partitions into components
+
+
+class _Classes:
+    """Interchangeable nodes (same kind, menu and links); sub-multisets are count vectors over them."""
+
+    def __init__(self, problem: PlacementProblem) -> None:
+        n = problem.n
+        rep = list(range(n))
+        for j in range(n):
+            for i in range(j):
+                if rep[i] == i and interchangeable(problem, i, j):
+                    rep[j] = i
+                    break
+        self.reps = sorted(set(rep))
+        self.members = [[x for x in range(n) if rep[x] == r] for r in self.reps]
+        self.full = tuple(len(m) for m in self.members)
+
+    def subsets(self) -> list[tuple[int, ...]]:
+        """Every non-empty sub-multiset, by size then lexicographically."""
+        out = [c for c in itertools.product(*(range(f + 1) for f in self.full)) if sum(c) > 0]
+        return sorted(out, key=lambda c: (sum(c), c))
+
+    def labellings(self, sk: Skeleton, counts: tuple[int, ...]) -> np.ndarray:
+        """Problem nodes for the shape's nodes (one row per labelling by the sub-multiset ``counts``),
+        one labelling per orbit of the shape's automorphisms."""
+        classes = tuple(c for c, q in enumerate(counts) for _ in range(q))
+        perms = _multiset_perms(classes)  # (P, s) class labels
+        base = len(counts) + 1
+        weights = base ** np.arange(sk.s - 1, -1, -1, dtype=np.int64)
+        code = perms @ weights
+        canon = code.copy()
+        for a in sk.aut:
+            canon = np.minimum(canon, perms[:, list(a)] @ weights)
+        lab = perms[code == canon]
+        occ = np.zeros_like(lab)
+        for j in range(1, sk.s):
+            occ[:, j] = (lab[:, :j] == lab[:, j : j + 1]).sum(axis=1)
+        width = max(len(m) for m in self.members)
+        table = np.array([m + [-1] * (width - len(m)) for m in self.members], dtype=np.int64)
+        return table[lab, occ]
+
+
+@functools.cache
+def _multiset_perms(classes: tuple[int, ...]) -> np.ndarray:
+    return np.array(sorted(set(itertools.permutations(classes))), dtype=np.int64).reshape(-1, len(classes))
+
+
+def _component_value(tb: _Tables, nodes: Sequence[int], w: _Witness) -> float:
+    """The exact maximum flow of one component placement (on the sub-problem of its nodes)."""
+    p = tb.p
+    idx = list(nodes)
+    pos = {x: q for q, x in enumerate(idx)}
+    sub = _subproblem(p, idx)
+    m = len(idx)
+    edges = [(m if u == p.n else pos[u], m if v == p.n else pos[v]) for u, v in w.edges]
+    ev = evaluate_placement(sub, [w.option[x] for x in idx], [w.start[x] for x in idx], edges)
+    if ev is None:  # pragma: no cover - decide checks every path and range
+        raise AssertionError("a shape witness failed its exact check")
+    return ev[0]
+
+
+def _subproblem(p: PlacementProblem, nodes: Sequence[int]) -> PlacementProblem:
+    idx = [*nodes, p.n]
+    ll = np.asarray(p.link_lat)[:, idx][:, :, idx]
+    lc = np.asarray(p.link_cap)[idx][:, idx]
+    return attrs.evolve(
+        p, kinds=tuple(p.kinds[i] for i in nodes), menus=tuple(p.menus[i] for i in nodes), link_lat=ll, link_cap=lc
+    )
+
+
+def exhaustive_shapes(problem: PlacementProblem, *, budget: int = 50_000_000) -> PlacementResult | None:
+    """Reference version of the search: the best connected placement of every sub-multiset (each raised
+    by repeated decisions from "any feasible"), then the best partition. None when over ``budget``."""
+    tb = _Tables(problem)
+    cl = _Classes(problem)
+    bud = [budget]
+    best: dict[tuple[int, ...], tuple[float, tuple[int, ...], _Witness] | None] = {}
+    try:
+        for counts in cl.subsets():
+            s = sum(counts)
+            cur: tuple[float, tuple[int, ...], _Witness] | None = None
+            for sk in skeletons(s):
+                fam = _Family(_shape(sk), cl.labellings(sk, counts), tb)
+                for row in range(fam.labels.shape[0]):
+                    lab = fam.labelled(row)
+                    nodes = lab.nodes
+                    F = 0.0 if cur is None else cur[0] * (1 + SEARCH_RTOL) + 1e-300
+                    while (w := lab.decide(F, bud)) is not None:
+                        v = _component_value(tb, nodes, w)
+                        if cur is not None and v <= cur[0]:  # pragma: no cover - decide asked for more
+                            raise AssertionError("no progress")
+                        cur = (v, nodes, w)
+                        F = v * (1 + SEARCH_RTOL) + 1e-300
+            best[counts] = cur
+    except TooBig:
+        return None
+    return _assemble(problem, tb, cl, best, "shapes")
+
+
+def _assemble(
+    problem: PlacementProblem,
+    tb: _Tables,
+    cl: _Classes,
+    conn: dict[tuple[int, ...], tuple[float, tuple[int, ...], _Witness] | None],
+    method: str,
+) -> PlacementResult:
+    """The best partition of the full multiset into components with known best placements."""
+    subs = cl.subsets()
+    part: dict[tuple[int, ...], tuple[float, list[tuple[int, ...]]]] = {tuple(0 for _ in cl.full): (0.0, [])}
+    for counts in subs:
+        cand: tuple[float, list[tuple[int, ...]]] | None = None
+        first = next(c for c, q in enumerate(counts) if q)
+        for a in itertools.product(*(range(q + 1) for q in counts)):
+            if a[first] == 0:
+                continue
+            rest = tuple(x - y for x, y in zip(counts, a, strict=True))
+            ca = conn.get(a)
+            if ca is None or rest not in part:
+                continue
+            v = ca[0] + part[rest][0]
+            if cand is None or v > cand[0]:
+                cand = (v, [a, *part[rest][1]])
+        if cand is not None:
+            part[counts] = cand
+    if cl.full not in part:
+        return PlacementResult(0.0, "infeasible", 0.0, method)
+    used = [0] * len(cl.full)
+    option = [0] * problem.n
+    start = [0] * problem.n
+    edges: list[Edge] = []
+    for a in part[cl.full][1]:
+        rec = conn[a]
+        assert rec is not None
+        _, nodes, w = rec
+        remap: dict[int, int] = {problem.n: problem.n}
+        for c in range(len(cl.full)):
+            mine = [x for x in nodes if x in cl.members[c]]
+            for x in sorted(mine):
+                remap[x] = cl.members[c][used[c]]
+                used[c] += 1
+        for x in nodes:
+            option[remap[x]] = w.option[x]
+            start[remap[x]] = w.start[x]
+        edges += [(remap[u], remap[v]) for u, v in w.edges]
+    ev = evaluate_placement(problem, option, start, edges)
+    if ev is None:  # pragma: no cover - components are disjoint and each was checked
+        raise AssertionError("an assembled placement failed its check")
+    return PlacementResult(ev[0], "optimal", ev[0], method, tuple(option), tuple(start), ev[1])
+
+
+def _bound(tb: _Tables, nodes: Sequence[int]) -> float:
+    """A cheap upper bound on the flow of any placement of ``nodes``: no more than their capacities
+    add up to, nor than their layer work (every unit of flow crosses L layers) allows."""
+    caps = [float(tb.maxcap[i]) for i in nodes]
+    total = sum(caps)
+    work = 0.0
+    for i in nodes:
+        C = np.minimum(tb.cap[i], total)
+        k = np.arange(tb.L + 1)[:, None]
+        work += float(np.max(np.where(tb.opt[i] >= 0, k * C, 0.0)))
+    return min(total, work / tb.L)
+
+
+def _best_so_far(
+    problem: PlacementProblem,
+    tb: _Tables,
+    cl: _Classes,
+    low: dict[tuple[int, ...], tuple[float, tuple[int, ...], _Witness] | None],
+    bound: float,
+    incumbent: PlacementResult | None,
+) -> PlacementResult | None:
+    """The better of ``incumbent`` and the best partition of the components placed so far, unproven."""
+    found = _assemble(problem, tb, cl, low, "shapes")
+    best = found if found.status != "infeasible" else None
+    if incumbent is not None and incumbent.option and (best is None or incumbent.value > best.value):
+        best = incumbent
+    if best is None:
+        return None
+    return attrs.evolve(best, status="feasible", bound=max(bound, best.value), method="shapes")
+
+
+def shape_search(
+    problem: PlacementProblem, *, incumbent: PlacementResult | None = None, budget: int = 20_000_000
+) -> PlacementResult | None:
+    """The proven optimum of ``problem`` (n <= 6) by shapes (status ``optimal`` or ``infeasible``).
+
+    When the work budget runs out it returns the best placement known (the incumbent or a partition
+    of the components placed so far) with status ``feasible`` and the partition bound UP(all nodes)
+    below as ``bound``, or None when it knows no placement.
+
+    Each sub-multiset S of the nodes (up to interchangeable nodes) has an upper bound up(S) on its best
+    connected placement, first ``_bound``. UP(X) is the best partition of X by these bounds and V the
+    best placement known (a partition into components already placed, or ``incumbent``). S matters only
+    while up(S) + UP(rest) > V, where rest is the multiset without S; then its connected shapes are
+    decided at the threshold V - UP(rest): each placement found raises the threshold, and when none is
+    left, up(S) drops to the threshold (or to the best placement found, which is then exact). The search
+    ends when no S matters: no partition can beat V. ``budget`` bounds the rows enumerated.
+    """
+    tb = _Tables(problem)
+    cl = _Classes(problem)
+    subs = cl.subsets()
+    zero = tuple(0 for _ in cl.full)
+    rep = {c: tuple(m for cc, q in enumerate(c) for m in cl.members[cc][:q]) for c in subs}
+    up: dict[tuple[int, ...], float] = {c: _bound(tb, rep[c]) for c in subs}
+    low: dict[tuple[int, ...], tuple[float, tuple[int, ...], _Witness] | None] = dict.fromkeys(subs)
+    done: set[tuple[int, ...]] = set()
+    bud = [budget]
+    V = -math.inf
+    best_assembled: PlacementResult | None = None
+    if incumbent is not None and incumbent.option and incumbent.status != "infeasible":
+        V = incumbent.value
+
+    def partitions(val: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], float]:
+        out = {zero: 0.0}
+        for counts in subs:
+            first = next(c for c, q in enumerate(counts) if q)
+            best = -math.inf
+            for a in itertools.product(*(range(q + 1) for q in counts)):
+                if a[first] == 0:
+                    continue
+                rest = tuple(x - y for x, y in zip(counts, a, strict=True))
+                v = val[a] + out[rest]
+                best = max(best, v)
+            out[counts] = best
+        return out
+
+    try:
+        while True:
+            lows = {c: (lc[0] if (lc := low[c]) is not None else -math.inf) for c in subs}
+            lowp = partitions(lows)
+            if lowp[cl.full] > V or (best_assembled is None and lowp[cl.full] > -math.inf and lowp[cl.full] >= V):
+                best_assembled = _assemble(problem, tb, cl, {c: low[c] for c in subs}, "shapes")
+                V = max(V, best_assembled.value)
+            upp = partitions(up)
+            if upp[cl.full] <= V * (1 + SEARCH_RTOL) and -math.inf < V:
+                break
+            if upp[cl.full] == -math.inf:
+                break
+            pending = []
+            for c in subs:
+                if c in done:
+                    continue
+                rest = tuple(f - x for f, x in zip(cl.full, c, strict=True))
+                if upp[rest] == -math.inf:
+                    continue
+                if up[c] + upp[rest] > V * (1 + SEARCH_RTOL) or -math.inf == V:
+                    pending.append(c)
+            if not pending:  # pragma: no cover - the bound test above ends the loop first
+                break
+            c = min(pending, key=lambda x: (sum(x), x))
+            rest = tuple(f - x for f, x in zip(cl.full, c, strict=True))
+            tau = V - upp[rest]
+            cur = low[c]
+            feasible = cur is not None
+            for sk in skeletons(sum(c)):
+                fam = _Family(_shape(sk), cl.labellings(sk, c), tb)
+                F = max(tau, cur[0] if cur is not None else -math.inf)
+                F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
+                for row in fam.candidates(F):
+                    lab = fam.labelled(int(row))
+                    F = max(tau, cur[0] if cur is not None else -math.inf)
+                    F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
+                    while (w := lab.decide(F, bud)) is not None:
+                        v = _component_value(tb, lab.nodes, w)
+                        feasible = True
+                        if cur is None or v > cur[0]:
+                            cur = (v, lab.nodes, w)
+                            low[c] = cur
+                        F = max(F, v) * (1 + SEARCH_RTOL) + 1e-300
+            low[c] = cur
+            done.add(c)
+            if cur is not None and cur[0] > tau:
+                up[c] = cur[0]
+            elif not feasible and tau < 0:
+                up[c] = -math.inf
+            else:
+                up[c] = min(up[c], max(tau, cur[0] if cur is not None else -math.inf))
+    except TooBig:
+        return _best_so_far(problem, tb, cl, low, partitions(up)[cl.full], incumbent)
+    if best_assembled is None:
+        if -math.inf < V and incumbent is not None:
+            return attrs.evolve(incumbent, status="optimal", bound=incumbent.value, method="shapes")
+        return PlacementResult(0.0, "infeasible", 0.0, "shapes")
+    if incumbent is not None and incumbent.option and incumbent.value > best_assembled.value:
+        return attrs.evolve(incumbent, status="optimal", bound=incumbent.value, method="shapes")
+    return best_assembled
