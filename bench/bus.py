@@ -82,7 +82,7 @@ async def reaction(store_path: Path, runs: int, speed: float, warmup_s: float, c
     stop = anyio.Event()
     st = RunState()
     seen: list[tuple[float, object]] = []
-    ctx: dict[str, Any] = {"phase": "warm", "samples": [], "from_quote": [], "solve": []}
+    ctx: dict[str, Any] = {"phase": "warm", "samples": [], "from_quote": [], "solve": [], "virtual": []}
 
     async def listen(bench: BusClient) -> None:
         async for env in bench:  # ends when the mesh closes the client
@@ -128,6 +128,7 @@ async def reaction(store_path: Path, runs: int, speed: float, warmup_s: float, c
             ctx["samples"].append(t_plan - t_up)
             ctx["from_quote"].append(t_plan - ctx["t_quote"])
             ctx["solve"].append(plan.plan.solve_s)
+            ctx["virtual"].append(plan.plan.at - ups[0][1].at)
             q = ctx["restore"]
             ctx["t_quote"] = time.perf_counter()
             mesh.send(PRICE_WATCHER, MarketQuotes(t, "bench", (q,), full=False), source=MARKET_SOURCE)
@@ -169,6 +170,7 @@ async def reaction(store_path: Path, runs: int, speed: float, warmup_s: float, c
         "quote_to_plan_p50_s": round(statistics.median(ctx["from_quote"]), 3),
         "solve_p50_s": round(statistics.median(ctx["solve"]), 3),
         "solve_max_s": round(max(ctx["solve"]), 3),
+        "virtual_gap_p50_s": round(statistics.median(ctx["virtual"]), 3),
         "virtual_s": round(res.end - setup.timing.warmup_s * -1, 1),
         "wall_s": round(time.perf_counter() - t0, 1),
     }

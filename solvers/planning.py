@@ -23,6 +23,7 @@ Pure: the caller reads the template store and passes the templates in.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -62,9 +63,13 @@ def erlang_c(servers: int, load: float) -> float:
     return servers * blocking / (servers - load * (1.0 - blocking))
 
 
-def safe_utilisation(own_s: float, service_s: float, servers: int, target_s: float, attainment: float) -> float:
-    """Largest utilisation u < 1 at which ``own_s`` plus the attainment-quantile M/M/c wait (``servers``
-    servers of mean service ``service_s``) is at most ``target_s``; 0 if even an idle instance misses."""
+@functools.lru_cache(maxsize=1 << 16)
+def safe_utilisation(
+    own_s: float, service_s: float, servers: int, target_s: float, attainment: float, upto: float = 1.0 - 1e-6
+) -> float:
+    """Largest utilisation u <= ``upto`` (< 1) at which ``own_s`` plus the attainment-quantile M/M/c wait
+    (``servers`` servers of mean service ``service_s``) is at most ``target_s``; 0 if even an idle
+    instance misses. (Memoised: the planner asks the same of every template at every plan.)"""
     slack = target_s - own_s
     if slack < 0:
         return 0.0
@@ -74,26 +79,27 @@ def safe_utilisation(own_s: float, service_s: float, servers: int, target_s: flo
         c = erlang_c(servers, u * servers)
         return 0.0 if c <= miss else service_s * math.log(c / miss) / (servers * (1.0 - u))
 
-    lo, hi = 0.0, 1.0 - 1e-6
+    lo, hi = 0.0, min(upto, 1.0 - 1e-6)
     if wait(hi) <= slack:
         return hi
-    for _ in range(50):
+    for _ in range(40):
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if wait(mid) <= slack else (lo, mid)
     return lo
 
 
-def queueing_utilisation(t: Template, d: Deployment) -> float:
-    """``safe_utilisation`` of a template for a deployment (1 for decode templates: they add no TTFT)."""
+def queueing_utilisation(t: Template, d: Deployment, upto: float = 1.0 - 1e-6) -> float:
+    """``safe_utilisation`` (at most ``upto``) of a template for a deployment (``upto`` for decode
+    templates: they add no TTFT)."""
     batch = min(s.batch for s in t.stages)
     if t.mode == "prefill":
         own = t.ttft_s / 2.0
-        return safe_utilisation(own, own / batch, 1, d.slo.ttft_s, d.slo.attainment)
+        return safe_utilisation(own, own / batch, 1, d.slo.ttft_s, d.slo.attainment, upto)
     if t.mode == "aggregated":
         depth = max(len(p) for p in template_chains(t))
         hold = t.ttft_s + d.shape.mean_out * t.tpot_s
-        return safe_utilisation(t.ttft_s, hold, depth * batch, d.slo.ttft_s, d.slo.attainment)
-    return 1.0
+        return safe_utilisation(t.ttft_s, hold, depth * batch, d.slo.ttft_s, d.slo.attainment, upto)
+    return upto
 
 
 def template_chains(t: Template) -> list[list[int]]:
@@ -146,7 +152,8 @@ class Planner:
                 counts = np.zeros(len(nodes), dtype=np.int64)
                 for n, c in t.node_counts.items():
                     counts[gidx[n]] = c
-                scale = min(1.0, queueing_utilisation(t, d) / sc.planner.utilisation)
+                util = sc.planner.utilisation
+                scale = min(1.0, queueing_utilisation(t, d, util) / util)
                 columns.append(
                     AllocTemplate(
                         m,

@@ -52,4 +52,5 @@ def test_templates_are_loaded_by_their_queue() -> None:
     pipe = _template("aggregated", 0.2, 0.04, 4, nodes=2)
     assert template_chains(pipe) == [[0, 1]]
     assert queueing_utilisation(pipe, dep) > queueing_utilisation(small, dep)  # 2 micro-batches in flight
-    assert queueing_utilisation(_template("decode", 0.0, 0.04, 4), dep) == 1.0
+    assert queueing_utilisation(_template("decode", 0.0, 0.04, 4), dep, 0.85) == 0.85  # no TTFT: no bound
+    assert queueing_utilisation(slow_prefill, dep, 0.01) == 0.01  # capped where the queue allows more
