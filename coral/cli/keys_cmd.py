@@ -33,13 +33,16 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dir", type=Path, default=None, help=f"key directory (default: ${ENV_VAR}, else coral-keys in the data dir)"
     )
+    # --dir also after the action (``coral keys init --dir DIR``); SUPPRESS keeps the group's value otherwise
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--dir", type=Path, default=argparse.SUPPRESS, help="key directory (as above)")
     ks = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    ks.add_parser("init", help="create the key directory and the kernel's key pair")
-    a = ks.add_parser("add", help="create and allow a client key pair")
+    ks.add_parser("init", parents=[where], help="create the key directory and the kernel's key pair")
+    a = ks.add_parser("add", parents=[where], help="create and allow a client key pair")
     a.add_argument("name")
-    r = ks.add_parser("revoke", help="stop allowing a client key")
+    r = ks.add_parser("revoke", parents=[where], help="stop allowing a client key")
     r.add_argument("name")
-    ks.add_parser("list", help="list the client keys")
+    ks.add_parser("list", parents=[where], help="list the client keys")
     p.set_defaults(func=run_keys)
 
 

@@ -37,6 +37,10 @@ def test_keys_cli_manages_the_directory(tmp_path: Path, capsys: pytest.CaptureFi
     assert "no allowed client 'nobody'" in capsys.readouterr().err
     assert main(["keys", "--dir", str(tmp_path / "none"), "add", "x"]) == 2
     assert "coral keys init" in capsys.readouterr().err
+    e = tmp_path / "after"  # --dir after the action works as well
+    assert main(["keys", "init", "--dir", str(e)]) == 0 and (e / "server.key_secret").exists()
+    assert main(["keys", "add", "w", "--dir", str(e)]) == 0 and (e / "clients" / "w.key_secret").exists()
+    assert not (d / "clients" / "w.key_secret").exists()
 
 
 def test_loopback_detection() -> None:
