@@ -57,7 +57,9 @@ class MeshTiming:
 
     Overload: an instance is given at most ``weight × instance_queue_s`` requests at once (what it serves
     in that time); the rest wait in the router, at most ``max_queue`` per deployment: beyond that the
-    newest fail at once as ``queue_full`` (shed, not queued without bound).
+    newest fail at once as ``queue_full`` (shed, not queued without bound). The defaults (10 s of work
+    per instance, 500 waiting per deployment) recovered the SLO 80 s after a minute at 10x the capacity,
+    where 120 s and 10,000 had not recovered it 180 s after (``bench/overload.py``).
 
     ``tick_s`` must be a multiple of 1/1024 so that tick times add up exactly in floating point.
     """
@@ -72,8 +74,8 @@ class MeshTiming:
     drain_s: float = 60.0
     queue_timeout_s: float = 60.0
     max_attempts: int = 4
-    max_queue: int = 10_000
-    instance_queue_s: float = 120.0
+    max_queue: int = 500
+    instance_queue_s: float = 10.0
 
     def check(self) -> MeshTiming:
         """Return self if valid; raise SetupError naming the field otherwise."""
