@@ -77,7 +77,7 @@ async def reaction(store_path: Path, runs: int, speed: float, warmup_s: float, c
     perf = PerfModel(cat)
     sc = load_scenario("core", cat)
     with TemplateStore(store_path, readonly=True) as store:
-        library = library_for(store, sc)
+        library = library_for(store, sc, perf.version)
     setup = make_setup(sc, cat, perf, library, RunOptions(seed=1, columns=columns))
     stop = anyio.Event()
     st = RunState()

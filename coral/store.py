@@ -114,6 +114,7 @@ def template_from_json(d: Mapping[str, Any]) -> Template:
         solve_s=float(d["solve_s"]),
         vllm_ok=bool(d.get("vllm_ok", False)),
         vllm_reason=str(d.get("vllm_reason", "")),
+        formulation=str(d.get("formulation", "")),
     )
 
 

@@ -54,7 +54,8 @@ class Template:
     templates, their token rates; for ``aggregated`` ones, the prompt-only and decode-only rates P and D,
     so that it serves 1 / (in / P + out / D) req/s at a shape (in, out), and exactly its solved flow at the
     reference shape. ``ttft_s``/``tpot_s`` are the worst estimates over the paths that carry flow.
-    ``status`` is ``optimal`` only when proven.
+    ``status`` is ``optimal`` only when proven. ``formulation`` names the placement model that made it
+    (``solvers.library.formulation_of``); a template of an older formulation is stale and not used.
     """
 
     id: str
@@ -78,6 +79,7 @@ class Template:
     solve_s: float
     vllm_ok: bool = False
     vllm_reason: str = ""
+    formulation: str = ""
 
     @property
     def node_counts(self) -> dict[str, int]:
@@ -129,6 +131,7 @@ class Template:
             "solve_s": self.solve_s,
             "vllm_ok": self.vllm_ok,
             "vllm_reason": self.vllm_reason,
+            "formulation": self.formulation,
         }
 
 

@@ -26,8 +26,8 @@ from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import layer_work_bound
-from solvers.fastplace import place
-from solvers.options import build_problem
+from solvers.fastplace import PLACER, SMALL_NODES, place
+from solvers.options import FORMULATION, build_problem
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
 
 FLOW_EPS = 1e-9
@@ -43,6 +43,17 @@ def vllm_compatibility(stages: Sequence[Stage], routes: Sequence[Route]) -> tupl
     if len(firsts) > 1 or len(inner) != len(stages) - 1:
         return False, "the routes branch (data parallelism inside the replica); vLLM runs only a single chain"
     return True, ""
+
+
+def formulation_of(num_nodes: int) -> str:
+    """The placement model that makes templates of ``num_nodes`` nodes now (the menus' formulation, and
+    from 4 nodes up the placer's version); a stored template with another one is stale."""
+    return FORMULATION if num_nodes <= SMALL_NODES else f"{FORMULATION}+{PLACER}"
+
+
+def is_current(t: Template, perf_version: str | None = None) -> bool:
+    """Whether a stored template was made by the current formulation (and perf model, when given)."""
+    return t.formulation == formulation_of(len(t.nodes)) and (perf_version is None or t.perf_version == perf_version)
 
 
 def template_from_result(
@@ -115,6 +126,7 @@ def template_from_result(
         solve_s=result.solve_s,
         vllm_ok=ok,
         vllm_reason=reason,
+        formulation=formulation_of(n),
     )
 
 

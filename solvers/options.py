@@ -46,7 +46,7 @@ from coral.workload import MODES, Slo, WorkloadShape
 from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-5"
+FORMULATION = "options-6"
 """Bumped whenever menus or metrics change meaning; part of every template's content key."""
 
 

@@ -12,6 +12,7 @@ from coral.plan import Plan, PlanRequest
 from coral.scenario import Scenario
 from coral.store import TemplateStore
 from coral.templates import Template
+from solvers.library import is_current
 from solvers.planning import POLICIES, Planner, policy_admits, request_at
 
 __all__ = ["POLICIES", "PlanFn", "check_coverage", "deployment_templates", "make_planner", "request_at"]
@@ -20,9 +21,15 @@ PlanFn = Callable[[PlanRequest], Plan]
 
 
 def deployment_templates(
-    store: TemplateStore, sc: Scenario, policy: str, *, exclude_vllm_incompatible: bool = False
+    store: TemplateStore,
+    sc: Scenario,
+    policy: str,
+    *,
+    exclude_vllm_incompatible: bool = False,
+    perf_version: str | None = None,
 ) -> dict[str, list[Template]]:
-    """Templates usable by each deployment under a policy (matching model, SLO, shape and node types)."""
+    """Templates usable by each deployment under a policy (matching model, SLO, shape and node types, made
+    by the current formulation and, when given, perf model: stale ones from an older build are left out)."""
     if policy not in POLICIES:
         raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     allowed = set(sc.node_types)
@@ -35,6 +42,7 @@ def deployment_templates(
             and set(t.nodes) <= allowed
             and policy_admits(policy, t)
             and (t.vllm_ok or not exclude_vllm_incompatible)
+            and is_current(t, perf_version)
         ]
         out[d.name] = tpls
     return out
@@ -59,7 +67,7 @@ def make_planner(
     policy: str, sc: Scenario, cat: Catalog, perf: PerfModel, store: TemplateStore, *, deadline_s: float | None = None
 ) -> tuple[PlanFn, dict[str, Template]]:
     """A plan function for ``policy`` and the templates it may use, keyed by id."""
-    tpls = deployment_templates(store, sc, policy)
+    tpls = deployment_templates(store, sc, policy, perf_version=perf.version)
     check_coverage(sc, tpls, policy, str(store.path))
     planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s)
     counter = itertools.count(1)

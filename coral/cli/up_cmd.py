@@ -252,7 +252,7 @@ def run_up(args: argparse.Namespace) -> int:
             from coral.cli.plan_cmd import ensure_templates
 
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
-        library = library_for(store, sc)
+        library = library_for(store, sc, perf.version)
     cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
     options = RunOptions(
         seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
