@@ -6,7 +6,9 @@ takes the router's work (``Dispatch``), polls the engine at every tick and sends
 router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
 engine is empty; a release stops the engine and ends the worker (through ``on_exit``, so that the mesh
 stops it between ticks rather than while it synchronises). ``KillNode`` (the simulated cloud's
-fault) ends it at once, without a word: its node is dead.
+fault) ends it at once, without a word: its node is dead (a real engine's server is killed with it). An
+engine that breaks by itself (``engine.fault``: a real server died) is reported to the supervisor as
+``EngineFault`` and ends the worker; the supervisor loses the node at once.
 
 Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
 handoff (prefill head -> router -> decode head, one tick per hop) is admitted at its exact time.
@@ -22,6 +24,7 @@ from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SUPERVISOR
 from coral.messages.fleet import (
     DrainOrder,
+    EngineFault,
     InstanceDrained,
     KillNode,
     LoadStage,
@@ -90,6 +93,9 @@ class StageWorker(TickActor):
             return
         if isinstance(msg, KillNode):
             self.state = "dead"
+            kill = getattr(self.engine, "kill", None)
+            if kill is not None:
+                kill()
         elif isinstance(msg, LoadStage):
             tpl = self.templates[msg.template_id]
             self.instance = msg.instance
@@ -125,8 +131,14 @@ class StageWorker(TickActor):
                     self.ctx.bus.stop_receiving()  # the actor ends once its inbox is drained
             return
         self.ticks += 1
-        if self.state == "loading" and self.ready_at is not None and now >= self.ready_at:
+        if self.state == "loading" and self.engine.loaded(self.engine_now(now)):
             self.state = "loaded"
+        fault = self.engine.fault
+        if fault and self.state not in ("idle", "dead", "released"):
+            self.state = "dead"
+            await self.ctx.send(self.supervisor, EngineFault(self.node_id, self.instance, now, fault))
+            self.engine.stop(self.engine_now(now))
+            return
         if self.state in ("loaded", "serving", "draining") and not self.loaded_sent:
             self.loaded_sent = True
             endpoint = getattr(self.engine, "endpoint", "")

@@ -11,7 +11,7 @@ Published by the supervisor:
 
 Between the supervisor and a node's stage worker (directed): ``LoadStage``, ``ServeInstance``,
 ``DrainOrder``, ``ReleaseNode`` (supervisor -> worker); ``StageLoaded``, ``InstanceDrained``,
-``WorkerHeartbeat`` (worker -> supervisor). ``KillNode`` is the simulated cloud's physical fault (the
+``WorkerHeartbeat``, ``EngineFault`` (worker -> supervisor). ``KillNode`` is the simulated cloud's physical fault (the
 node's process dies), not a supervisor decision. ``fleet.fault`` (``FaultInjected``) is an external
 input: a fault injection (the scenario's events, or a test).
 """
@@ -109,7 +109,8 @@ class FleetAction:
 @message("fleet.node_lost")
 @attrs.frozen
 class NodeLost:
-    """A node found dead: ``cause`` is ``heartbeat`` (silent past the timeout) or ``preempted``."""
+    """A node found dead: ``cause`` is ``heartbeat`` (silent past the timeout), ``preempted``, or
+    ``engine: REASON`` (its worker reported an engine fault)."""
 
     at: float
     node_id: str
@@ -165,6 +166,17 @@ class StageLoaded:
     instance: str
     at: float
     endpoint: str = ""
+
+
+@message("fleet.engine_fault")
+@attrs.frozen
+class EngineFault:
+    """Worker -> supervisor: the node's engine broke (a real server died); the node is lost."""
+
+    node_id: str
+    instance: str
+    at: float
+    reason: str
 
 
 @message("fleet.serve")

@@ -1,0 +1,58 @@
+"""Run vLLM's OpenAI-compatible server (``python -m coral.vllm.serve ARGS``: the same arguments).
+
+This is ``python -m vllm.entrypoints.openai.api_server`` with a fix for a known vLLM bug applied first,
+in this process and in every process vLLM starts from it (a spawned process imports this module again
+as ``__mp_main__``; a forked one inherits the fix):
+
+- vLLM 0.32.0 on CPU with ``enforce_eager`` and pipeline parallelism: the workers of the later pipeline
+  stages never allocate their receive buffer (the CPU warm-up that would is skipped in eager mode), and
+  the first request fails with ``assert self.intermediate_tensors is not None``. The fix allocates the
+  buffer where it is first needed, exactly as vLLM's own dummy run would.
+
+The fix applies only to the vLLM version that has the bug; any other version runs unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BUGGY_VERSIONS = ("0.32.0",)
+
+
+def _fix_cpu_pp_eager() -> bool:
+    try:
+        import vllm
+        from vllm.v1.worker import cpu_model_runner
+    except Exception:  # not the CPU build, or no vLLM: nothing to fix
+        return False
+    if getattr(vllm, "__version__", "") not in BUGGY_VERSIONS:
+        return False
+    runner = cpu_model_runner.CPUModelRunner
+    original = runner.sync_and_gather_intermediate_tensors
+    if getattr(original, "_coral_fix", False):
+        return True
+
+    def sync_and_gather_intermediate_tensors(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "intermediate_tensors", None) is None:
+            self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
+                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device
+            )
+        return original(self, *args, **kwargs)
+
+    sync_and_gather_intermediate_tensors._coral_fix = True  # type: ignore[attr-defined]
+    runner.sync_and_gather_intermediate_tensors = sync_and_gather_intermediate_tensors  # type: ignore[method-assign]
+    return True
+
+
+FIXED = _fix_cpu_pp_eager()
+
+
+def main() -> None:
+    """Run the server with this process's arguments."""
+    import runpy
+
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
