@@ -12,8 +12,8 @@ Each tick it spawns a stage worker on every node the cloud reports ready and tel
 load; marks an instance serving once all its stages are loaded (and tells its head worker to serve);
 releases drained instances; and watches heartbeats: a node silent for ``heartbeat_timeout_s`` is lost,
 and with it its instance (the other nodes are released). A preempted node (the cloud gives notice), or one
-whose worker reports an engine fault (a real server died), is lost at once. It publishes ``FleetUpdate`` when anything changed, a ``FleetAction`` per decision and
-``NodeLost`` per lost node.
+whose worker reports an engine fault (a real server died), is lost at once. It publishes ``FleetUpdate``
+when anything changed, a ``FleetAction`` per decision and ``NodeLost`` per lost node.
 
 Fault injections (``fleet.fault``) go to its cloud, which kills nodes by telling their workers to die:
 that is the simulated world acting, so the supervisor learns of a silent loss only from the missing

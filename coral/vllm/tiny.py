@@ -27,11 +27,68 @@ HEADS = 4
 HEAD_DIM = 32
 MAX_POSITIONS = 2048
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
-_WORDS = (
-    "the a an of to in and or but on at by for with from over under model token layer cache batch prompt "
-    "decode prefill node cloud price region stage worker plan route fleet serve queue time fast slow small "
-    "large red green blue one two three four five six seven eight nine ten alpha beta gamma delta"
-).split()
+_WORDS = tuple(
+    [
+        "the",
+        "a",
+        "an",
+        "of",
+        "to",
+        "in",
+        "and",
+        "or",
+        "but",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "from",
+        "over",
+        "under",
+        "model",
+        "token",
+        "layer",
+        "cache",
+        "batch",
+        "prompt",
+        "decode",
+        "prefill",
+        "node",
+        "cloud",
+        "price",
+        "region",
+        "stage",
+        "worker",
+        "plan",
+        "route",
+        "fleet",
+        "serve",
+        "queue",
+        "time",
+        "fast",
+        "slow",
+        "small",
+        "large",
+        "red",
+        "green",
+        "blue",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+    ]
+)
 
 
 class TinyModelError(CoralError):
