@@ -77,13 +77,18 @@ class RunOptions:
     columns: str = "all"
 
 
-def library_for(store: TemplateStore, scenario: Scenario) -> dict[str, list[Template]]:
-    """Per deployment, every stored template of its model and shape on the scenario's node types (any SLO)."""
+def library_for(store: TemplateStore, scenario: Scenario, *, vllm_only: bool = False) -> dict[str, list[Template]]:
+    """Per deployment, every stored template of its model and shape on the scenario's node types (any SLO);
+    ``vllm_only``: only those vLLM can run as they are."""
     allowed = set(scenario.node_types)
     out: dict[str, list[Template]] = {}
     for d in scenario.deployments:
         out[d.name] = sorted(
-            (t for t in store.query(model=d.model) if t.shape == d.shape and set(t.nodes) <= allowed),
+            (
+                t
+                for t in store.query(model=d.model)
+                if t.shape == d.shape and set(t.nodes) <= allowed and (t.vllm_ok or not vllm_only)
+            ),
             key=lambda t: t.id,
         )
     return out
@@ -515,9 +520,12 @@ async def run_mesh(
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     fsync: Fsync = Fsync.BATCH,
     shutdown_timeout: float = 5.0,
+    engine_factory: Callable[[str], Engine] | None = None,
 ) -> RunResult:
-    """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set."""
-    cm = CoralMesh(setup, scenario, catalog, perf, efforts=efforts)
+    """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
+
+    ``engine_factory`` makes each node's engine (default: the simulated engine)."""
+    cm = CoralMesh(setup, scenario, catalog, perf, efforts=efforts, engine_factory=engine_factory)
     st = state if state is not None else RunState()
     t0 = time.perf_counter()
     st.now = cm.start_time

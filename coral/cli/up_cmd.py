@@ -28,15 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from coral.cli.common import catalog_from, perf_from
+from coral.cli.common import catalog_files, catalog_from, perf_from
 from coral.errors import CoralError
 from coral.kernel import Endpoints, Mesh
-from coral.messages.mesh import CloudSetup, Host
+from coral.messages.mesh import CloudSetup, Host, MeshTiming
 from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
 
@@ -72,6 +73,44 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         help="run on these machines instead of the simulated cloud: TOML with [[host]] name, region, node",
     )
     p.add_argument("--policy", default="coral", choices=("coral", "homo", "pd-homo"))
+    p.add_argument(
+        "--backend",
+        default="sim",
+        choices=("sim", "vllm"),
+        help="stage-worker engine: the simulator's timing model, or real vLLM servers on this machine "
+        "(real time; only templates vLLM can run as they are)",
+    )
+    p.add_argument(
+        "--vllm-only", action="store_true", help="plan only with templates vLLM can run as they are (implied by vllm)"
+    )
+    p.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        metavar="MODEL=DIR",
+        help="weights of a catalog model for --backend vllm (default: the catalog's Hugging Face id; the tiny "
+        "model is built locally)",
+    )
+    p.add_argument("--vllm-device", default="auto", choices=("auto", "cpu", "gpu"), help="(default: the vLLM build's)")
+    p.add_argument(
+        "--vllm-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="vLLM server logs, caches, KV-transfer files and built models (default: ./.coral-vllm)",
+    )
+    p.add_argument(
+        "--warmup",
+        default=None,
+        metavar="DURATION",
+        help="time before the scenario starts in which the first fleet loads (default: 10s; 90s with --backend vllm)",
+    )
+    p.add_argument(
+        "--drain",
+        default=None,
+        metavar="DURATION",
+        help="time after the scenario ends for requests in flight (default: 60s; 15s with --backend vllm)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and faults (default: 0)")
     p.add_argument(
         "--no-deadline",
@@ -179,6 +218,13 @@ def run_up(args: argparse.Namespace) -> int:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
     if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
         raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+    vllm = args.backend == "vllm"
+    if vllm:
+        if args.speed != str(DEFAULT_SPEED) and speed != 1.0:
+            raise CoralError(f"--speed: the vllm backend runs in real time (1), got {args.speed!r}")
+        speed = 1.0
+    warmup = parse_duration(args.warmup, "--warmup") if args.warmup is not None else (90.0 if vllm else None)
+    drain = parse_duration(args.drain, "--drain") if args.drain is not None else (15.0 if vllm else None)
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
@@ -188,28 +234,51 @@ def run_up(args: argparse.Namespace) -> int:
             from coral.cli.plan_cmd import ensure_templates
 
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
-        library = library_for(store, sc)
+        library = library_for(store, sc, vllm_only=vllm or args.vllm_only)
     cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
+    timing = MeshTiming()
+    if warmup is not None:
+        timing = attrs.evolve(timing, warmup_s=float(math.ceil(warmup)))
+    if drain is not None:
+        timing = attrs.evolve(timing, drain_s=drain)
     options = RunOptions(
-        seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
+        seed=args.seed,
+        policy=args.policy,
+        deterministic=args.no_deadline,
+        columns=args.columns,
+        cloud=cloud,
+        timing=timing,
     )
-    setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
+    setup = make_setup(sc, cat, perf, library, options, catalog_files=catalog_files(args), profile_files=args.profiles)
+    fleet = _vllm_fleet(args, sc, cat) if vllm else None
     console = Console(stderr=args.json, quiet=args.tui)
-    summary = anyio.run(
-        _run,
-        setup,
-        sc,
-        cat,
-        perf,
-        args.record,
-        endpoints,
-        speed,
-        wall_limit,
-        console,
-        not (args.no_status or args.json or args.tui),
-        path if args.tui else None,
-        backend="asyncio",
-    )
+    try:
+        summary = anyio.run(
+            _run,
+            setup,
+            sc,
+            cat,
+            perf,
+            args.record,
+            endpoints,
+            speed,
+            wall_limit,
+            console,
+            not (args.no_status or args.json or args.tui),
+            path if args.tui else None,
+            fleet,
+            backend="asyncio",
+        )
+    finally:
+        if fleet is not None:
+            fleet.close()
+    if fleet is not None:
+        summary["backend"] = {
+            "name": "vllm",
+            "device": fleet.backend.device,
+            "servers_started": fleet.servers_started(),
+            "faults": fleet.faults(),
+        }
     console.quiet = False
     if args.json:
         json.dump(summary, sys.stdout, indent=2, default=str)
@@ -233,6 +302,7 @@ async def run_up_async(
     live: bool,
     on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
     tui_store: Path | None = None,
+    engine_factory: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
@@ -297,6 +367,7 @@ async def run_up_async(
             gateway=True,
             state=state,
             on_start=started,
+            engine_factory=engine_factory,
         )
         tg.cancel_scope.cancel()
     return summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
@@ -314,6 +385,7 @@ async def _run(
     console: Console,
     live: bool,
     tui_store: Path | None,
+    engine_factory: Callable[[str], Any] | None,
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -327,7 +399,28 @@ async def _run(
         console=console,
         live=live,
         tui_store=tui_store,
+        engine_factory=engine_factory,
     )
+
+
+def _vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any) -> Any:
+    """The engine factory of ``--backend vllm``: real vLLM servers on this machine."""
+    from coral.engines.vllm import VllmBackend
+    from coral.vllm.fleet import VllmFleet, detect_device, parse_weights, resolve_weights
+
+    device = detect_device(args.vllm_device)
+    work = (args.vllm_dir or Path.cwd() / ".coral-vllm").resolve()
+    weights = resolve_weights([d.model for d in sc.deployments], cat, parse_weights(args.weights, cat), work)
+    max_len = min((cat.models[d.model].max_context or 4096) for d in sc.deployments)
+    backend = VllmBackend(
+        models=weights,
+        device=device,
+        enforce_eager=device == "cpu",  # compiled CPU start-up takes minutes; eager output is the same
+        max_model_len=min(max_len, 4096) if device == "cpu" else None,
+        work_dir=str(work),
+        seed=args.seed,
+    )
+    return VllmFleet(backend)
 
 
 def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journal: Path | None) -> dict[str, Any]:

@@ -48,10 +48,16 @@ FIXED = _fix_cpu_pp_eager()
 
 
 def main() -> None:
-    """Run the server with this process's arguments."""
-    import runpy
+    """Run the server with this process's arguments (this module stays ``__main__``, so that the processes
+    vLLM spawns import it, and its fix, again)."""
+    try:
+        from vllm.entrypoints.launchers.api_server.entry import main as serve
+    except ImportError:  # another vLLM layout: its documented module entry point
+        import runpy
 
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+        runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__")
+        return
+    serve()
 
 
 if __name__ == "__main__":
