@@ -103,13 +103,25 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         "--warmup",
         default=None,
         metavar="DURATION",
-        help="time before the scenario starts in which the first fleet loads (default: 10s; 90s with --backend vllm)",
+        help="time before the scenario starts in which the first fleet loads (default: 10s)",
     )
     p.add_argument(
         "--drain",
         default=None,
         metavar="DURATION",
-        help="time after the scenario ends for requests in flight (default: 60s; 15s with --backend vllm)",
+        help="time after the scenario ends for requests in flight (default: 60s)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        default=None,
+        metavar="DURATION",
+        help="how long a request waits for a serving instance (default: 60s; 180s with --backend vllm, whose "
+        "servers take a minute or more to start)",
+    )
+    p.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="end as soon as the scenario's traffic is over and no request is open, instead of after --drain",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and faults (default: 0)")
     p.add_argument(
@@ -223,8 +235,11 @@ def run_up(args: argparse.Namespace) -> int:
         if args.speed != str(DEFAULT_SPEED) and speed != 1.0:
             raise CoralError(f"--speed: the vllm backend runs in real time (1), got {args.speed!r}")
         speed = 1.0
-    warmup = parse_duration(args.warmup, "--warmup") if args.warmup is not None else (90.0 if vllm else None)
-    drain = parse_duration(args.drain, "--drain") if args.drain is not None else (15.0 if vllm else None)
+    warmup = parse_duration(args.warmup, "--warmup") if args.warmup is not None else None
+    drain = parse_duration(args.drain, "--drain") if args.drain is not None else None
+    queue = parse_duration(args.queue_timeout, "--queue-timeout") if args.queue_timeout is not None else None
+    if queue is None and vllm:
+        queue = 180.0
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
@@ -236,11 +251,15 @@ def run_up(args: argparse.Namespace) -> int:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         library = library_for(store, sc, vllm_only=vllm or args.vllm_only)
     cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
+    if vllm and args.hosts is None:
+        cloud = attrs.evolve(cloud, provision_s=0.0)  # the nodes are this machine: nothing to provision
     timing = MeshTiming()
     if warmup is not None:
         timing = attrs.evolve(timing, warmup_s=float(math.ceil(warmup)))
     if drain is not None:
         timing = attrs.evolve(timing, drain_s=drain)
+    if queue is not None:
+        timing = attrs.evolve(timing, queue_timeout_s=queue)
     options = RunOptions(
         seed=args.seed,
         policy=args.policy,
@@ -267,6 +286,7 @@ def run_up(args: argparse.Namespace) -> int:
             not (args.no_status or args.json or args.tui),
             path if args.tui else None,
             fleet,
+            args.until_idle,
             backend="asyncio",
         )
     finally:
@@ -303,6 +323,7 @@ async def run_up_async(
     on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
     tui_store: Path | None = None,
     engine_factory: Callable[[str], Any] | None = None,
+    until_idle: bool = False,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
@@ -350,9 +371,23 @@ async def run_up_async(
                     view.update(render_status(setup, state, time.monotonic() - t0, speed, info["endpoints"]))
                     await anyio.sleep(0.25)
 
+        async def idle() -> None:
+            while True:
+                await anyio.sleep(0.5)
+                st = state.stats
+                if (
+                    st is not None
+                    and st.at >= setup.duration_s
+                    and all(d.in_flight + d.queued == 0 for d in st.deployments)
+                ):
+                    stop.set()
+                    return
+
         tg.start_soon(signals)
         if wall_limit is not None:
             tg.start_soon(limit)
+        if until_idle:
+            tg.start_soon(idle)
         if live:
             tg.start_soon(show)
         result = await run_mesh(
@@ -386,6 +421,7 @@ async def _run(
     live: bool,
     tui_store: Path | None,
     engine_factory: Callable[[str], Any] | None,
+    until_idle: bool,
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -400,6 +436,7 @@ async def _run(
         live=live,
         tui_store=tui_store,
         engine_factory=engine_factory,
+        until_idle=until_idle,
     )
 
 

@@ -358,6 +358,10 @@ class VllmEngine:
                 pass
         return dict(self._scraped)
 
+    def scrape_now(self) -> None:
+        """Make the next ``server_metrics`` scrape the server whatever the interval."""
+        self._scraped_at = -math.inf
+
     def drain(self, now: float) -> list[Outcome]:
         """Take no new work: hand back what was not sent; the requests in flight run to completion."""
         self._draining = True
