@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
@@ -48,6 +49,7 @@ from coral.vllm import client
 from coral.vllm.launch import DEVICES, KvTransfer, LaunchOptions, LaunchPlan, launch_plan
 
 LOG_TAIL_LINES = 12
+log = logging.getLogger("coral.vllm")
 
 
 @attrs.frozen
@@ -252,8 +254,16 @@ class VllmEngine:
         env = {**b.env, **launch.env, "HF_HUB_OFFLINE": b.env.get("HF_HUB_OFFLINE", "1")}
         if b.device == "cpu":
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        log = work / "logs" / f"{stage.instance}-{self.node_id or 'node'}-{os.getpid()}-{port}.log"
-        self.server = _Server(launch.argv, env, log, str(work))
+        logf = work / "logs" / f"{stage.instance}-{self.node_id or 'node'}-{os.getpid()}-{port}.log"
+        self.server = _Server(launch.argv, env, logf, str(work))
+        log.info(
+            "%s: started vLLM server pid %d for %s (%s), log %s",
+            self.node_id,
+            self.server.pid,
+            stage.instance,
+            tpl.id,
+            logf,
+        )
         self._owner = True
         self._started_wall = time.monotonic()
         if launch.serves_http:
@@ -272,6 +282,7 @@ class VllmEngine:
             return False
         if not self.endpoint or client.healthy(self.endpoint):
             self._ready = True
+            log.info("%s: server ready at %s", self.node_id, self.endpoint)
         elif time.monotonic() - self._started_wall > self.backend.startup_timeout_s:
             self._set_fault(f"no /health answer within {self.backend.startup_timeout_s:g} s")
         return self._ready
@@ -378,6 +389,7 @@ class VllmEngine:
         """Stop the server (SIGTERM, then SIGKILL); return how many requests were abandoned."""
         self._stopped = True
         n = len(self._flights) + len(self._pending)
+        log.info("%s: stop (%d requests abandoned)", self.node_id, n)
         self._flights.clear()
         self._pending = []
         if self.server is not None and not self.server.stopping:
@@ -388,6 +400,7 @@ class VllmEngine:
 
     def kill(self) -> None:
         """The node dies (a fault injection): the server goes at once, without a drain."""
+        log.info("%s: node killed", self.node_id)
         self._stopped = True
         if self.server is not None and not self.server.stopping:
             self.server.stop(0.0)
@@ -449,6 +462,7 @@ class VllmEngine:
         srv = self.server
         tail = srv.tail() if srv is not None else ""
         self.fault = reason + (f"; log {srv.log_path} ends:\n{tail}" if srv is not None else "")
+        log.warning("%s: engine fault: %s", self.node_id, reason)
         if srv is not None and not srv.stopping:
             srv.stop(min(self.backend.stop_timeout_s, 5.0))
 

@@ -8,6 +8,7 @@ release its nodes at the end of a run).
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -79,6 +80,16 @@ class VllmFleet:
     def __init__(self, backend: VllmBackend) -> None:
         self.backend = backend.check()
         self.engines: dict[str, VllmEngine] = {}
+        if backend.work_dir:  # the engines' events (starts, faults, stops) in WORK_DIR/coral-vllm.log
+            Path(backend.work_dir).mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(Path(backend.work_dir) / "coral-vllm.log")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            lg = logging.getLogger("coral.vllm")
+            lg.addHandler(handler)
+            lg.setLevel(logging.INFO)
+            self._handler: logging.Handler | None = handler
+        else:
+            self._handler = None
 
     def __call__(self, node_id: str) -> VllmEngine:
         e = VllmEngine(self.backend, node_id)
@@ -91,6 +102,10 @@ class VllmFleet:
         for e in self.engines.values():
             if e.server is not None and not e.server.stopping:
                 n += e.stop(0.0)
+        if self._handler is not None:
+            logging.getLogger("coral.vllm").removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
         return n
 
     def servers_started(self) -> int:

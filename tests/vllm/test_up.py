@@ -1,9 +1,10 @@
 """``coral up --backend vllm`` as a user runs it (a subprocess): real vLLM servers serve the tiny-cpu trace.
 
-One run covers start, service, a crash and a clean end: once the first server is busy the test kills it
-(SIGKILL to its process group); the worker reports the engine fault, the supervisor loses the node, the
-router retries what it held, the allocator's new plan starts a replacement, and every request of the
-trace completes. Two servers start in it (about two minutes on a 2-core machine).
+One run covers start, service, a crash and a clean end: the plan holds two instances; once a server is
+busy the test kills it (SIGKILL to its process group); the worker reports the engine fault, the supervisor
+loses the node, the router retries what it held on the other instance, and every request of the trace
+completes; the run ends when nothing is open (``--until-idle``) and stops every server, the replacement
+that the new plan started included. About two minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
     assert killed is not None, "no server was ever busy: " + err[-2000:]
     summary = json.loads(out)
     tiny = summary["deployments"]["tiny"]
-    assert tiny["arrivals"] == 49
-    assert tiny["completed"] == 49, tiny
+    assert tiny["arrivals"] >= 60  # drawn from the trace's rate (about 90 over its 150 s)
+    assert tiny["completed"] == tiny["arrivals"], tiny
     assert tiny["failed"] == 0 and tiny["open"] == 0
     assert tiny["retries"] >= 1  # the killed server held requests; they ran again elsewhere
     backend = summary["backend"]
