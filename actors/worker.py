@@ -1,7 +1,8 @@
 """The stage worker: one per node of an instance; it owns the node's engine.
 
 The supervisor tells it which stage to load (``LoadStage``); it reports ``StageLoaded`` at the first tick
-the engine is ready, heartbeats every ``heartbeat_s`` and, on the instance's head node, runs the engine:
+the engine is ready, heartbeats every ``heartbeat_s`` (with a real engine, it also publishes its server's metrics as
+``EngineStats``) and, on the instance's head node, runs the engine:
 takes the router's work (``Dispatch``), polls the engine at every tick and sends the outcomes to the
 router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
 engine is empty; a release stops the engine and ends the worker (through ``on_exit``, so that the mesh
@@ -25,6 +26,7 @@ from coral.messages.control import ROUTER, SUPERVISOR
 from coral.messages.fleet import (
     DrainOrder,
     EngineFault,
+    EngineStats,
     InstanceDrained,
     KillNode,
     LoadStage,
@@ -153,6 +155,10 @@ class StageWorker(TickActor):
         if self.ticks % self.hb_every == 1 or self.hb_every == 1:
             m = self.engine.metrics()
             await self.ctx.send(self.supervisor, WorkerHeartbeat(self.node_id, now, self.state, m.in_flight))
+            stats = getattr(self.engine, "server_stats", None)  # a real engine's server metrics
+            got = stats() if callable(stats) else None
+            if got:
+                await self.ctx.publish(EngineStats(self.node_id, self.instance, now, *got))
 
 
 EngineFactory = Callable[[str], Engine]

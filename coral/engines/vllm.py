@@ -46,7 +46,7 @@ import coral
 from coral.engines import EngineError, EngineMetrics, StageAssignment
 from coral.messages.requests import Outcome, WorkItem
 from coral.vllm import client
-from coral.vllm.launch import DEVICES, KvTransfer, LaunchOptions, LaunchPlan, launch_plan
+from coral.vllm.launch import DEVICES, KvTransfer, LaunchOptions, LaunchPlan, VllmLaunchError, launch_plan
 
 LOG_TAIL_LINES = 12
 log = logging.getLogger("coral.vllm")
@@ -241,9 +241,12 @@ class VllmEngine:
             kv_transfer=kv,
             seed=b.seed,
         )
-        # Every worker of the mesh runs on this machine: all stages of an instance share one host.
-        self.plan = launch_plan(tpl, [b.host] * len(tpl.stages), opts)
         self.stage = stage
+        try:  # every worker of the mesh runs on this machine: all stages of an instance share one host
+            self.plan = launch_plan(tpl, [b.host] * len(tpl.stages), opts)
+        except VllmLaunchError as e:  # never launch something else: the node reports it as a fault
+            self._set_fault(f"launch refused: {e}")
+            return math.inf
         self._vocab = _vocab(weights)
         launch = self.plan.head if stage.head else None
         if launch is None:  # the head node's server runs this stage
@@ -368,6 +371,23 @@ class VllmEngine:
             except client.HttpError:
                 pass
         return dict(self._scraped)
+
+    def server_stats(self) -> tuple[int, int, float, float, float, int] | None:
+        """(running, waiting, KV-cache use, prompt tokens, generated tokens, preemptions) from the server's
+        metrics; None when this engine has no server to ask."""
+        if not self.endpoint or not self._ready:
+            return None
+        m = self.server_metrics()
+        if not m:
+            return None
+        return (
+            int(m.get("vllm:num_requests_running", 0)),
+            int(m.get("vllm:num_requests_waiting", 0)),
+            float(m.get("vllm:kv_cache_usage_perc", 0.0)),
+            float(m.get("vllm:prompt_tokens_total", 0.0)),
+            float(m.get("vllm:generation_tokens_total", 0.0)),
+            int(m.get("vllm:num_preemptions_total", 0)),
+        )
 
     def scrape_now(self) -> None:
         """Make the next ``server_metrics`` scrape the server whatever the interval."""
