@@ -13,8 +13,8 @@ Between the supervisor and a node's stage worker (directed): ``LoadStage``, ``Se
 ``DrainOrder``, ``ReleaseNode`` (supervisor -> worker); ``StageLoaded``, ``InstanceDrained``,
 ``WorkerHeartbeat``, ``EngineFault`` (worker -> supervisor). ``fleet.engine_stats`` (``EngineStats``): a
 real engine's server metrics, published by its worker at each heartbeat. ``KillNode`` is the simulated
-cloud's physical fault (the node's process dies), not a supervisor decision. ``fleet.fault`` (``FaultInjected``) is an external
-input: a fault injection (the scenario's events, or a test).
+cloud's physical fault (the node's process dies), not a supervisor decision. ``fleet.fault``
+(``FaultInjected``) is an external input: a fault injection (the scenario's events, or a test).
 """
 
 from __future__ import annotations
