@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from coral.kernel import read_journal
+from coral.messages import EngineFault, EngineStats, FleetUpdate, NodeLost
 from coral.vllm import client
 from tests.conftest import ROOT
 
@@ -52,6 +54,7 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
         "up", "--backend", "vllm", "--scenario", str(SCENARIO), "--store", str(tmp_path / "store.db"),
         "--weights", f"tiny-llama={tiny_model}", "--vllm-dir", str(tmp_path / "vllm"),
         "--json", "--bind", "inproc", "--until-idle", "--drain", "300s", "--for", "420s",
+        "--record", str(tmp_path / "run.journal"),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
@@ -91,3 +94,14 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
     assert f"pid {killed}" in fault and "killed by signal 9" in fault
     assert summary["actor_crashes"] == 0 and summary["bus_errors"] == 0
     assert _servers(None, tiny_model) == []  # every server stopped with the run
+
+    # what went over the bus: the fault, the lost node, and the servers' metrics
+    msgs = [r.decode() for r in read_journal(tmp_path / "run.journal") if r.kind in ("publish", "send")]
+    (ef,) = [m for m in msgs if isinstance(m, EngineFault)]
+    (lost,) = [m for m in msgs if isinstance(m, NodeLost)]
+    assert lost.node_id == ef.node_id and lost.cause.startswith(f"engine: the vLLM server (pid {killed})")
+    stats = [m for m in msgs if isinstance(m, EngineStats)]
+    assert {s.node_id for s in stats} >= {ef.node_id}
+    assert max(s.generation_tokens for s in stats) > 0 and max(s.running for s in stats) >= 1
+    served = [m for m in msgs if isinstance(m, FleetUpdate) and any(i.endpoint for i in m.instances)]
+    assert served and all(i.endpoint.startswith("http://127.0.0.1:") for i in served[-1].instances if i.endpoint)
