@@ -1,4 +1,5 @@
-"""Run vLLM's OpenAI-compatible server (``python -m coral.vllm.serve ARGS``: the same arguments).
+"""Run vLLM's OpenAI-compatible server (``python -m coral.vllm.serve ARGS``: the same arguments; with
+``--headless``, a multi-node launch's follower node, as ``vllm serve --headless`` runs it).
 
 This is ``python -m vllm.entrypoints.openai.api_server`` with a fix for a known vLLM bug applied first,
 in this process and in every process vLLM starts from it (a spawned process imports this module again
@@ -47,9 +48,26 @@ def _fix_cpu_pp_eager() -> bool:
 FIXED = _fix_cpu_pp_eager()
 
 
+def _headless() -> None:
+    """A multi-node launch's rank > 0: no HTTP server, only this node's workers (vLLM's ``serve --headless``;
+    the api_server module itself would start an engine of its own on the follower node)."""
+    from vllm.entrypoints.cli.serve import run_headless
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser(description="vLLM headless node")).parse_args()
+    args.api_server_count = 0
+    run_headless(args)
+
+
 def main() -> None:
     """Run the server with this process's arguments (this module stays ``__main__``, so that the processes
     vLLM spawns import it, and its fix, again)."""
+    import sys
+
+    if "--headless" in sys.argv[1:]:
+        _headless()
+        return
     try:
         from vllm.entrypoints.launchers.api_server.entry import main as serve
     except ImportError:  # another vLLM layout: its documented module entry point
