@@ -5,8 +5,9 @@ first token (median over ``repeat`` distinct prompts, so that no prefix cache he
 model's layer count is the per-layer prompt time at ``x`` tokens in the batch. Decode phase: ``x``
 concurrent requests with prompts of ``context`` tokens, each making ``steps + 1`` tokens; the median over
 requests of (end - first token) / steps, divided by the layer count, is the per-layer decode time at batch
-size ``x``. The times include the server's per-step overheads (scheduling, sampling, HTTP streaming), as a
-served request sees them.
+size ``x``. Two warm-up requests go first. The times include the server's per-step overheads (scheduling,
+sampling, HTTP streaming), as a served request sees them: the perf model adds no overhead of its own to a
+profiled (model, GPU, TP).
 
 The table is written in ``coral.perf.profile``'s CSV format (``model,gpu,tp,phase,x,layer_s,context``),
 which ``--profiles FILE`` feeds to the perf model.
@@ -82,6 +83,9 @@ def measure(
     """(phase, x, per-layer seconds) rows measured against a running server."""
     rows: list[tuple[str, int, float]] = []
     rid = 1 << 30  # request ids of the profile's own prompts
+    for _ in range(2):  # warm-up: the first requests pay one-off allocations
+        rid += 1
+        client.stream_completion(endpoint, served, prompt_ids(seed, rid, spec.prompt_tokens[0], vocab), 2)
     for n in spec.prompt_tokens:
         times = []
         for _ in range(spec.repeat):
