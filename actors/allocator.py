@@ -4,6 +4,9 @@ At a tick where something changed (a demand, market or fleet update, an operator
 scenario's re-plan interval elapsed), and unless paused, it builds a ``PlanRequest`` from the latest
 demand, market and live fleet, solves it (``solvers.planning.Planner``) in a worker thread so that the
 event loop keeps running, and publishes ``NewPlan``. Several changes within one tick give one plan.
+Its operator settings (paused, churn factor, pins, forbidden templates) are published as
+``AllocatorState`` at its first tick and at each tick after one changed, so that every client sees
+them, not only the one that sent the command.
 
 Templates: for each deployment the library holds every stored template of its model and shape on the
 scenario's node types. A deployment uses those built for its SLO; after an SLO change to one that has no
@@ -11,7 +14,12 @@ templates of its own, those built for a stricter SLO (whose placements meet the 
 measured at the stricter SLO, a safe under-estimate). Forbidden templates are left out; a pinned
 deployment uses only its pinned template. The churn-penalty factor overrides the scenario's.
 
-Determinism: online the solve runs under the scenario's wall-clock deadline and the plan records the
+Deadline: the scenario's ``deadline_s`` bounds the whole reaction, from the tick that handles a trigger to
+the published plan, not only the solver: building the problem is timed and subtracted, and
+``PUBLISH_SHARE`` of the deadline is kept for assembling and publishing the plan. The solver always
+returns a feasible plan within what is left (``solvers.allocation``).
+
+Determinism: online the solve runs under that wall-clock deadline and the plan records the
 solver effort it took (``Plan.effort``); given ``efforts`` (plan sequence -> effort, from a journal) the
 allocator re-solves each plan with exactly that effort; with ``deterministic`` it solves without a
 deadline (each phase to completion), so that a recording is reproducible on any machine.
@@ -21,6 +29,7 @@ optimality proven over the generated columns only (the plan reports the LP bound
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import anyio
@@ -31,6 +40,7 @@ from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import (
     ALLOCATOR,
+    AllocatorState,
     ForbidTemplate,
     PauseAllocator,
     PinTemplate,
@@ -50,6 +60,11 @@ from coral.templates import Template
 from coral.workload import Slo
 from solvers.allocation import SolverEffort, solve_allocation
 from solvers.planning import Planner, policy_admits, to_plan
+
+PUBLISH_SHARE = 0.12
+"""Share of the reaction deadline kept for turning the solution into a plan and publishing it."""
+MIN_SOLVE_SHARE = 0.25
+"""The solver gets at least this share of the deadline, however long the problem took to build."""
 
 
 def servable(templates: Sequence[Template]) -> bool:
@@ -109,6 +124,7 @@ class Allocator(TickActor):
         self.pins: dict[str, str] = {}
         self.churn = scenario.planner.churn_factor
         self.paused = False
+        self.shown: AllocatorState | None = None
         self.triggers: set[str] = {"initial"}
         self.last_plan: Plan | None = None
         self.last_plan_at = 0.0
@@ -235,7 +251,17 @@ class Allocator(TickActor):
 
     # -- planning ------------------------------------------------------------------------------------
 
+    def settings(self, now: float) -> AllocatorState:
+        """The operator settings in force (published as ``ctl.alloc_state`` whenever they change)."""
+        return AllocatorState(
+            now, self.paused, float(self.churn), tuple(sorted(self.pins.items())), tuple(sorted(self.forbidden))
+        )
+
     async def on_tick(self, now: float) -> None:
+        state = self.settings(now)
+        if self.shown is None or attrs.evolve(state, at=self.shown.at) != self.shown:
+            self.shown = state
+            await self.ctx.publish(state)
         if self.last_plan is not None and now - self.last_plan_at >= self.scenario.planner.replan_interval_s:
             self.triggers.add("interval")
         if self.paused or self.prices is None or not self.triggers:
@@ -258,9 +284,13 @@ class Allocator(TickActor):
         if effort is None and self.deterministic:
             effort = SolverEffort()
 
+        started = time.perf_counter()  # transport-side timing: the deadline, never a decision input
+
         def run() -> Plan:
             prob, index = planner.problem(req)
-            res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
+            spent = time.perf_counter() - started
+            left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
+            res = solve_allocation(prob, deadline_s=left, effort=effort, columns=self.columns)
             return to_plan(planner, req, prob, index, res, seq=seq)
 
         plan = await anyio.to_thread.run_sync(run)

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -30,8 +31,9 @@ import attrs
 from actors.allocator import Allocator, servable
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
-from actors.feed import Feed, Input, ScenarioFeed
+from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ScenarioFeed
 from actors.price import HostsMarket, MarketSource, PriceWatcher, ScenarioMarket
+from actors.recovery import Recovery
 from actors.router import Router
 from actors.supervisor import Supervisor
 from actors.worker import StageWorker, worker_name
@@ -41,14 +43,34 @@ from coral.catalog.types import Catalog
 from coral.engines import Engine
 from coral.engines.sim import SimEngine
 from coral.errors import CoralError
-from coral.kernel import ActorState, BusClient, Endpoints, Envelope, Fsync, Mesh, RestartPolicy, VirtualClock
-from coral.messages.control import OPERATOR, CommandResult, is_command, owner_of
+from coral.kernel import (
+    ActorState,
+    BusClient,
+    Endpoints,
+    Envelope,
+    Fsync,
+    Mesh,
+    RestartPolicy,
+    ServerKeys,
+    VirtualClock,
+)
+from coral.kernel.codec import DEFAULT_CODEC, encode
+from coral.messages.control import (
+    OPERATOR,
+    ROUTER,
+    CommandResult,
+    Snapshot,
+    SnapshotRecord,
+    SnapshotRequest,
+    is_command,
+    owner_of,
+)
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetUpdate
 from coral.messages.market import MarketUpdate
-from coral.messages.mesh import CloudSetup, DemandTuning, MeshEnd, MeshSetup, MeshTiming
+from coral.messages.mesh import CloudSetup, DemandTuning, MeshEnd, MeshResumed, MeshSetup, MeshTiming
 from coral.messages.plan import NewPlan
-from coral.messages.requests import RoutingStats
+from coral.messages.requests import ArrivalBatch, RoutingStats
 from coral.perf import PerfModel, load_profiles
 from coral.scenario import Scenario, load_scenario
 from coral.sim.engine import SimConfig
@@ -245,8 +267,14 @@ class CoralMesh:
         *,
         efforts: Mapping[int, SolverEffort] | None = None,
         engine_factory: Callable[[str], Engine] | None = None,
+        provider_state: str | os.PathLike[str] | None = None,
+        resume: Recovery | None = None,
+        unknown_nodes: str = "release",
     ) -> None:
         self.setup = setup
+        self.resume = resume
+        self.unknown_nodes = unknown_nodes
+        self.resumed: MeshResumed | None = None
         self.scenario = scenario
         self.catalog = catalog
         self.perf = perf
@@ -262,16 +290,23 @@ class CoralMesh:
         self.engine_factory = engine_factory or (lambda _node: SimEngine(perf, config=cfg))
         self.cloud: CloudProvider
         self.market: MarketSource
+        cloud: StaticHosts | SimCloud
         if setup.cloud.kind == "hosts":
-            self.cloud = StaticHosts(setup.cloud.hosts, seed=setup.seed)
+            cloud = StaticHosts(setup.cloud.hosts, seed=setup.seed, state_file=provider_state)
             self.market = HostsMarket(scenario, catalog, setup.cloud.hosts)
         else:
-            self.cloud = SimCloud(provision_s=setup.cloud.provision_s, seed=setup.seed)
+            cloud = SimCloud(provision_s=setup.cloud.provision_s, seed=setup.seed, state_file=provider_state)
             self.market = ScenarioMarket(scenario, catalog)
-        self.start_time = -setup.timing.warmup_s
+        if resume is not None:
+            if provider_state is None:
+                raise CoralError("resume: needs the provider's state file (JOURNAL.cloud.json)")
+            cloud.load_state(provider_state)
+        self.cloud = cloud
+        self.start_time = -setup.timing.warmup_s if resume is None else resume.resume_at(setup.timing.tick_s)
         self.end_time = setup.duration_s + setup.timing.drain_s + 3 * setup.timing.tick_s
         self.mesh: Mesh | None = None
         self.exiting: list[str] = []
+        self.workers: dict[str, str] = {}  # node id -> the name of its current stage worker
         self.allocator: Allocator | None = None
         self.router: Router | None = None
         self.supervisor: Supervisor | None = None
@@ -280,25 +315,32 @@ class CoralMesh:
         """A fresh virtual clock at the run's start (the warm-up before the scenario's time 0)."""
         return VirtualClock(start=self.start_time)
 
-    def feed(self) -> ScenarioFeed:
-        """The scenario's external inputs."""
-        return ScenarioFeed(
+    def feed(self) -> Feed:
+        """The scenario's external inputs (on resume: from the resume instant, less what was delivered)."""
+        inner = ScenarioFeed(
             self.scenario,
             self.catalog,
             seed=self.setup.seed,
             timing=self.timing,
-            start=self.start_time,
+            start=-self.timing.warmup_s,
             end=self.setup.duration_s,
             market=self.market,
         )
+        if self.resume is None:
+            return inner
+        return ResumeFeed(inner, self.resume, self.start_time)
 
     async def start(self, mesh: Mesh) -> None:
-        """Publish the setup record and spawn the actors."""
+        """Publish the setup record (on resume: ``mesh.resumed``) and spawn the actors."""
         self.mesh = mesh
-        mesh.publish(self.setup, source=MESH_SOURCE)
+        if self.resume is None:
+            mesh.publish(self.setup, source=MESH_SOURCE)
         t = self.timing
         sc = self.scenario
         prior = {d.name: d.demand.at(0.0) for d in sc.deployments}
+        rs = self.resume
+        if rs is not None and rs.fleet.demand is not None:
+            prior = {**prior, **rs.fleet.demand.demand}
         await mesh.spawn(PriceWatcher(tick_s=t.tick_s))
         await mesh.spawn(
             DemandMonitor(
@@ -322,6 +364,10 @@ class CoralMesh:
             prior_demand=prior,
             columns=self.setup.columns,
         )
+        if rs is not None and rs.fleet.plan is not None:
+            self.allocator.seq = rs.fleet.plan.plan.seq
+            self.allocator.last_plan = rs.fleet.plan.plan
+            self.allocator.last_plan_at = rs.fleet.plan.plan.at
         await mesh.spawn(self.allocator)
         self.router = Router(timing=t, deployments=sc.deployments, seed=self.setup.seed)
         await mesh.spawn(self.router)
@@ -333,11 +379,32 @@ class CoralMesh:
             catalog=self.catalog,
             spawn_worker=self.spawn_worker,
             warm_start=self.setup.warm_start,
+            terminate=self.terminate,
         )
+        if rs is not None:
+            done = self.supervisor.restore(rs.fleet, self.start_time, unknown=self.unknown_nodes)
+            self.resumed = MeshResumed(
+                self.start_time,
+                rs.fleet.last_seq,
+                tuple(done.adopted),
+                tuple(done.released),
+                tuple(done.lost),
+                len(rs.fleet.ledger.open),
+                rs.torn.dropped_bytes if rs.torn is not None else 0,
+            )
+            mesh.publish(self.resumed, source=MESH_SOURCE)
         await mesh.spawn(self.supervisor)
 
     async def spawn_worker(self, node_id: str, region: str, node_type: str) -> str:
+        """Start a node's stage worker; return its name (``worker-NODE``, or ``worker-NODE.K`` for the
+        K-th rental of a node id a provider reuses, as static hosts do)."""
         assert self.mesh is not None
+        base = name = worker_name(node_id)
+        k = 1
+        while name in self.mesh.actors:
+            k += 1
+            name = f"{base}.{k}"
+        self.workers[node_id] = name
         worker = StageWorker(
             node_id,
             region=region,
@@ -347,9 +414,20 @@ class CoralMesh:
             templates=self.templates,
             deployments=self.deployments,
             on_exit=self.exiting.append,
+            name=name,
         )
         await self.mesh.spawn(worker, policy=WORKER_POLICY)
-        return worker_name(node_id)
+        return name
+
+    def terminate(self, node_id: str) -> None:
+        """The provider ended a node's machine: its worker, if it still runs (wedged), ends at the next
+        quiet point (``reap``)."""
+        name = self.workers.get(node_id)
+        if self.mesh is None or name is None or name in self.exiting:
+            return
+        handle = self.mesh.actors.get(name)
+        if handle is not None and handle.state is ActorState.RUNNING:
+            self.exiting.append(name)
 
     async def reap(self, _now: float = 0.0) -> None:
         """End the workers that exited (released or dead nodes); call only while the mesh is quiet."""
@@ -363,6 +441,45 @@ class CoralMesh:
             await handle.wait()
 
 
+class ResumeFeed:
+    """A scenario feed resumed at ``at`` after a crash: the inputs due by then that the journal does not
+    hold (lost in the crash) go out at ``at``, with the latest market quote and the requests open at the
+    crash (resubmitted to the router) and the operator's lasting commands again (``Recovery.commands``);
+    later inputs follow as usual, less any the journal already holds."""
+
+    def __init__(self, inner: ScenarioFeed, rec: Recovery, at: float) -> None:
+        self.inner = inner
+        self.at = at
+        self.delivered = rec.delivered
+        skipped = inner.take(at)
+        first: list[Input] = []
+        market = [i for i in skipped if i.source == MARKET_SOURCE]
+        if market:
+            first.append(attrs.evolve(market[-1], at=at))
+        first += [attrs.evolve(i, at=at) for i in skipped if i.source != MARKET_SOURCE and self._new(i)]
+        first += [Input(at, OPERATOR, owner, cmd) for owner, cmd in rec.commands]
+        reopen = rec.fleet.ledger.open
+        if reopen:
+            batch = ArrivalBatch(min(r.t for r in reopen), max(r.t for r in reopen), reopen, resubmitted=True)
+            first.append(Input(at, TRAFFIC_SOURCE, ROUTER, batch))
+        self.first = first
+
+    def _new(self, i: Input) -> bool:
+        tag, body = DEFAULT_CODEC.encode(i.msg)
+        return (tag.decode(), bytes(body)) not in self.delivered
+
+    def next_at(self) -> float | None:
+        if self.first:
+            return self.at
+        return self.inner.next_at()
+
+    def take(self, t: float) -> list[Input]:
+        out: list[Input] = []
+        if self.first and t >= self.at:
+            out, self.first = self.first, []
+        return out + [i for i in self.inner.take(t) if self._new(i)]
+
+
 def deliver(mesh: Mesh, inputs: Sequence[Input]) -> None:
     """Send (or publish) inputs from their senders, in order."""
     for inp in inputs:
@@ -372,29 +489,59 @@ def deliver(mesh: Mesh, inputs: Sequence[Input]) -> None:
             raise CoralError(f"input {type(inp.msg).__name__} at t={inp.at} could not be delivered to {inp.dest!r}")
 
 
+SNAPSHOT_TOPICS = ("mesh.setup", "ctl.alloc_state", "mkt.update", "dem.update", "fleet.update", "req.stats")
+"""Tags whose latest message is the run's current state, in the order a ``Snapshot`` gives them."""
+SNAPSHOT_PLANS = 20
+"""How many of the latest plans a ``Snapshot`` carries."""
+
+
 class Gateway:
-    """The ``operator`` client: forwards commands to their owners at quiet points and relays the results."""
+    """The ``operator`` client: forwards commands to their owners at quiet points, relays the results, and
+    answers ``SnapshotRequest`` with the latest state it has seen published (for clients attaching late)."""
+
+    TOPICS = ("ctl.result", "plan.new", *SNAPSHOT_TOPICS)
+    """What the gateway subscribes to."""
 
     def __init__(self, bus: BusClient) -> None:
         self.bus = bus
         self.pending: dict[int, Envelope] = {}
         self.next_ref = 0
         self.forwarded = 0
+        self.latest: dict[str, SnapshotRecord] = {}
+        self.plans: deque[SnapshotRecord] = deque(maxlen=SNAPSHOT_PLANS)
 
     async def pump(self, mesh: Mesh) -> None:
         """Handle everything queued now."""
         while self.bus.backlog:
             await self.handle(mesh, self.bus.receive_nowait())
 
+    def snapshot(self, at: float) -> Snapshot:
+        """The latest state seen: one record per ``SNAPSHOT_TOPICS`` tag, then the recent plans."""
+        recs = [self.latest[t] for t in SNAPSHOT_TOPICS if t in self.latest]
+        return Snapshot(at, (*recs, *self.plans))
+
     async def handle(self, mesh: Mesh, env: Envelope) -> None:
-        """Forward a command (the mesh must be quiet), or relay a result to the command's sender."""
+        """Forward a command (the mesh must be quiet), relay a result to the command's sender, keep a
+        published state message, or answer a snapshot request."""
         msg = env.msg
         if isinstance(msg, CommandResult):
             orig = self.pending.pop(msg.ref, None)
             if orig is not None:
                 await self.bus.reply(orig, msg)
             return
+        if env.kind == "publish":
+            if env.tag in SNAPSHOT_TOPICS or env.tag == "plan.new":
+                rec = SnapshotRecord(env.source, env.tag, encode(msg)[1])
+                if env.tag == "plan.new":
+                    self.plans.append(rec)
+                else:
+                    self.latest[env.tag] = rec
+            return
         if env.kind not in ("send", "request"):
+            return
+        if isinstance(msg, SnapshotRequest):
+            if env.kind == "request":
+                await self.bus.reply(env, self.snapshot(mesh.clock.now()))
             return
         if not is_command(msg):
             if env.kind == "request":
@@ -499,6 +646,7 @@ class RunResult:
     state: RunState
     wall_s: float
     endpoints: Endpoints | None = None
+    resumed: MeshResumed | None = None
 
 
 async def run_mesh(
@@ -520,20 +668,42 @@ async def run_mesh(
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     fsync: Fsync = Fsync.BATCH,
     shutdown_timeout: float = 5.0,
+    curve: ServerKeys | None = None,
+    provider_state: str | os.PathLike[str] | None = None,
+    resume: Recovery | None = None,
+    unknown_nodes: str = "release",
     engine_factory: Callable[[str], Engine] | None = None,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
 
-    ``engine_factory`` makes each node's engine (default: the simulated engine)."""
-    cm = CoralMesh(setup, scenario, catalog, perf, efforts=efforts, engine_factory=engine_factory)
+    ``provider_state``: the file where the cloud keeps its durable state; with ``resume`` (a crashed
+    run's journal, which ``journal`` must name to append to it) the run restores it and goes on.
+    ``engine_factory`` makes the stage workers' engines (default: the simulated engine).
+    """
+    cm = CoralMesh(
+        setup,
+        scenario,
+        catalog,
+        perf,
+        efforts=efforts,
+        provider_state=provider_state,
+        resume=resume,
+        unknown_nodes=unknown_nodes,
+        engine_factory=engine_factory,
+    )
     st = state if state is not None else RunState()
     t0 = time.perf_counter()
     st.now = cm.start_time
     async with Mesh(
-        clock=cm.clock(), journal=journal, endpoints=endpoints, fsync=fsync, shutdown_timeout=shutdown_timeout
+        clock=cm.clock(),
+        journal=journal,
+        endpoints=endpoints,
+        fsync=fsync,
+        shutdown_timeout=shutdown_timeout,
+        curve=curve,
     ) as mesh:
         watch = await mesh.client("watch", subscribe=WATCH_TOPICS, inbox_size=1 << 16)
-        gw = Gateway(await mesh.client(OPERATOR, subscribe=["ctl.result"])) if gateway else None
+        gw = Gateway(await mesh.client(OPERATOR, subscribe=Gateway.TOPICS)) if gateway else None
         async with anyio.create_task_group() as tg:
 
             async def watcher() -> None:
@@ -566,4 +736,4 @@ async def run_mesh(
             st.now = end
             tg.cancel_scope.cancel()
         eps = mesh.endpoints
-    return RunResult(end, reason, st, time.perf_counter() - t0, eps)
+    return RunResult(end, reason, st, time.perf_counter() - t0, eps, cm.resumed)

@@ -106,6 +106,11 @@ def read_recording(path: str | os.PathLike[str]) -> Recording:
             raise ReplayError(f"{path}: more than one mesh.setup record (two runs in one journal?)")
         elif r.tag == "mesh.end":
             end = _decode(path, r)
+        elif r.tag == "mesh.resumed":
+            raise ReplayError(
+                f"{path}: record {r.seq} resumes the run after a crash (coral up --resume); a replay reproduces "
+                "an uninterrupted run only (the crash lost in-memory state that no input records)"
+            )
         elif _is_input(r):
             msg = _decode(path, r)
             if r.tag.startswith("ctl.") and not is_command(msg):

@@ -7,6 +7,11 @@ on the order in which requests are handled. A prefill instance's ``handoff`` is 
 a serving decode instance of the same region with the KV transfer's bandwidth. A request with no
 instance to go to waits (``queue_timeout_s``, then it fails as ``no_capacity``).
 
+Bounds (overload): an instance holds at most ``weight × instance_queue_s`` of the router's requests at
+once (what it serves in that time; a full instance is skipped); requests with nowhere to go wait, at most
+``max_queue`` per deployment: beyond that the newest fail at once as ``queue_full``. So under any load the
+router's and the engines' queues stay bounded, and what cannot be served is shed with a reason.
+
 Retries: when the fleet reports an instance lost, each request it held is placed again (attempt + 1, from
 its prompt; its first token, if one was already streamed, keeps its time); after ``max_attempts`` it fails
 as ``retries_exhausted``. A draining instance's unstarted requests come back and are placed again without
@@ -14,15 +19,21 @@ counting a retry. At the end of a run (``req.finish``) whatever is still open fa
 every arrival ends completed or failed with a reason.
 
 Reports, every ``report_s``: ``req.counts`` (arrivals per deployment whose arrival time has passed, for
-the demand monitor) and ``req.stats`` (totals, SLO attainment and latency quantiles per deployment).
-A completion meets the SLO when its TTFT and its TPOT (time per output token after the first) are
-within the deployment's targets.
+the demand monitor), ``req.stats`` (totals, SLO attainment and latency quantiles per deployment) and
+``req.latency`` (the window's TTFT and TPOT samples). A completion meets the SLO when its TTFT and its TPOT
+(time per output token after the first) are within the deployment's targets.
+
+The HTTP gateway's requests (an arrival batch with ``reply``) are routed the same way; their instances
+report token progress, and the router relays progress and outcomes to the gateway (``req.result``) at the
+end of its tick. Requests the gateway proxied to an instance's own HTTP endpoint (``req.proxied``) are
+only counted as arrivals, for the demand monitor.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -39,6 +50,10 @@ from coral.messages.requests import (
     DeploymentTraffic,
     Dispatch,
     FinishTraffic,
+    LatencySamples,
+    Outcome,
+    ProxiedArrivals,
+    RequestResults,
     RequestSpec,
     RoutingStats,
     WorkItem,
@@ -61,6 +76,7 @@ class OpenRequest:
     kv_nic: float = 0.0
     region: str = ""
     queued_at: float | None = None
+    origin: str = ""
 
 
 @attrs.define
@@ -79,6 +95,8 @@ class TrafficStats:
     ttft: LogHist = attrs.field(factory=LogHist)
     tpot: LogHist = attrs.field(factory=LogHist)
     e2e: LogHist = attrs.field(factory=LogHist)
+    win_ttft: list[float] = attrs.field(factory=list)
+    win_tpot: list[float] = attrs.field(factory=list)
 
 
 def _inst_order(i: InstanceInfo) -> tuple[int, str]:
@@ -110,6 +128,7 @@ class Router(TickActor):
         self.ticks = 0
         self.finishing = False
         self.seq = 0
+        self.replies: dict[str, list[Outcome]] = {}
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -119,10 +138,15 @@ class Router(TickActor):
             for spec in msg.requests:
                 if spec.deployment not in self.stats or spec.id in self.open:
                     continue
-                self.open[spec.id] = OpenRequest(spec)
+                self.open[spec.id] = OpenRequest(spec, origin=env.source if msg.reply else "")
                 self.todo.add(spec.id)
                 self.stats[spec.deployment].arrivals += 1
-                self.uncounted.append((spec.t, spec.deployment))
+                if not msg.resubmitted:
+                    self.uncounted.append((spec.t, spec.deployment))
+        elif isinstance(msg, ProxiedArrivals):
+            for d, n in sorted(msg.counts.items()):
+                if d in self.stats:
+                    self.uncounted.extend([(msg.at, d)] * max(int(n), 0))
         elif isinstance(msg, Completions):
             self._outcomes(msg)
         elif isinstance(msg, FleetUpdate):
@@ -148,7 +172,9 @@ class Router(TickActor):
             r = self.open.get(o.id)
             if r is None or r.instance != msg.instance:
                 continue  # a stale report from an attempt already given up
-            if o.kind == "done":
+            if o.kind == "progress":
+                self._relay(r, o)
+            elif o.kind == "done":
                 self._complete(r, o.t, o.t_first)
             elif o.kind == "failed":
                 self._fail(r, o.reason or "engine")
@@ -187,11 +213,15 @@ class Router(TickActor):
             tpot = (t_done - first) / (spec.out - 1)
             st.tpot.add(tpot)
             ok = ok and tpot <= slo.tpot_s
+        st.win_ttft.append(ttft)
+        if spec.out > 1:
+            st.win_tpot.append(tpot)
         st.completed += 1
         st.win_done += 1
         if ok:
             st.slo_met += 1
             st.win_met += 1
+        self._relay(r, Outcome(spec.id, "done", t_done, first, tokens=spec.out))
         del self.open[spec.id]
         self.todo.discard(spec.id)
 
@@ -200,8 +230,13 @@ class Router(TickActor):
         st.failed += 1
         st.win_done += 1
         st.failed_by[reason] = st.failed_by.get(reason, 0) + 1
+        self._relay(r, Outcome(r.spec.id, "failed", self.ctx.now(), r.t_first, reason))
         del self.open[r.spec.id]
         self.todo.discard(r.spec.id)
+
+    def _relay(self, r: OpenRequest, o: Outcome) -> None:
+        if r.origin:
+            self.replies.setdefault(r.origin, []).append(o)
 
     # -- the tick ------------------------------------------------------------------------------------
 
@@ -217,6 +252,9 @@ class Router(TickActor):
             await self._report(now, final=True)
         elif self.ticks % self.report_every == 0:
             await self._report(now)
+        replies, self.replies = self.replies, {}
+        for origin in sorted(replies):
+            await self.ctx.send(origin, RequestResults(now, tuple(replies[origin])))
 
     async def _route(self, now: float) -> None:
         entry: dict[str, list[InstanceInfo]] = {}
@@ -228,6 +266,11 @@ class Router(TickActor):
                 entry.setdefault(i.deployment, []).append(i)
         work: dict[str, list[WorkItem]] = {}
         keep: set[int] = set()
+        held: dict[str, int] = {}
+        for o in self.open.values():
+            if o.instance:
+                held[o.instance] = held.get(o.instance, 0) + 1
+        cap = {i.id: max(1, math.ceil(i.weight * self.timing.instance_queue_s)) for i in self.serving}
         for rid in sorted(self.todo):
             r = self.open.get(rid)
             if r is None or r.instance:
@@ -237,6 +280,8 @@ class Router(TickActor):
                 cands = entry.get(spec.deployment, [])
             else:
                 cands = decode.get((spec.deployment, r.region), [])
+            if cands and any(held.get(c.id, 0) >= cap[c.id] for c in cands):
+                cands = [c for c in cands if held.get(c.id, 0) < cap[c.id]]
             if not cands:
                 if r.queued_at is None:
                     r.queued_at = now
@@ -246,16 +291,28 @@ class Router(TickActor):
                     keep.add(rid)
                 continue
             inst = pick(cands, uniform(self.seed, rid, r.attempt, 0 if r.phase == "entry" else 1))
+            held[inst.id] = held.get(inst.id, 0) + 1
             r.instance = inst.id
             r.queued_at = None
             self.stats[spec.deployment].dispatched += 1
             if r.phase == "entry":
-                item = WorkItem(rid, spec.deployment, spec.t, max(spec.t, now), spec.prompt, spec.out, r.attempt)
+                item = WorkItem(
+                    rid, spec.deployment, spec.t, max(spec.t, now), spec.prompt, spec.out, r.attempt,
+                    progress=bool(r.origin),
+                )  # fmt: skip
             else:
                 item = WorkItem(
-                    rid, spec.deployment, spec.t, r.handoff_t, spec.prompt, spec.out, r.attempt, 1, r.t_first, r.kv_nic
-                )
+                    rid, spec.deployment, spec.t, r.handoff_t, spec.prompt, spec.out, r.attempt, 1, r.t_first,
+                    r.kv_nic, bool(r.origin),
+                )  # fmt: skip
             work.setdefault(inst.id, []).append(item)
+        waiting: dict[str, list[int]] = {}
+        for rid in sorted(keep):
+            waiting.setdefault(self.open[rid].spec.deployment, []).append(rid)
+        for ids in waiting.values():
+            for rid in ids[self.timing.max_queue :]:  # shed the newest beyond the bound
+                self._fail(self.open[rid], "queue_full")
+                keep.discard(rid)
         self.todo = keep
         for iid in sorted(work, key=lambda s: (len(s), s)):
             info = self.known[iid]
@@ -278,6 +335,14 @@ class Router(TickActor):
         for r in self.open.values():
             side = in_flight if r.instance else queued
             side[r.spec.deployment] = side.get(r.spec.deployment, 0) + 1
+        await self.ctx.publish(
+            LatencySamples(
+                now,
+                since,
+                {d: tuple(st.win_ttft) for d, st in self.stats.items() if st.win_ttft},
+                {d: tuple(st.win_tpot) for d, st in self.stats.items() if st.win_tpot},
+            )
+        )
         deps = []
         for d, st in self.stats.items():
             deps.append(
@@ -301,5 +366,7 @@ class Router(TickActor):
                 )
             )
             st.win_met = st.win_done = 0
+            st.win_ttft.clear()
+            st.win_tpot.clear()
         self.seq += 1
         await self.ctx.publish(RoutingStats(self.seq, now, tuple(deps), final))

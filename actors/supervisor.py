@@ -15,9 +15,22 @@ and with it its instance (the other nodes are released). A preempted node (the c
 whose worker reports an engine fault (a real server died), is lost at once. It publishes ``FleetUpdate``
 when anything changed, a ``FleetAction`` per decision and ``NodeLost`` per lost node.
 
+Resume after a crash (``restore``, before the actor starts): the instances of the journal's fleet state
+whose nodes all still run at the provider are adopted (as ``provisioning``: the simulated stage workers
+lived in the kernel process and died with it, so each node gets a fresh worker). One that was serving or
+retiring re-attaches warm (its node kept running with the model loaded: no load time, as a real node
+agent that outlived the kernel would); one still provisioning or loading loads again from the start. An
+instance that was draining, or that lost a node, gives its remaining nodes back; a journal node gone at the provider is
+``NodeLost`` (cause ``gone after crash``). Nodes the provider runs that the journal does not know (rented
+after the last fleet update) are adopted as instances from their tags when ``unknown="adopt"`` and every
+stage of the instance is there, else released. Every node is tagged with its instance, deployment,
+template and stage when rented.
+
 Fault injections (``fleet.fault``) go to its cloud, which kills nodes by telling their workers to die:
 that is the simulated world acting, so the supervisor learns of a silent loss only from the missing
-heartbeats, like it would of a real one.
+heartbeats, like it would of a real one. A node lost for silence is released at the provider, and
+``terminate`` (the world again: the provider ends the machine) ends its worker if it still runs, wedged
+(a ``hang`` fault: connected but silent).
 """
 
 from __future__ import annotations
@@ -27,7 +40,8 @@ from collections.abc import Awaitable, Callable, Mapping
 import attrs
 
 from actors.base import TickActor
-from actors.cloud import CloudProvider
+from actors.cloud import CloudNode, CloudProvider
+from actors.recovery import FleetState
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import SUPERVISOR, DrainInstance
@@ -56,11 +70,28 @@ from coral.scenario import Deployment
 from coral.templates import Template
 
 Key = tuple[str, str, str]
+TAG_INSTANCE = "coral.instance"
+TAG_DEPLOYMENT = "coral.deployment"
+TAG_TEMPLATE = "coral.template"
+TAG_STAGE = "coral.stage"
 SpawnWorker = Callable[[str, str, str], Awaitable[str]]
 """Start the stage worker of a node: (node id, region, node type) -> the worker's actor name."""
 
 _VICTIM_RANK = {"provisioning": 0, "loading": 1, "serving": 2, "retiring": 2}
 _PLANNABLE = (*LIVE_STATES, "retiring")
+
+
+@attrs.define
+class Reconciled:
+    """What ``Supervisor.restore`` did: instances adopted, nodes released and nodes lost."""
+
+    adopted: list[str] = attrs.field(factory=list)
+    released: list[str] = attrs.field(factory=list)
+    lost: list[str] = attrs.field(factory=list)
+
+
+def _inst_num(iid: str) -> int:
+    return int(iid[1:]) if iid[:1] == "i" and iid[1:].isdigit() else 0
 
 
 @attrs.define
@@ -120,6 +151,7 @@ class Supervisor(TickActor):
         catalog: Catalog,
         spawn_worker: SpawnWorker,
         warm_start: bool = True,
+        terminate: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name, tick_s=timing.tick_s, subscribe=["plan.new", "mkt.update"])
         self.timing = timing
@@ -128,6 +160,7 @@ class Supervisor(TickActor):
         self.deployments = dict(deployments)
         self.catalog = catalog
         self.spawn_worker = spawn_worker
+        self.terminate = terminate
         self.warm_start = warm_start
         self.planned = False
         self.nodes: dict[str, NodeRec] = {}
@@ -143,6 +176,7 @@ class Supervisor(TickActor):
         self.stopped: list[str] = []
         self.by_operator: list[str] = []
         self.out: list[object] = []
+        self.resume_up: list[str] = []  # adopted nodes already running: they get a worker at the first tick
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -228,8 +262,9 @@ class Supervisor(TickActor):
         dep, tid, region = key
         tpl = self.templates[tid]
         got: list[str] = []
-        for s in tpl.stages:
-            nid = self.cloud.provision(region, s.node, now, warm=warm)
+        for k, s in enumerate(tpl.stages):
+            tags = {TAG_INSTANCE: f"i{self.next_num + 1}", TAG_DEPLOYMENT: dep, TAG_TEMPLATE: tid, TAG_STAGE: str(k)}
+            nid = self.cloud.provision(region, s.node, now, warm=warm, tags=tags)
             if nid is None:
                 for g in got:
                     self.cloud.release(g, now)
@@ -242,6 +277,97 @@ class Supervisor(TickActor):
             self.nodes[nid] = NodeRec(nid, region, tpl.stages[stage].node, inst.id, stage)
         self._action(now, "start", inst, reason)
         return True
+
+    # -- resume ---------------------------------------------------------------------------------------
+
+    def restore(self, fleet: FleetState, now: float, *, unknown: str = "release") -> Reconciled:
+        """Take over a crashed run's fleet (see the module docstring); call before the actor starts."""
+        if unknown not in ("adopt", "release"):
+            raise ValueError(f"unknown: must be 'adopt' or 'release', got {unknown!r}")
+        alive = {n.id: n for n in self.cloud.alive()}
+        rec = Reconciled()
+        self.planned = True
+        self.next_num = max(self.next_num, fleet.next_num)
+        self.seq, self.spent = fleet.fleet_seq, fleet.spent_usd
+        claimed: set[str] = set()
+        for st in fleet.instances:
+            claimed.update(st.node_ids)
+            tpl = self.templates.get(st.template_id)
+            missing = [n for n in st.node_ids if n not in alive]
+            if tpl is not None and st.node_ids and not missing and st.state in _PLANNABLE:
+                warm = st.state in ("serving", "retiring")
+                self._adopt(st.id, st.num, st.deployment, tpl, st.region, list(st.node_ids), st.since, now, rec, warm)
+                continue
+            for k, nid in enumerate(st.node_ids):
+                if nid in alive:
+                    self.cloud.release(nid, now)
+                    rec.released.append(nid)
+                else:
+                    node_type = tpl.stages[k].node if tpl is not None and k < len(tpl.stages) else ""
+                    self.out.append(NodeLost(now, nid, st.region, node_type, st.id, "gone after crash"))
+                    rec.lost.append(nid)
+            action = "lost" if missing else "stop"
+            self.out.append(FleetAction(now, action, st.id, st.deployment, st.template_id, st.region, "resume"))
+        groups: dict[str, list[CloudNode]] = {}
+        for nid, node in alive.items():
+            if nid not in claimed:
+                groups.setdefault(node.tags.get(TAG_INSTANCE, f"?{nid}"), []).append(node)
+        for iid in sorted(groups, key=lambda i: (len(i), i)):
+            nodes = groups[iid]
+            inst = self._from_tags(iid, nodes) if unknown == "adopt" else None
+            if inst is not None:
+                dep, tpl, region, ordered = inst
+                num = _inst_num(iid)
+                self._adopt(iid, num, dep, tpl, region, ordered, now, now, rec, False)
+                self.next_num = max(self.next_num, num)
+                continue
+            for node in nodes:
+                self.cloud.release(node.id, now)
+                rec.released.append(node.id)
+        self.changed.add("instances")
+        return rec
+
+    def _from_tags(self, iid: str, nodes: list[CloudNode]) -> tuple[str, Template, str, list[str]] | None:
+        """An instance rebuilt from its nodes' tags, if every stage is there and consistent."""
+        if iid in self.instances or _inst_num(iid) <= 0:
+            return None
+        tags = [n.tags for n in nodes]
+        tid, dep = tags[0].get(TAG_TEMPLATE, ""), tags[0].get(TAG_DEPLOYMENT, "")
+        tpl = self.templates.get(tid)
+        if tpl is None or dep not in self.deployments:
+            return None
+        if any(t.get(TAG_TEMPLATE) != tid or t.get(TAG_DEPLOYMENT) != dep for t in tags):
+            return None
+        by_stage = {t.get(TAG_STAGE, ""): n for t, n in zip(tags, nodes, strict=True)}
+        if sorted(by_stage) != sorted(str(k) for k in range(len(tpl.stages))) or len(by_stage) != len(nodes):
+            return None
+        ordered = [by_stage[str(k)] for k in range(len(tpl.stages))]
+        if any(n.node != tpl.stages[k].node or n.region != ordered[0].region for k, n in enumerate(ordered)):
+            return None
+        return dep, tpl, ordered[0].region, [n.id for n in ordered]
+
+    def _adopt(
+        self,
+        iid: str,
+        num: int,
+        dep: str,
+        tpl: Template,
+        region: str,
+        node_ids: list[str],
+        since: float,
+        now: float,
+        rec: Reconciled,
+        warm: bool,
+    ) -> None:
+        inst = InstRec(iid, num, dep, tpl, region, "provisioning", since, node_ids, warm)
+        self.instances[iid] = inst
+        running = {n.id for n in self.cloud.alive() if n.state == "running"}
+        for stage, nid in enumerate(node_ids):
+            self.nodes[nid] = NodeRec(nid, region, tpl.stages[stage].node, iid, stage)
+            if nid in running:
+                self.resume_up.append(nid)
+        self._action(now, "adopt", inst, "resumed after a crash")
+        rec.adopted.append(iid)
 
     async def _stop(self, inst: InstRec, now: float, reason: str, *, at_once: bool = False) -> None:
         if inst.state in ("serving", "retiring") and not at_once:
@@ -277,6 +403,8 @@ class Supervisor(TickActor):
             return
         rec.state = "lost"
         self.cloud.release(rec.id, now)
+        if cause == "heartbeat" and rec.worker and self.terminate is not None:
+            self.terminate(rec.id)  # the provider ends the machine: a worker merely wedged there ends too
         self.out.append(NodeLost(now, rec.id, rec.region, rec.node, rec.instance, cause))
         inst = self.instances[rec.instance]
         if inst.state in ("stopped", "lost"):
@@ -306,6 +434,11 @@ class Supervisor(TickActor):
 
     async def on_tick(self, now: float) -> None:
         self.spent += self.cost_rate * self.tick_s / 3600.0
+        up, self.resume_up = self.resume_up, []
+        for nid in up:
+            node = self.nodes.get(nid)
+            if node is not None and node.state == "provisioning":
+                await self._node_up(node, now)
         for ev in self.cloud.poll(now):
             rec = self.nodes.get(ev.node_id)
             if rec is None:
@@ -403,7 +536,9 @@ class Supervisor(TickActor):
         for iid in self.lost + self.stopped:
             inst = self.instances.pop(iid)
             for nid in inst.nodes:
-                self.nodes.pop(nid, None)
+                rec = self.nodes.get(nid)
+                if rec is not None and rec.instance == iid:  # a static host may serve a new instance already
+                    del self.nodes[nid]
         self.lost, self.stopped, self.by_operator = [], [], []
 
     @property

@@ -7,9 +7,15 @@ takes the router's work (``Dispatch``), polls the engine at every tick and sends
 router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
 engine is empty; a release stops the engine and ends the worker (through ``on_exit``, so that the mesh
 stops it between ticks rather than while it synchronises). ``KillNode`` (the simulated cloud's
-fault) ends it at once, without a word: its node is dead (a real engine's server is killed with it). An
-engine that breaks by itself (``engine.fault``: a real server died) is reported to the supervisor as
-``EngineFault`` and ends the worker; the supervisor loses the node at once.
+fault) ends it at once, without a word: its node is dead (a real engine's server is killed with it); with
+cause ``hang`` it wedges instead: connected but silent, until its node is terminated. An engine that
+breaks by itself (``engine.fault``: a real server died) is reported to the supervisor as ``EngineFault``
+and ends the worker; the supervisor loses the node at once.
+
+Progress: for work items with ``progress`` (the HTTP gateway's requests), the head worker reports the
+tokens generated so far at each tick where they grew (``progress`` outcomes), so that the gateway can
+stream them at the simulated times. It reads them from the simulated engine's instance model; an engine
+without one (vLLM serves the gateway over HTTP itself) reports none.
 
 Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
 handoff (prefill head -> router -> decode head, one tick per hop) is admitted at its exact time.
@@ -21,6 +27,7 @@ from collections.abc import Callable, Mapping
 
 from actors.base import TickActor
 from coral.engines import Engine, StageAssignment
+from coral.engines.sim import SimEngine
 from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SUPERVISOR
 from coral.messages.fleet import (
@@ -36,7 +43,7 @@ from coral.messages.fleet import (
     WorkerHeartbeat,
 )
 from coral.messages.mesh import MeshTiming
-from coral.messages.requests import Completions, Dispatch
+from coral.messages.requests import Completions, Dispatch, Outcome
 from coral.scenario import Deployment
 from coral.templates import Template
 
@@ -62,8 +69,9 @@ class StageWorker(TickActor):
         router: str = ROUTER,
         supervisor: str = SUPERVISOR,
         on_exit: Callable[[str], None] | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(worker_name(node_id), tick_s=timing.tick_s)
+        super().__init__(name or worker_name(node_id), tick_s=timing.tick_s)
         self.node_id = node_id
         self.region = region
         self.node_type = node_type
@@ -75,7 +83,7 @@ class StageWorker(TickActor):
         self.supervisor = supervisor
         self.on_exit = on_exit
         self.exited = False
-        self.state = "idle"  # idle | loading | loaded | serving | draining | released | dead
+        self.state = "idle"  # idle | loading | loaded | serving | draining | released | dead | hung
         self.instance = ""
         self.head = False
         self.lag = 0.0
@@ -84,6 +92,7 @@ class StageWorker(TickActor):
         self.drained_sent = False
         self.hb_every = timing.ticks(timing.heartbeat_s)
         self.ticks = 0
+        self.watched: dict[int, int] = {}
 
     def engine_now(self, now: float) -> float:
         return now - self.lag
@@ -94,10 +103,15 @@ class StageWorker(TickActor):
         if self.state in ("dead", "released"):
             return
         if isinstance(msg, KillNode):
-            self.state = "dead"
-            kill = getattr(self.engine, "kill", None)
-            if kill is not None:
-                kill()
+            if msg.cause != "hang":
+                self.state = "dead"
+                kill = getattr(self.engine, "kill", None)
+                if kill is not None:
+                    kill()
+            elif self.state != "hung":
+                self.state = "hung"
+        elif self.state == "hung":
+            return  # wedged: takes its messages and does nothing
         elif isinstance(msg, LoadStage):
             tpl = self.templates[msg.template_id]
             self.instance = msg.instance
@@ -114,6 +128,9 @@ class StageWorker(TickActor):
             self.state = "serving"
         elif isinstance(msg, Dispatch) and msg.instance == self.instance and self.head:
             self.engine.submit(msg.items, self.engine_now(now))
+            for item in msg.items:
+                if item.progress:
+                    self.watched[item.id] = item.gen
         elif isinstance(msg, DrainOrder) and msg.instance == self.instance:
             back = self.engine.drain(self.engine_now(now))
             self.state = "draining"
@@ -124,6 +141,8 @@ class StageWorker(TickActor):
             self.state = "released"
 
     async def on_tick(self, now: float) -> None:
+        if self.state == "hung":
+            return  # no heartbeat, no work; the bus connection lives on
         if self.state in ("dead", "released"):
             if not self.exited:
                 self.exited = True
@@ -147,6 +166,8 @@ class StageWorker(TickActor):
             await self.ctx.send(self.supervisor, StageLoaded(self.node_id, self.instance, now, endpoint))
         if self.head and self.state in ("serving", "draining"):
             out = self.engine.poll(self.engine_now(now))
+            if self.watched:
+                out = self._progress(now, out)
             if out:
                 await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
         if self.state == "draining" and not self.drained_sent and self.engine.drained:
@@ -159,6 +180,23 @@ class StageWorker(TickActor):
             got = stats() if callable(stats) else None
             if got:
                 await self.ctx.publish(EngineStats(self.node_id, self.instance, now, *got))
+
+    def _progress(self, now: float, out: list[Outcome]) -> list[Outcome]:
+        """``out`` with a ``progress`` outcome (before it) for each watched request whose tokens grew."""
+        for o in out:
+            if o.kind != "progress":
+                self.watched.pop(o.id, None)
+        model = self.engine.model if isinstance(self.engine, SimEngine) else None
+        if model is None:
+            return out
+        grew = []
+        for req, item in model.items.items():
+            seen = self.watched.get(item.id)
+            if seen is not None and req.gen > seen:
+                self.watched[item.id] = req.gen
+                grew.append(Outcome(item.id, "progress", now, req.first_t, tokens=req.gen))
+        grew.sort(key=lambda o: o.id)
+        return grew + out
 
 
 EngineFactory = Callable[[str], Engine]

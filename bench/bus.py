@@ -1,7 +1,7 @@
 """Bus benchmark: kernel throughput and round-trip latency, and the mesh's reaction time to a stockout.
 
-1. Throughput and request/reply p50/p99 through the kernel over inproc and tcp, for a small message and a
-   ~50 KB plan-like one (``bench/bus_bench.py``, reused as is).
+1. Throughput and request/reply p50/p99 through the kernel over inproc, tcp and tcp with CurveZMQ, for a
+   small message and a ~50 KB plan-like one (``bench/bus_bench.py``, reused as is).
 2. Reaction time: the whole mesh (price watcher, demand monitor, allocator, supervisor with the simulated
    cloud, stage workers, router with seeded traffic) runs the ``core`` scenario, paced at ``--speed``
    scenario seconds per wall second as ``coral up`` runs it, with the solver under the scenario's deadline.
@@ -177,7 +177,7 @@ async def reaction(store_path: Path, runs: int, speed: float, warmup_s: float, c
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     if not args.skip_bus:
-        for transport in ("inproc", "tcp"):
+        for transport in ("inproc", "tcp", "tcp+curve"):
             for kind, n in (("small", args.small), ("plan", args.plan)):
                 results.append({"bench": "throughput", **await bus_bench.throughput(transport, kind, n, args.window)})
                 results.append({"bench": "latency", **await bus_bench.latency(transport, kind, args.rtt)})
@@ -212,10 +212,10 @@ def cli() -> None:
         if args.json:
             print(json.dumps(r))
         elif r["bench"] == "throughput":
-            print(f"throughput {r['transport']:6} {r['message']:5} {r['msgs_per_s']:>9,} msg/s  dropped={r['dropped']}")
+            print(f"throughput {r['transport']:9} {r['message']:5} {r['msgs_per_s']:>9,} msg/s  dropped={r['dropped']}")
         elif r["bench"] == "latency":
             lat = f"p50={r['rtt_p50_us']:>8} us  p99={r['rtt_p99_us']:>8} us"
-            print(f"latency    {r['transport']:6} {r['message']:5} {lat}")
+            print(f"latency    {r['transport']:9} {r['message']:5} {lat}")
         elif r["bench"] == "templates":
             print(f"templates  core N_max {r['nmax']} in {r['store']}: {r['templates_kept']} kept ({r['build_s']} s)")
         else:

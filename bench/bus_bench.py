@@ -1,4 +1,5 @@
-"""Bus benchmark: messages/s and request/reply latency through the kernel, over inproc and tcp loopback.
+"""Bus benchmark: messages/s and request/reply latency through the kernel, over inproc, tcp loopback and
+tcp loopback with CurveZMQ (``tcp+curve``: encrypted and authenticated, in-memory keys).
 
 Two clients in one process talk through one broker (all traffic goes client -> ROUTER -> client, as in
 the mesh). For each transport and message size it measures:
@@ -28,7 +29,9 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coral.kernel import Broker, BusClient, Endpoints, encode, inproc_endpoints, message
+import zmq
+
+from coral.kernel import Broker, BusClient, ClientKeys, Endpoints, ServerKeys, encode, inproc_endpoints, message
 
 
 @message("bench.small")
@@ -85,10 +88,27 @@ def endpoints_for(transport: str) -> Endpoints:
     return Endpoints("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
 
 
+def curve_for(transport: str, *names: str) -> tuple[ServerKeys | None, dict[str, ClientKeys | None]]:
+    """For ``tcp+curve``: fresh in-memory kernel keys allowing one client key pair per name."""
+    if transport != "tcp+curve":
+        return None, dict.fromkeys(names)
+    spub, ssec = zmq.curve_keypair()
+    clients = {}
+    for n in names:
+        pub, sec = zmq.curve_keypair()
+        clients[n] = ClientKeys(n, spub, pub, sec)
+    allowed = tuple((c.public, n) for n, c in clients.items())
+    return ServerKeys(spub, ssec, None, allowed), dict(clients)
+
+
 async def throughput(transport: str, kind: str, n: int, window: int) -> dict[str, Any]:
-    async with Broker(endpoints_for(transport), hwm=10_000) as broker:
+    server, keys = curve_for(transport, "rx", "tx")
+    async with Broker(endpoints_for(transport), hwm=10_000, curve=server) as broker:
         ep = broker.endpoints
-        async with BusClient("rx", ep, inbox_size=4096) as rx, BusClient("tx", ep) as tx:
+        async with (
+            BusClient("rx", ep, inbox_size=4096, curve=keys["rx"]) as rx,
+            BusClient("tx", ep, curve=keys["tx"]) as tx,
+        ):
             msgs = [make_msg(kind, i) for i in range(min(n, 64))]
             received = 0
             progress = anyio.Event()
@@ -129,9 +149,14 @@ async def throughput(transport: str, kind: str, n: int, window: int) -> dict[str
 
 
 async def latency(transport: str, kind: str, n: int) -> dict[str, Any]:
-    async with Broker(endpoints_for(transport)) as broker:
+    server, keys = curve_for(transport, "echo", "ask")
+    async with Broker(endpoints_for(transport), curve=server) as broker:
         ep = broker.endpoints
-        async with BusClient("echo", ep) as echo, BusClient("ask", ep) as ask, anyio.create_task_group() as tg:
+        async with (
+            BusClient("echo", ep, curve=keys["echo"]) as echo,
+            BusClient("ask", ep, curve=keys["ask"]) as ask,
+            anyio.create_task_group() as tg,
+        ):
 
             async def serve() -> None:
                 async for env in echo:
@@ -159,7 +184,7 @@ async def latency(transport: str, kind: str, n: int) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
-    for transport in ("inproc", "tcp"):
+    for transport in ("inproc", "tcp", "tcp+curve"):
         for kind, n in (("small", args.small), ("plan", args.plan)):
             results.append({"bench": "throughput", **await throughput(transport, kind, n, args.window)})
             results.append({"bench": "latency", **await latency(transport, kind, args.rtt)})
@@ -182,13 +207,13 @@ def cli() -> None:
     for r in results:
         if r["bench"] == "throughput":
             print(
-                f"throughput {r['transport']:6} {r['message']:5} body={r['body_bytes']:>6} B  "
+                f"throughput {r['transport']:9} {r['message']:5} body={r['body_bytes']:>6} B  "
                 f"{r['msgs_per_s']:>9,} msg/s  {r['mb_per_s']:>7} MB/s  "
                 f"received={r['received']:,} dropped={r['dropped']}"
             )
         else:
             print(
-                f"latency    {r['transport']:6} {r['message']:5} round trip p50={r['rtt_p50_us']:>8} us  "
+                f"latency    {r['transport']:9} {r['message']:5} round trip p50={r['rtt_p50_us']:>8} us  "
                 f"p99={r['rtt_p99_us']:>8} us  (n={r['n']})"
             )
 

@@ -1,18 +1,34 @@
-"""Solve one (model, node multiset, mode, SLO, shape) into a Template: the unit of work of a build."""
+"""Solve one (model, node multiset, mode, SLO, shape) into a Template: the unit of work of a build.
+
+One micro-batch size per template. The micro-batch of a pipeline passes through every stage, so all the
+stages of an instance step the same batch b (vLLM has one ``max_num_seqs`` per engine). A placement whose
+stages had different b would claim, on a stage with a larger b, a throughput that the pipeline cannot feed
+it. So ``solve_multiset`` solves the placement once per batch size b of the grid, with every node's menu
+restricted to its options of that b, and keeps the best:
+
+    max over b of  OPT(problem restricted to options with batch b)
+
+This is exact for the one-b model: each restricted problem is solved exactly (or with its gap), and a b
+whose upper bound (the layer-work bound of the restricted menus) cannot beat the incumbent is skipped,
+which is a proof that it holds nothing better. The result's bound is the largest bound over all b (a
+solved b gives its placer's bound, a skipped one the layer-work bound), so the reported gap is valid.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 
 from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
+from solvers.combos import layer_work_bound
 from solvers.fastplace import place
 from solvers.options import build_problem
-from solvers.problem import PlacementProblem, PlacementResult
+from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
 
 FLOW_EPS = 1e-9
 
@@ -129,6 +145,60 @@ def _worst_path_latency(problem: PlacementProblem, result: PlacementResult, n: i
     return out
 
 
+def restrict_batch(problem: PlacementProblem, batch: int) -> PlacementProblem | None:
+    """The problem with every node's menu restricted to its options of micro-batch ``batch``; None if a
+    node has no such option (every node must be used)."""
+    menus = []
+    for m in problem.menus:
+        keep = np.flatnonzero(m.b == batch)
+        if keep.size == 0:
+            return None
+        menus.append(NodeMenu(m.k[keep], m.b[keep], m.cap[keep], m.lat[:, keep], m.mem[keep]))
+    return attrs.evolve(problem, menus=tuple(menus))
+
+
+def place_one_batch(problem: PlacementProblem, *, time_limit: float = 10.0) -> tuple[PlacementProblem, PlacementResult]:
+    """The best placement in which every stage steps the same micro-batch (see the module docstring).
+
+    Returns the restricted problem the placement refers to (its option indices index those menus) and
+    the combined result: its status is ``optimal`` only if every batch size was solved to optimality or
+    skipped by its bound.
+    """
+    t0 = time.perf_counter()
+    subs = []
+    for b in sorted({int(x) for m in problem.menus for x in m.b}):
+        sub = restrict_batch(problem, b)
+        if sub is not None:
+            ub = layer_work_bound(sub)
+            if ub > 0:
+                subs.append((ub, b, sub))
+    subs.sort(key=lambda x: (-x[0], -x[1]))
+    best: tuple[PlacementProblem, PlacementResult] | None = None
+    bound = 0.0
+    proven = True
+    for ub, _b, sub in subs:
+        value = best[1].value if best is not None else 0.0
+        if ub <= value * (1.0 + 1e-9):
+            bound = max(bound, ub)
+            continue
+        left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
+        res = place(sub, time_limit=left)
+        if res.status == "infeasible":
+            continue
+        bound = max(bound, res.bound if res.bound > 0 else ub)
+        proven = proven and res.status == "optimal"
+        if res.value > 0 and (best is None or res.value > best[1].value * (1.0 + 1e-12)):
+            best = (sub, res)
+    elapsed = time.perf_counter() - t0
+    if best is None:
+        status = "infeasible" if proven else "unknown"
+        return problem, PlacementResult(0.0, status, bound, "one-batch", solve_s=elapsed)
+    sub, res = best
+    bound = max(bound, res.value)
+    status = "optimal" if proven or bound <= res.value * (1.0 + 1e-9) else "feasible"
+    return sub, attrs.evolve(res, status=status, bound=bound if status != "optimal" else res.value, solve_s=elapsed)
+
+
 def solve_multiset(
     perf: PerfModel,
     model: str,
@@ -143,7 +213,7 @@ def solve_multiset(
     """Solve one multiset; returns the template (None when infeasible), the raw result and wall seconds."""
     t0 = time.perf_counter()
     problem = build_problem(perf, model, nodes, mode, slo, shape)
-    result = place(problem, time_limit=time_limit)
+    problem, result = place_one_batch(problem, time_limit=time_limit)
     tpl = None
     if result.status != "infeasible" and result.value > 0:
         tpl = template_from_result(perf, problem, result, key=key, model=model, mode=mode, slo=slo, shape=shape)

@@ -1,8 +1,9 @@
 """Turn (model, node multiset, mode, SLO, workload shape) into a numeric PlacementProblem.
 
 Per node, the option menu is every (k layers, batch b) on the grid ``k = 1..K_b``, ``b in BATCH_GRID``
-whose memory fits. ``b`` is the micro-batch a stage steps at once. A path of p stages keeps p micro-batches
-in flight (vLLM's virtual engines), so every stage holds the KV cache of p * b sequences; since p is at
+whose memory fits. ``b`` is the micro-batch a stage steps at once (one b for all the stages of a
+template: see ``solvers.library``). A path of p stages keeps p micro-batches in flight (vLLM's virtual
+engines), so every stage holds the KV cache of p * b sequences; since p is at
 most the number of nodes n, the memory check is k * layer weights + KV for n * b sequences at the shape's
 maximum context <= usable memory (``coral.perf``): exact for chains through all n nodes, conservative for
 shorter paths. For each option the perf model gives:
@@ -20,6 +21,15 @@ steps, so each output token also waits for its share of the batch's prompt work)
 (sum of ``2 pre_b``: a request waits for the batch in progress, then runs in the next); decode has TPOT,
 plus, on the source edge, the KV-cache transfer of the mean prompt over the decode node's NIC spread over
 the mean output (the second token waits for it).
+
+The TPOT of a loaded pipeline: vLLM keeps p micro-batches in flight on a path of p stages, and each of
+them visits the slowest stage once per token, so a token takes p * max_i t_i (t_i: the stage's per-token
+time above), not the sum of the t_i, which holds only while one micro-batch is alone (an unbalanced
+7 + 57-layer split of qwen3-32b was estimated at 87 ms and simulated at 101 ms). The path constraint
+keeps the sum (with the links); in addition every TPOT option must satisfy n * t <= TPOT target, which
+bounds p * max_i t_i for every path (p <= n): exact for chains through all n nodes, conservative for
+shorter paths, as the memory check.
+
 Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
 at most NIC bandwidth / activation bytes per flow unit.
 """
@@ -36,7 +46,7 @@ from coral.workload import MODES, Slo, WorkloadShape
 from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-3"
+FORMULATION = "options-5"
 """Bumped whenever menus or metrics change meaning; part of every template's content key."""
 
 
@@ -72,6 +82,15 @@ def node_menu(
     return NodeMenu(k, b, cap, np.vstack([tau + pre_b / shape.mean_out, pre1 + tau]), mem)
 
 
+def _pipeline_tpot(menu: NodeMenu, n: int, tpot_s: float, mode: str) -> NodeMenu:
+    """Keep the options whose per-token time, times the n micro-batches in flight, meets the TPOT target
+    (see the module docstring); prefill menus have no TPOT and stay whole."""
+    if mode == "prefill" or n == 1 or menu.size == 0:
+        return menu
+    keep = np.flatnonzero(n * menu.lat[0] <= tpot_s * (1.0 + 1e-12))
+    return NodeMenu(menu.k[keep], menu.b[keep], menu.cap[keep], menu.lat[:, keep], menu.mem[keep])
+
+
 def _metrics(mode: str) -> int:
     return 2 if mode == "aggregated" else 1
 
@@ -84,7 +103,9 @@ def build_problem(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     kinds = tuple(sorted(nodes))
     n = len(kinds)
-    menus = tuple(node_menu(perf, model, nd, mode, shape, inflight=n) for nd in kinds)
+    menus = tuple(
+        _pipeline_tpot(node_menu(perf, model, nd, mode, shape, inflight=n), n, slo.tpot_s, mode) for nd in kinds
+    )
     m = perf.catalog.models[model]
     act = activation_bytes_per_token(m)
     per_unit = {"aggregated": (shape.mean_in + shape.mean_out) * act, "prefill": act, "decode": act}[mode]

@@ -6,11 +6,24 @@ Policies, on the same allocation program, prices, availability and demand:
 - ``homo``: aggregated templates whose nodes are all of one node type (homogeneous replicas);
 - ``pd-homo``: homogeneous prefill and homogeneous decode instances, paired per region.
 
+Queueing headroom: a template's TTFT estimate is that of an idle instance, but at the planned utilisation
+requests queue. Each template is modelled as an M/M/c queue (Erlang C) and loaded to at most the largest
+utilisation u whose TTFT at the SLO's attainment quantile q still meets the target:
+
+    own + W_q(u) <= TTFT target,  W_q(u) = ln(C(c, c u) / (1 - q)) / (c mu (1 - u))  (0 when C <= 1 - q)
+
+where C is the Erlang C probability of waiting. A prefill template is one server of its prompts
+(c = 1, service 1 / mu = pre_b / b, own = pre_b = ttft / 2: a prompt waits for the batch in progress);
+an aggregated one has c = p * b request slots (p micro-batches of b on its longest path) each held for
+own + out * tpot (own = its ttft). ``safe_utilisation`` finds that u; the column's capacity is scaled by
+min(1, u / utilisation), so that the allocator's utilisation target applies to what is left.
+
 Pure: the caller reads the template store and passes the templates in.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -21,7 +34,7 @@ from coral.errors import CoralError
 from coral.perf import PerfModel
 from coral.plan import DeploymentServing, Plan, PlannedInstances, PlanRequest
 from coral.scenario import Deployment, Scenario
-from coral.templates import Template
+from coral.templates import SINK, SOURCE, Template
 from solvers.allocation import AllocationProblem, AllocationResult, AllocTemplate, SolverEffort, solve_allocation
 
 POLICIES = ("coral", "homo", "pd-homo")
@@ -38,6 +51,68 @@ def policy_admits(policy: str, t: Template) -> bool:
     if policy == "pd-homo":
         return homogeneous and t.mode in ("prefill", "decode")
     raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+
+
+def erlang_c(servers: int, load: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue with ``servers`` servers and offered ``load``
+    (arrival rate times service time, < servers)."""
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = load * blocking / (k + load * blocking)
+    return servers * blocking / (servers - load * (1.0 - blocking))
+
+
+def safe_utilisation(own_s: float, service_s: float, servers: int, target_s: float, attainment: float) -> float:
+    """Largest utilisation u < 1 at which ``own_s`` plus the attainment-quantile M/M/c wait (``servers``
+    servers of mean service ``service_s``) is at most ``target_s``; 0 if even an idle instance misses."""
+    slack = target_s - own_s
+    if slack < 0:
+        return 0.0
+    miss = 1.0 - attainment
+
+    def wait(u: float) -> float:
+        c = erlang_c(servers, u * servers)
+        return 0.0 if c <= miss else service_s * math.log(c / miss) / (servers * (1.0 - u))
+
+    lo, hi = 0.0, 1.0 - 1e-6
+    if wait(hi) <= slack:
+        return hi
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if wait(mid) <= slack else (lo, mid)
+    return lo
+
+
+def queueing_utilisation(t: Template, d: Deployment) -> float:
+    """``safe_utilisation`` of a template for a deployment (1 for decode templates: they add no TTFT)."""
+    batch = min(s.batch for s in t.stages)
+    if t.mode == "prefill":
+        own = t.ttft_s / 2.0
+        return safe_utilisation(own, own / batch, 1, d.slo.ttft_s, d.slo.attainment)
+    if t.mode == "aggregated":
+        depth = max(len(p) for p in template_chains(t))
+        hold = t.ttft_s + d.shape.mean_out * t.tpot_s
+        return safe_utilisation(t.ttft_s, hold, depth * batch, d.slo.ttft_s, d.slo.attainment)
+    return 1.0
+
+
+def template_chains(t: Template) -> list[list[int]]:
+    """The stage sequences of a template's source-to-sink routes."""
+    nxt: dict[int, list[int]] = {}
+    for r in t.routes:
+        if r.flow > 0:
+            nxt.setdefault(r.src, []).append(r.dst)
+    out: list[list[int]] = []
+
+    def walk(u: int, path: list[int]) -> None:
+        for v in nxt.get(u, []):
+            if v == SINK:
+                out.append(path)
+            elif v not in path:
+                walk(v, [*path, v])
+
+    walk(SOURCE, [])
+    return out or [[s.index for s in t.stages]]
 
 
 def instance_load_s(perf: PerfModel, t: Template) -> float:
@@ -71,13 +146,14 @@ class Planner:
                 counts = np.zeros(len(nodes), dtype=np.int64)
                 for n, c in t.node_counts.items():
                     counts[gidx[n]] = c
+                scale = min(1.0, queueing_utilisation(t, d) / sc.planner.utilisation)
                 columns.append(
                     AllocTemplate(
                         m,
                         t.mode,
                         counts,
-                        t.prefill_tok_s,
-                        t.decode_tok_s,
+                        t.prefill_tok_s * scale,
+                        t.decode_tok_s * scale,
                         instance_load_s(self.perf, t),
                         f"{d.name}/{t.id}",
                     )

@@ -20,7 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
-from coral.kernel import Endpoints
+from coral.kernel import ClientKeys, Endpoints
 from tui import state as S
 from tui.bus import (
     BusBatch,
@@ -295,13 +295,14 @@ def make_app(
     store: Path | None = None,
     catalog_files: list[Path] | None = None,
     source: Source | None = None,
+    curve: ClientKeys | None = None,
 ) -> CoralTui:
     """The app for a live mesh (``endpoints``, or the local default), a journal (``replay``) or a source."""
     if source is None:
         if replay is not None:
             source = ReplaySource(replay, speed=check_speed(speed))
         else:
-            source = LiveSource(endpoints if endpoints is not None else default_endpoints())
+            source = LiveSource(endpoints if endpoints is not None else default_endpoints(), curve=curve)
     if store is None:
         from coral.store import default_store_path
 
@@ -316,10 +317,11 @@ def run_tui(
     speed: float = 1.0,
     store: Path | None = None,
     catalog_files: list[Path] | None = None,
+    curve: ClientKeys | None = None,
 ) -> int:
     """Run the TUI until the user quits: attached to ``endpoints`` (None: the local default ``coral up``),
     or replaying the journal ``replay`` at ``speed`` times its recorded time. Returns the exit status."""
-    app = make_app(endpoints, replay=replay, speed=speed, store=store, catalog_files=catalog_files)
+    app = make_app(endpoints, replay=replay, speed=speed, store=store, catalog_files=catalog_files, curve=curve)
     app.run()
     return app.return_code or 0
 
@@ -331,8 +333,9 @@ async def run_tui_async(
     speed: float = 1.0,
     store: Path | None = None,
     catalog_files: list[Path] | None = None,
+    curve: ClientKeys | None = None,
 ) -> int:
     """``run_tui`` inside a running asyncio event loop (for ``coral up --tui``, next to the mesh)."""
-    app = make_app(endpoints, replay=replay, speed=speed, store=store, catalog_files=catalog_files)
+    app = make_app(endpoints, replay=replay, speed=speed, store=store, catalog_files=catalog_files, curve=curve)
     await app.run_async()
     return app.return_code or 0

@@ -8,6 +8,13 @@ union of what changed), and past ``max_events`` queued events the oldest are dro
 worker posts at most one ``BusBatch`` per frame and none while the app has not consumed the previous one
 (``ack``), so the UI stays responsive however fast the bus runs.
 
+Attaching late: right after it connects, a live source asks ``coral up``'s ``operator`` gateway for a
+``Snapshot`` (the latest run setup, allocator settings, market, demand, fleet and traffic messages, and
+the recent plans) and folds it before any live message, so that a TUI started in the middle of a run
+shows the whole state at once. Live messages that the snapshot already covers (an older ``at``, or a
+plan sequence it holds) are skipped. A mesh without a gateway answers nothing; the TUI then fills in as
+updates arrive.
+
 Liveness: a live source runs a sync round trip with the kernel every ``ping_s``; when one fails (or the
 handshake does) it reports the link ``lost``, keeps retrying and reports ``connected`` when the mesh is
 back. The app keeps the last state on screen meanwhile.
@@ -32,11 +39,22 @@ import zmq
 from textual.message import Message
 
 from coral.errors import CoralError
-from coral.kernel import BusClient, BusError, DecodeError, Endpoints, Envelope, ErrorEvent, RequestError
+from coral.kernel import BusClient, BusError, ClientKeys, DecodeError, Endpoints, Envelope, ErrorEvent, RequestError
 from coral.kernel.journal import read_journal
 from coral.messages.control import OPERATOR
 from coral.templates import Template
-from tui.state import TOPICS, Link, clock_mark, is_snapshot, merge_snapshots, owner_of, wanted
+from tui.state import (
+    TOPICS,
+    Link,
+    clock_mark,
+    covered_by,
+    is_snapshot,
+    merge_snapshots,
+    owner_of,
+    snapshot_request,
+    unpack_snapshot,
+    wanted,
+)
 
 
 def default_endpoints() -> Endpoints:
@@ -214,8 +232,12 @@ class LiveSource:
         retry_s: float = 1.0,
         handshake_s: float = 2.0,
         request_timeout_s: float = 15.0,
+        snapshot_timeout_s: float = 5.0,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self.snapshot_timeout_s = snapshot_timeout_s
+        self.curve = curve
         self.address = f"{endpoints.router} {endpoints.pub}"
         self.name = name or f"tui-{os.getpid()}"
         self.ping_s = ping_s
@@ -239,6 +261,7 @@ class LiveSource:
                     subscribe=TOPICS,
                     inbox_size=8192,
                     handshake_timeout=self.handshake_s,
+                    curve=self.curve,
                 ) as bus:
                     sink.link(Link("connected", f"as {bus.name}", self.address))
                     detail = await self._session_loop(bus, sink)
@@ -256,10 +279,12 @@ class LiveSource:
         try:
             async with anyio.create_task_group() as tg:
                 self._bus, self._tg = bus, tg
+                covered = await self._attach(bus, sink)
 
                 async def read() -> None:
                     async for env in bus:
-                        sink.push(env)
+                        if not covered or not covered_by(covered, env):
+                            sink.push(env)
 
                 tg.start_soon(read)
                 while True:
@@ -273,6 +298,17 @@ class LiveSource:
         finally:
             self._bus, self._tg = None, None
         return reason
+
+    async def _attach(self, bus: BusClient, sink: Sink) -> dict[str, Any]:
+        """Fold the gateway's snapshot; return what it covers (tag -> its message), {} if none came."""
+        try:
+            reply = await bus.request(OPERATOR, snapshot_request(), timeout=self.snapshot_timeout_s)
+        except (RequestError, BusError, CoralError):  # no gateway: the state fills in from live updates
+            return {}
+        envs, covered = unpack_snapshot(reply)
+        for env in envs:
+            sink.push(env)
+        return covered
 
     def submit(self, n: int, cmd: Any, done: Callable[[CommandDone], object]) -> None:
         bus, tg = self._bus, self._tg

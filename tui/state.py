@@ -19,7 +19,8 @@ from typing import Any
 
 import attrs
 
-from coral.kernel import Envelope
+from coral.kernel import DecodeError, Envelope, ErrorEvent
+from coral.kernel.codec import decode
 from coral.messages import control as ctl
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import LIVE_STATES, ROUTABLE_STATES, FaultInjected, FleetAction, FleetUpdate, NodeLost
@@ -361,6 +362,42 @@ def initial_state(*, gpu_of: Mapping[str, str] | None = None, link: Link | None 
 
 
 # -- the reducer ------------------------------------------------------------------------------------
+
+
+def snapshot_request() -> ctl.SnapshotRequest:
+    """What a client attaching late asks the operator gateway for."""
+    return ctl.SnapshotRequest()
+
+
+def unpack_snapshot(reply: object) -> tuple[list[Envelope], dict[str, Any]]:
+    """The envelopes of a ``Snapshot`` reply, in order, and what they cover (tag -> its latest message).
+    A record that does not decode becomes an error event; anything but a snapshot gives nothing."""
+    if not isinstance(reply, ctl.Snapshot):
+        return [], {}
+    envs: list[Envelope] = []
+    covered: dict[str, Any] = {}
+    for rec in reply.records:
+        try:
+            msg = decode(rec.tag.encode(), rec.body)
+        except DecodeError as exc:
+            envs.append(Envelope("publish", rec.source, "kernel.error", ErrorEvent(rec.source, rec.tag, str(exc))))
+            continue
+        covered[rec.tag] = msg
+        envs.append(Envelope("publish", rec.source, rec.tag, msg))
+    return envs, covered
+
+
+def covered_by(covered: dict[str, Any], env: Envelope) -> bool:
+    """Whether a live message is already in the snapshot folded before it (the same one, or older)."""
+    seen = covered.get(env.tag)
+    if seen is None:
+        return False
+    if isinstance(env.msg, NewPlan) and isinstance(seen, NewPlan):
+        return bool(env.msg.plan.seq <= seen.plan.seq)
+    at, seen_at = getattr(env.msg, "at", None), getattr(seen, "at", None)
+    if isinstance(at, float) and isinstance(seen_at, float):
+        return at < seen_at or (at == seen_at and env.msg == seen)
+    return bool(env.msg == seen)
 
 
 def apply(state: State, env: Envelope) -> State:
@@ -743,7 +780,23 @@ def _on_shutdown(state: State, env: Envelope) -> State:
     return _event(state, state.now, "mesh", "warn", str(m.source), f"mesh shutting down: {m.reason}".rstrip(": "))
 
 
+def _on_alloc_state(state: State, env: Envelope) -> State:
+    """The allocator's operator settings, as it applies them (whoever sent the commands)."""
+    m: ctl.AllocatorState = env.msg
+    pins = dict(m.pins)
+    deps = {
+        name: attrs.evolve(d, pinned=pins.get(name)) if d.pinned != pins.get(name) else d
+        for name, d in state.deployments.items()
+    }
+    for name in sorted(pins.keys() - deps.keys()):
+        deps[name] = attrs.evolve(DeploymentView(name), pinned=pins[name])
+    return attrs.evolve(
+        state, paused=m.paused, churn=m.churn_factor, forbidden=frozenset(m.forbidden), deployments=deps
+    )
+
+
 _HANDLERS: dict[str, Callable[[State, Envelope], State]] = {
+    "ctl.alloc_state": _on_alloc_state,
     "mesh.setup": _on_setup,
     "mesh.end": _on_end,
     "plan.new": _on_plan,
@@ -1098,8 +1151,8 @@ def note_sent(state: State, action: str, cmd: Any) -> tuple[State, int]:
 def note_result(state: State, n: int, cmd: Any, result: Any | None, error: str = "") -> State:
     """Record the answer to command ``n``: a ``CommandResult``, or ``error`` when none came back.
 
-    An accepted pause, churn, forbid or pin is reflected in the state at once (the owner does not
-    publish those settings).
+    An accepted pause, churn, forbid or pin is reflected in the state at once; the allocator's next
+    ``ctl.alloc_state`` confirms it (and tells every other client).
     """
     if result is not None:
         status = "ok" if result.ok else "refused"

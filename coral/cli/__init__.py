@@ -20,6 +20,7 @@ VERB_MODULES = (
     "replay_cmd",
     "tui_cmd",
     "profile_cmd",
+    "keys_cmd",
 )
 
 

@@ -92,29 +92,45 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def print_result(res: SimResult, con: Console) -> None:
-    """The summary and the per-deployment table."""
+    """The summary and the per-deployment table (one block per deployment when the terminal is too
+    narrow for the table, so that no figure is cut off)."""
     s = res.summary()
-    t = Table(title=f"simulated {s['duration_s']:,.0f} s: {s['requests']:,} requests, ${s['cost']:,.2f}")
-    for c in ("deployment", "requests", "failed", "goodput/s", "TTFT ok", "TPOT ok", "both", "TTFT p50/p99",
-              "TPOT p50/p99", "cost $", "$/M tok"):  # fmt: skip
-        t.add_column(c, justify="left" if c == "deployment" else "right")
-    rows = [*s["per_model"].items(), ("all", s)]
-    for name, m in rows:
+    title = f"simulated {s['duration_s']:,.0f} s: {s['requests']:,} requests, ${s['cost']:,.2f}"
+    heads = ("deployment", "requests", "failed", "goodput/s", "TTFT ok", "TPOT ok", "both", "TTFT p50/p99",
+             "TPOT p50/p99", "cost $", "$/M tok")  # fmt: skip
+    rows = []
+    for name, m in [*s["per_model"].items(), ("all", s)]:
         lat, att = m["latency"], m["attainment"]
-        t.add_row(
-            name,
-            f"{m['requests']:,}",
-            f"{m['failed']:,}",
-            f"{m['goodput_rps']:.2f}",
-            f"{att['ttft']:.1%}",
-            f"{att['tpot']:.1%}",
-            f"{att['both']:.1%}",
-            f"{lat['ttft']['p50']:.2f}/{lat['ttft']['p99']:.2f} s",
-            f"{lat['tpot']['p50'] * 1e3:.0f}/{lat['tpot']['p99'] * 1e3:.0f} ms",
-            f"{m['cost']:,.2f}",
-            f"{m['cost_per_million_tokens']:.3f}",
+        rows.append(
+            (
+                name,
+                f"{m['requests']:,}",
+                f"{m['failed']:,}",
+                f"{m['goodput_rps']:.2f}",
+                f"{att['ttft']:.1%}",
+                f"{att['tpot']:.1%}",
+                f"{att['both']:.1%}",
+                f"{lat['ttft']['p50']:.2f}/{lat['ttft']['p99']:.2f} s",
+                f"{lat['tpot']['p50'] * 1e3:.0f}/{lat['tpot']['p99'] * 1e3:.0f} ms",
+                f"{m['cost']:,.2f}",
+                f"{m['cost_per_million_tokens']:.3f}",
+            )
         )
-    con.print(t)
+    t = Table(title=title)
+    for c in heads:
+        t.add_column(c, justify="left" if c == "deployment" else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(*r)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+    if sum(widths) + 3 * len(widths) + 1 <= con.width:
+        con.print(t)
+    else:
+        con.print(title, style="italic")
+        for r in rows:
+            con.print(f"[bold]{r[0]}[/bold]: {r[1]} requests, {r[2]} failed, goodput {r[3]}/s")
+            con.print(f"  SLO ok: TTFT {r[4]}, TPOT {r[5]}, both {r[6]}")
+            con.print(f"  TTFT p50/p99 {r[7]}, TPOT p50/p99 {r[8]}")
+            con.print(f"  cost ${r[9]}, ${r[10]} per million tokens")
     rp = s["replans"]
     con.print(
         f"replans: {rp['count']} ({rp['plan_changes']} changed the fleet), solve {rp['solve_s_total']:.2f} s total, "

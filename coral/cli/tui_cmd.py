@@ -29,6 +29,14 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--store", type=Path, default=None, help="template store for the stage bars (default: the user data dir)"
     )
+    p.add_argument(
+        "--keys",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="CurveZMQ key directory for a tcp:// kernel with keys (default: $CORAL_KEYS; none: plaintext)",
+    )
+    p.add_argument("--key-name", default="tui", help="this client's key in DIR/clients (default: tui)")
     p.set_defaults(func=run_tui_cmd)
 
 
@@ -56,4 +64,12 @@ def run_tui_cmd(args: argparse.Namespace) -> int:
     if args.replay is not None and not args.replay.is_file():
         raise CoralError(f"--replay: {args.replay}: no such journal file")
     endpoints = parse_address(args.connect) if args.connect is not None else None
-    return run_tui(endpoints, replay=args.replay, speed=speed, store=args.store, catalog_files=args.catalog)
+    curve = None
+    if args.replay is None:
+        from coral.cli.keys_cmd import client_keys_for
+        from tui.bus import default_endpoints
+
+        curve = client_keys_for(endpoints or default_endpoints(), args.keys, args.key_name)
+    return run_tui(
+        endpoints, replay=args.replay, speed=speed, store=args.store, catalog_files=args.catalog, curve=curve
+    )

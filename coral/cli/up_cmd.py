@@ -11,6 +11,10 @@ Other programs attach through ``--bind`` (the kernel's ROUTER at the given port,
 send control commands (``coral.messages.control``) to the ``operator`` gateway, which applies them at the
 next quiet point of the run and replies with the ``CommandResult``. The terminal UI attaches the same way
 (``run_up(..., on_start=...)`` is where ``coral up --tui`` will start it).
+
+``--gateway HOST:PORT`` serves the OpenAI-compatible HTTP gateway (``coral.gateway``) in the same process:
+clients ask for a deployment by name as ``model``. ``--metrics HOST:PORT`` serves the mesh's Prometheus
+metrics (``coral.metrics``). Both are off unless given.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import math
 import re
 import signal
+import socket
 import sys
 import time
 import tomllib
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import attrs
 from rich.console import Console, Group
 from rich.live import Live
@@ -36,7 +42,9 @@ from rich.text import Text
 
 from coral.cli.common import catalog_files, catalog_from, perf_from
 from coral.errors import CoralError
-from coral.kernel import Endpoints, Mesh
+from coral.gateway import Gateway, MeshLink, parse_address, serving
+from coral.gateway.server import bind
+from coral.kernel import Endpoints, Mesh, ServerKeys
 from coral.messages.mesh import CloudSetup, Host, MeshTiming
 from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
@@ -63,6 +71,27 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         "--bind",
         default=DEFAULT_BIND,
         help=f"kernel address: tcp://HOST:PORT, ipc://PATH or inproc (default: {DEFAULT_BIND})",
+    )
+    p.add_argument(
+        "--keys",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="CurveZMQ key directory (`coral keys init`): encrypt and authenticate the tcp bus "
+        "(default: $CORAL_KEYS; required to bind a non-loopback address)",
+    )
+    p.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="JOURNAL",
+        help="restart a crashed run from its --record journal (and JOURNAL.cloud.json), appending to it",
+    )
+    p.add_argument(
+        "--unknown-nodes",
+        default="release",
+        choices=("adopt", "release"),
+        help="with --resume: nodes the provider runs that the journal does not know (default: release)",
     )
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument(
@@ -139,6 +168,27 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument("--no-status", action="store_true", help="no live status, only the summary at the end")
     p.add_argument("--tui", action="store_true", help="watch and steer the mesh in the terminal UI (quit it to stop)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--gateway",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the OpenAI-compatible gateway here (model = deployment name; default: off)",
+    )
+    p.add_argument(
+        "--gateway-active",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests the gateway serves at once (default: 256)",
+    )
+    p.add_argument(
+        "--gateway-queue",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="requests that may wait for a slot; more are shed with 429 (default: 1024)",
+    )
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here (default: off)")
     p.set_defaults(func=run_up)
 
 
@@ -226,9 +276,12 @@ def run_up(args: argparse.Namespace) -> int:
     speed = parse_speed(args.speed)
     wall_limit = parse_duration(args.for_) if args.for_ is not None else None
     endpoints = parse_bind(args.bind)
+    from coral.cli.keys_cmd import kernel_keys
+
+    curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
-    if args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
+    if args.resume is None and args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
         raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
     vllm = args.backend == "vllm"
     if vllm:
@@ -240,6 +293,18 @@ def run_up(args: argparse.Namespace) -> int:
     queue = parse_duration(args.queue_timeout, "--queue-timeout") if args.queue_timeout is not None else None
     if queue is None and vllm:
         queue = 180.0
+    gw_addr = parse_address(args.gateway, "--gateway") if args.gateway is not None else None
+    metrics_addr = parse_address(args.metrics, "--metrics") if args.metrics is not None else None
+    if args.gateway_active < 1:
+        raise CoralError(f"--gateway-active: must be at least 1, got {args.gateway_active}")
+    if args.gateway_queue < 0:
+        raise CoralError(f"--gateway-queue: must not be negative, got {args.gateway_queue}")
+    if args.resume is not None:
+        if vllm:
+            raise CoralError("--resume: a crashed run on the vllm backend cannot be resumed (its servers died with it)")
+        from coral.cli.resume import run_resumed
+
+        return run_resumed(args, endpoints, speed, wall_limit, curve, lambda: _serve(args, gw_addr, metrics_addr))
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
@@ -271,6 +336,7 @@ def run_up(args: argparse.Namespace) -> int:
     setup = make_setup(sc, cat, perf, library, options, catalog_files=catalog_files(args), profile_files=args.profiles)
     fleet = _vllm_fleet(args, sc, cat) if vllm else None
     console = Console(stderr=args.json, quiet=args.tui)
+    serve = _serve(args, gw_addr, metrics_addr)
     try:
         summary = anyio.run(
             _run,
@@ -285,6 +351,10 @@ def run_up(args: argparse.Namespace) -> int:
             console,
             not (args.no_status or args.json or args.tui),
             path if args.tui else None,
+            curve,
+            serve,
+            None,
+            "release",
             fleet,
             args.until_idle,
             backend="asyncio",
@@ -322,20 +392,27 @@ async def run_up_async(
     live: bool,
     on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
     tui_store: Path | None = None,
+    curve: ServerKeys | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
+    serve: Serve | None = None,
     engine_factory: Callable[[str], Any] | None = None,
     until_idle: bool = False,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
     With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
-    store), and quitting it stops the mesh.
+    store), and quitting it stops the mesh. ``serve`` adds the HTTP gateway and the metrics endpoint.
     """
     from actors.compose import RunState, run_mesh
+    from actors.recovery import provider_state_path
+    from coral.cli.resume import resume_summary
 
     stop = anyio.Event()
     state = RunState()
     t0 = time.monotonic()
     info: dict[str, Any] = {"endpoints": None}
+    links: list[MeshLink] = []
 
     async def started(mesh: Mesh, cm: Any) -> None:
         info["endpoints"] = mesh.endpoints
@@ -343,13 +420,19 @@ async def run_up_async(
             console.print(f"coral up: {setup.scenario_name}, kernel at {mesh.endpoints.router} / {mesh.endpoints.pub}")
         if on_start is not None:
             await on_start(mesh, cm)
+        if serve is not None:
+            await start_serving(serve, mesh, scenario, setup.seed, tg, links, console)
         if tui_store is not None:
-            tg.start_soon(tui, mesh.endpoints)
+            tg.start_soon(tui, mesh)
 
-    async def tui(endpoints: Endpoints) -> None:
+    def stepped(now: float) -> None:
+        for link in links:
+            link.step(now)
+
+    async def tui(mesh: Mesh) -> None:
         from tui.app import run_tui_async
 
-        await run_tui_async(endpoints, store=tui_store)
+        await run_tui_async(mesh.endpoints, store=tui_store, curve=mesh.local_keys)
         stop.set()
 
     async with anyio.create_task_group() as tg:
@@ -402,10 +485,28 @@ async def run_up_async(
             gateway=True,
             state=state,
             on_start=started,
+            curve=curve,
+            provider_state=provider_state_path(journal) if journal is not None else None,
+            resume=resume,
+            unknown_nodes=unknown_nodes,
+            on_step=stepped,
             engine_factory=engine_factory,
         )
         tg.cancel_scope.cancel()
-    return summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+    out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+    if result.resumed is not None:
+        out["resumed"] = resume_summary(result.resumed, resume)
+    return out
+
+
+def _serve(args: argparse.Namespace, gw_addr: tuple[str, int] | None, metrics_addr: tuple[str, int] | None) -> Serve:
+    """Bind the gateway's and the metrics' sockets (before the mesh starts: a taken port fails early)."""
+    return Serve(
+        bind(*gw_addr, "--gateway") if gw_addr is not None else None,
+        bind(*metrics_addr, "--metrics") if metrics_addr is not None else None,
+        args.gateway_active,
+        args.gateway_queue,
+    )
 
 
 async def _run(
@@ -420,8 +521,12 @@ async def _run(
     console: Console,
     live: bool,
     tui_store: Path | None,
-    engine_factory: Callable[[str], Any] | None,
-    until_idle: bool,
+    curve: ServerKeys | None = None,
+    serve: Serve | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
+    engine_factory: Callable[[str], Any] | None = None,
+    until_idle: bool = False,
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -435,6 +540,10 @@ async def _run(
         console=console,
         live=live,
         tui_store=tui_store,
+        curve=curve,
+        resume=resume,
+        unknown_nodes=unknown_nodes,
+        serve=serve,
         engine_factory=engine_factory,
         until_idle=until_idle,
     )
@@ -458,6 +567,65 @@ def _vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any) -> Any:
         seed=args.seed,
     )
     return VllmFleet(backend)
+
+
+@attrs.frozen
+class Serve:
+    """What ``coral up`` serves over HTTP besides the kernel: the gateway and the metrics (bound sockets)."""
+
+    gateway: socket.socket | None = None
+    metrics: socket.socket | None = None
+    max_active: int = 256
+    max_queue: int = 1024
+
+
+async def start_serving(
+    serve: Serve,
+    mesh: Mesh,
+    scenario: Scenario,
+    seed: int,
+    tg: anyio.abc.TaskGroup,
+    links: list[MeshLink],
+    console: Console,
+) -> None:
+    """Attach the gateway and the metrics to ``mesh`` and serve them in ``tg`` (until it is cancelled)."""
+    from coral.metrics import TOPICS, GatewayCollector, MeshMetrics
+
+    gw: Gateway | None = None
+    if serve.gateway is not None:
+        gw = Gateway(
+            {d.name: max(1, round(d.shape.mean_out)) for d in scenario.deployments},
+            seed=seed,
+            max_active=serve.max_active,
+            max_queue=serve.max_queue,
+        )
+        link = await MeshLink.open(gw, mesh)
+        links.append(link)
+        tg.start_soon(link.run)
+        tg.start_soon(_serve_forever, gw, serve.gateway, "gateway", console)
+    if serve.metrics is not None:
+        metrics = MeshMetrics({d.name: d.model for d in scenario.deployments})
+        if gw is not None:
+            metrics.registry.register(GatewayCollector(gw))
+        bus = await mesh.client("metrics", subscribe=TOPICS, inbox_size=1 << 16)
+
+        async def feed() -> None:
+            async for env in bus:
+                metrics.update(env)
+
+        tg.start_soon(feed)
+        tg.start_soon(_serve_forever, metrics.asgi(), serve.metrics, "metrics", console)
+
+
+async def _serve_forever(app: Any, sock: socket.socket, what: str, console: Console) -> None:
+    try:
+        async with serving(app, sock, what=f"--{what}") as url:
+            console.print(f"coral up: {what} at {url}")
+            await anyio.sleep_forever()
+    finally:
+        if isinstance(app, Gateway):
+            with anyio.CancelScope(shield=True):
+                await app.aclose()
 
 
 def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journal: Path | None) -> dict[str, Any]:
@@ -498,6 +666,10 @@ def _print_summary(s: dict[str, Any], con: Console) -> None:
         f"coral up: {s['scenario']} stopped at t={s['end_s']:.0f} s ({s['reason']}) after {s['wall_s']:.1f} s; "
         f"{s['plans']} plans, ${s['spent_usd']:.2f} spent" + (f"; journal {s['journal']}" if s["journal"] else "")
     )
+    if "resumed" in s:
+        from coral.cli.resume import describe
+
+        con.print(describe(s["resumed"]))
 
 
 def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoints: Endpoints | None) -> Group:

@@ -82,6 +82,9 @@ class _InstanceModel(_Sim):
         item = self.items.pop(req)
         self.out.append(Outcome(item.id, "handoff", t, req.first_t))
 
+    def _retire(self, t: float) -> None:
+        """One instance has no fleet to make before breaking: its supervisor retires it."""
+
     def _release(self, inst: Inst, t: float) -> None:
         inst.state = DEAD
         for p in inst.paths:

@@ -30,6 +30,13 @@ Handshake and liveness
     client silent for ``peer_timeout`` is reported as ``PeerLost``. ``client.sync()`` is a barrier on both
     paths, and ``subscribe()`` returns only once the subscription is live.
 
+Security
+    On tcp:// endpoints a kernel given ``ServerKeys`` speaks CurveZMQ (encrypted, authenticated): its ZAP
+    handler allows the client keys of its key directory and publishes an ``AuthRefused`` event
+    (``kernel.auth.refused``) for each unknown or revoked key and each client that fails the security
+    handshake (a plaintext one). Clients pass ``ClientKeys``. inproc:// and ipc:// need no keys; an ipc
+    socket's folder must be private (0700). See ``coral.kernel.keys``.
+
 Journal
     The kernel appends every routed and published message (not its handshake, heartbeat and sync control
     traffic) to an append-only file: a 12-byte header ``b"CORALJNL" + u32 version``, then records of
@@ -63,6 +70,7 @@ from coral.kernel.events import (
     ActorCrashed,
     ActorGaveUp,
     ActorRestarted,
+    AuthRefused,
     ErrorEvent,
     Heartbeat,
     PeerJoined,
@@ -80,6 +88,7 @@ from coral.kernel.journal import (
     TornTailWarning,
     read_journal,
 )
+from coral.kernel.keys import ClientKeys, KeysError, ServerKeys, client_keys, server_keys
 from coral.kernel.mesh import Mesh, MeshError, MeshState
 from coral.kernel.registry import REGISTRY, Registry, RegistryError, message
 from coral.kernel.wire import KERNEL, BusError, Endpoints, Envelope
@@ -95,9 +104,11 @@ __all__ = [
     "ActorHandle",
     "ActorRestarted",
     "ActorState",
+    "AuthRefused",
     "Broker",
     "BusClient",
     "BusError",
+    "ClientKeys",
     "Clock",
     "ClockError",
     "Codec",
@@ -112,6 +123,7 @@ __all__ = [
     "JournalCorruptError",
     "JournalError",
     "JournalRecord",
+    "KeysError",
     "Mesh",
     "MeshError",
     "MeshState",
@@ -126,14 +138,17 @@ __all__ = [
     "RequestTimeout",
     "RestartPolicy",
     "ScaledClock",
+    "ServerKeys",
     "ShutdownRequested",
     "SpawnError",
     "Supervisor",
     "TornTailWarning",
     "VirtualClock",
+    "client_keys",
     "decode",
     "encode",
     "inproc_endpoints",
     "message",
     "read_journal",
+    "server_keys",
 ]

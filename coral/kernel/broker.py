@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,11 +32,13 @@ import anyio.lowlevel
 import attrs
 import zmq
 import zmq.asyncio
+from zmq.utils import z85
 
 from coral.kernel.clock import Clock, RealClock
 from coral.kernel.codec import DEFAULT_CODEC, Codec, DecodeError
 from coral.kernel.events import (
     PROTOCOL,
+    AuthRefused,
     ErrorEvent,
     Goodbye,
     Hello,
@@ -48,6 +51,7 @@ from coral.kernel.events import (
     SyncRequest,
 )
 from coral.kernel.journal import Journal
+from coral.kernel.keys import ServerKeys
 from coral.kernel.wire import (
     KERNEL,
     KERNEL_B,
@@ -88,9 +92,30 @@ def inproc_endpoints() -> Endpoints:
     return Endpoints(f"inproc://coral-{os.getpid()}-{n}-router", f"inproc://coral-{os.getpid()}-{n}-pub")
 
 
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL) | int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def private_ipc_dir(address: str) -> None:
+    """For an ``ipc://PATH`` address: create PATH's folder with mode 0700, or refuse one others can enter."""
+    folder = Path(address[len("ipc://") :]).parent
+    if not folder.exists():
+        folder.mkdir(mode=0o700, parents=True)
+        os.chmod(folder, 0o700)
+        return
+    mode = folder.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise BusError(
+            f"cannot bind {address}: its folder {folder} is open to other users (mode {mode:04o}); "
+            "put the socket in a private folder (mode 0700), e.g. ipc:///tmp/coral-$USER/bus"
+        )
+
+
 def _bind(sock: zmq.Socket[Any], address: str) -> str:
     if address.startswith("tcp://") and address.endswith(":0"):
         address = address[:-2] + ":*"
+    if address.startswith("ipc://"):
+        private_ipc_dir(address)
     try:
         sock.bind(address)
     except zmq.ZMQError as exc:
@@ -132,8 +157,12 @@ class Broker:
         codec: Codec = DEFAULT_CODEC,
         context: zmq.asyncio.Context | None = None,
         on_shutdown_request: Callable[[ShutdownRequested], None] | None = None,
+        curve: ServerKeys | None = None,
     ) -> None:
         self.requested = endpoints if endpoints is not None else inproc_endpoints()
+        tcp = any(a.startswith("tcp://") for a in (self.requested.router, self.requested.pub))
+        self.curve = curve if tcp else None
+        """CURVE keys when any endpoint is tcp:// (inproc:// and ipc:// need none); None: plaintext."""
         self.clock: Clock = clock if clock is not None else RealClock()
         self.journal = journal
         self.hwm = check_hwm(hwm)
@@ -147,7 +176,13 @@ class Broker:
         self.on_shutdown_request = on_shutdown_request
         self._peers: dict[bytes, Peer] = {}
         self.stats = BrokerStats()
-        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        # A CURVE broker runs its ZAP handler in its own context (one handler per context).
+        self._own_ctx = context is None and self.curve is not None
+        if context is not None:
+            self._ctx = context
+        else:
+            self._ctx = zmq.asyncio.Context() if self._own_ctx else zmq.asyncio.Context.instance()
+        self.refused = 0
         self._endpoints: Endpoints | None = None
         self._valid_tags: set[bytes] = set()
         self._drops: dict[bytes, list[Any]] = {}
@@ -172,6 +207,17 @@ class Broker:
         stack = contextlib.AsyncExitStack()
         await stack.__aenter__()
         try:
+            if self._own_ctx:
+                stack.callback(self._ctx.destroy, 0)
+            zap: zmq.asyncio.Socket | None = None
+            if self.curve is not None:
+                zap = self._ctx.socket(zmq.REP)
+                stack.callback(zap.close, 0)
+                zap.setsockopt(zmq.LINGER, 0)
+                try:
+                    zap.bind(ZAP_ENDPOINT)
+                except zmq.ZMQError as exc:
+                    raise BusError(f"cannot start the CURVE authenticator (one per zmq context): {exc}") from exc
             router = self._ctx.socket(zmq.ROUTER)
             stack.callback(router.close, 0)
             set_common_options(router, self.hwm)
@@ -180,6 +226,15 @@ class Broker:
             pub_async = self._ctx.socket(zmq.PUB)
             stack.callback(pub_async.close, 0)
             set_common_options(pub_async, self.hwm)
+            monitors = []
+            if self.curve is not None:
+                for sock in (router, pub_async):
+                    self.curve.apply(sock)
+                    sock.setsockopt(zmq.ZAP_DOMAIN, b"coral")
+                    mon = sock.get_monitor_socket(_HANDSHAKE_FAILED)
+                    stack.callback(mon.close, 0)
+                    stack.callback(sock.disable_monitor)
+                    monitors.append(mon)
             router_ep = _bind(router, self.requested.router)
             pub_ep = _bind(pub_async, self.requested.pub)
             self._router = router
@@ -190,6 +245,10 @@ class Broker:
             stack.callback(tg.cancel_scope.cancel)
             tg.start_soon(self._route_loop)
             tg.start_soon(self._liveness_loop)
+            if zap is not None:
+                tg.start_soon(self._zap_loop, zap)
+            for mon in monitors:
+                tg.start_soon(self._monitor_loop, mon)
         except BaseException:
             await stack.aclose()
             raise
@@ -245,6 +304,63 @@ class Broker:
                 del self._peers[ident]
                 self.publish(PeerLost(peer.name, round(now - peer.last_seen, 3)))
             self._report_drops(now)
+
+    async def _zap_loop(self, zap: zmq.asyncio.Socket) -> None:
+        """The ZAP handler (RFC 27): allow the CURVE keys of ``curve.allowed()``; report each refusal."""
+        assert self.curve is not None
+        while True:
+            req = await zap.recv_multipart()
+            try:
+                reply = self._zap_answer(req)
+            except Exception as exc:  # never leave libzmq waiting, never crash the kernel
+                self._error("", f"authenticator failed: {type(exc).__name__}: {exc}")
+                reply = [b"1.0", req[1] if len(req) > 1 else b"", b"500", b"internal error", b"", b""]
+            await zap.send_multipart(reply)
+
+    def _zap_answer(self, req: list[bytes]) -> list[bytes]:
+        assert self.curve is not None
+        if len(req) < 6:
+            return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
+        version, rid, _domain, address, _identity, mechanism = req[:6]
+        creds = req[6:]
+        addr = address.decode(errors="replace")
+        mech = mechanism.decode(errors="replace")
+        if version != b"1.0":
+            return [b"1.0", rid, b"500", b"unsupported ZAP version", b"", b""]
+        if mechanism != b"CURVE" or len(creds) != 1 or len(creds[0]) != 32:
+            reason = f"mechanism {mech}: only CURVE clients are allowed"
+            self._refuse(addr, mech, "", reason)
+            return [b"1.0", rid, b"400", reason.encode(), b"", b""]
+        key = z85.encode(creds[0])
+        try:
+            allowed = self.curve.allowed()
+        except OSError as exc:
+            allowed = {}
+            self._error("", f"cannot read the allowed client keys: {exc}")
+        name = allowed.get(key)
+        if name is None:
+            reason = "unknown or revoked client key"
+            self._refuse(addr, mech, key.decode(), reason)
+            return [b"1.0", rid, b"400", reason.encode(), b"", b""]
+        return [b"1.0", rid, b"200", b"OK", name.encode(), b""]
+
+    async def _monitor_loop(self, mon: zmq.asyncio.Socket) -> None:
+        """Report failed security handshakes (a plaintext client of a CURVE kernel) as AuthRefused."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            frames = await mon.recv_multipart()
+            try:
+                ev = parse_monitor_message(frames)
+            except Exception:
+                continue
+            endpoint = ev.get("endpoint", b"")
+            ep = endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else str(endpoint)
+            self._refuse(ep, "NULL?", "", f"security handshake failed (code {ev.get('value')}): not a CURVE client")
+
+    def _refuse(self, address: str, mechanism: str, key: str, reason: str) -> None:
+        self.refused += 1
+        self.publish(AuthRefused(address, mechanism, key, reason))
 
     # -- frame handling (never raises) ---------------------------------------------------------------
 
@@ -372,7 +488,8 @@ class Broker:
             mark = SyncMark(msg.token)
             self._reply(ident, None, mark)
             mtag, mbody = self.codec.encode(mark)
-            self._publish(SYNC_TOPIC + ident + b"." + str(msg.token).encode(), KERNEL_B, mtag, mbody)
+            sep = b"!" if msg.fresh else b"."
+            self._publish(SYNC_TOPIC + ident + sep + str(msg.token).encode(), KERNEL_B, mtag, mbody)
         elif tag == _HELLO and isinstance(msg, Hello):
             if msg.protocol != PROTOCOL:
                 self._error(text(tag), f"{text(ident)} speaks protocol {msg.protocol}, kernel {PROTOCOL}")

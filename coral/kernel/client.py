@@ -34,6 +34,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ErrorEvent, Goodbye, Heartbeat, Hello, Ready, SyncMark, SyncRequest
+from coral.kernel.keys import ClientKeys
 from coral.kernel.wire import (
     KERNEL,
     KERNEL_B,
@@ -116,11 +117,15 @@ class BusClient:
         handshake_timeout: float = 10.0,
         codec: Codec = DEFAULT_CODEC,
         context: zmq.asyncio.Context | None = None,
+        curve: ClientKeys | None = None,
     ) -> None:
         self.name = check_name(name)
         if not isinstance(endpoints, Endpoints):
             raise BusError(f"endpoints: expected Endpoints, got {type(endpoints).__name__}")
         self.endpoints = endpoints
+        tcp = any(a.startswith("tcp://") for a in (endpoints.router, endpoints.pub))
+        self.curve = curve if tcp else None
+        """CURVE keys for a tcp:// kernel (inproc:// and ipc:// need none); None: plaintext."""
         self._topics = [_check_prefix(p) for p in subscribe]
         if not isinstance(inbox_size, int) or inbox_size < 1:
             raise BusError(f"inbox_size: expected an int >= 1, got {inbox_size!r}")
@@ -133,6 +138,7 @@ class BusClient:
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._name_b = name.encode()
         self._sync_prefix = SYNC_TOPIC + self._name_b + b"."
+        self._fresh_prefix = SYNC_TOPIC + self._name_b + b"!"
         self._inbox_recv: MemoryObjectReceiveStream[Envelope] | None = None
         self._accepting = True
         self._feeds: list[MemoryObjectSendStream[Envelope]] = []
@@ -167,6 +173,12 @@ class BusClient:
             set_common_options(sub, self.hwm)
             for topic in self._topics:
                 sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            # this client's sync marks, subscribed before connecting: a subscription made at each sync
+            # reached the publisher after the mark it was for (a lost mark and a retry per sync)
+            sub.setsockopt(zmq.SUBSCRIBE, self._sync_prefix)
+            if self.curve is not None:
+                self.curve.apply(dealer)
+                self.curve.apply(sub)
             try:
                 dealer.connect(self.endpoints.router)
                 sub.connect(self.endpoints.pub)
@@ -212,6 +224,8 @@ class BusClient:
             self.stop_receiving()
             for slot in self._pending.values():  # wake waiting requests: they fail as closed
                 slot.event.set()
+            for state in self._syncs.values():  # and waiting syncs: they fail as closed
+                state.event.set()
             await stack.aclose()
 
     async def _handshake(self) -> None:
@@ -223,9 +237,16 @@ class BusClient:
                     await self._ready_event.wait()
                 retry = min(retry * 2, 1.0)
         if scope.cancelled_caught:
+            hint = (
+                f" (with CURVE key {self.curve.name!r}: the kernel refuses unknown or revoked keys)"
+                if self.curve is not None
+                else " (a kernel with keys refuses plaintext clients: give --keys)"
+                if self.endpoints.router.startswith("tcp://")
+                else ""
+            )
             raise BusError(
                 f"client {self.name!r}: no Ready from the kernel at {self.endpoints.router} "
-                f"within {self.handshake_timeout}s"
+                f"within {self.handshake_timeout}s{hint}"
             )
         await self.sync(timeout=self.handshake_timeout)
 
@@ -321,7 +342,7 @@ class BusClient:
         """Receive published messages whose tag starts with ``prefix``; returns once that is live."""
         self._set_sub(zmq.SUBSCRIBE, _check_prefix(prefix).encode())
         self._topics.append(prefix)
-        await self.sync()
+        await self.sync(fresh=True)
 
     async def unsubscribe(self, prefix: str) -> None:
         """Undo one ``subscribe(prefix)``."""
@@ -329,38 +350,49 @@ class BusClient:
             raise BusError(f"unsubscribe: {prefix!r} is not subscribed")
         self._set_sub(zmq.UNSUBSCRIBE, prefix.encode())
         self._topics.remove(prefix)
-        await self.sync()
+        await self.sync(fresh=True)
 
     def _set_sub(self, option: int, topic: bytes) -> None:
         self._sub.setsockopt(option, topic)
         self._sub.get(zmq.EVENTS)  # let pyzmq re-check readiness in case the option call consumed a wake-up
 
     @property
+    def closed(self) -> bool:
+        """Whether the client has been closed (or failed to open)."""
+        return self._closed
+
+    @property
     def subscriptions(self) -> tuple[str, ...]:
         return tuple(self._topics)
 
-    async def sync(self, timeout: float = 10.0) -> None:
+    async def sync(self, timeout: float = 10.0, *, fresh: bool = False) -> None:
         """Barrier with the kernel, on both paths.
 
         On return, the kernel has handled everything this client sent before the call, and this client
         has received (into its inbox) everything the kernel routed or published to it before that.
+        ``fresh`` also proves that every subscription change made before the call is live at the
+        kernel: its mark is published on a topic of its own that only a subscription made after them
+        covers (subscriptions reach the kernel in order).
         """
         token = next(self._ids)
-        topic = self._sync_prefix + str(token).encode()
         state = self._syncs[token] = _Sync()
-        self._set_sub(zmq.SUBSCRIBE, topic)
+        topic = self._fresh_prefix + str(token).encode()
+        if fresh:
+            self._set_sub(zmq.SUBSCRIBE, topic)
         retry = 0.005
         try:
             with anyio.move_on_after(timeout):
                 while not state.event.is_set():
-                    await self._send_frames(KERNEL_B, SyncRequest(token))
+                    await self._send_frames(KERNEL_B, SyncRequest(token, fresh))
                     with anyio.move_on_after(retry):
                         await state.event.wait()
                     retry = min(retry * 2, 0.5)
         finally:
             del self._syncs[token]
-            if not self._closed:
+            if fresh and not self._closed:
                 self._set_sub(zmq.UNSUBSCRIBE, topic)
+        if self._closed:
+            raise BusError(f"client {self.name!r}: closed during a sync")
         if not state.event.is_set():
             raise BusError(f"client {self.name!r}: sync with the kernel timed out after {timeout}s")
 
@@ -442,9 +474,11 @@ class BusClient:
     def on_published(self, frames: list[bytes]) -> Envelope | Malformed | None:
         """Classify one published frame list: sync marks are consumed (None), the rest returned."""
         if frames and frames[0][:1] == b"\x00" and frames[0].startswith(SYNC_TOPIC):
-            if frames[0].startswith(self._sync_prefix):
+            for prefix in (self._sync_prefix, self._fresh_prefix):
+                if not frames[0].startswith(prefix):
+                    continue
                 try:
-                    token = int(frames[0][len(self._sync_prefix) :])
+                    token = int(frames[0][len(prefix) :])
                 except ValueError:
                     return None
                 state = self._syncs.get(token)

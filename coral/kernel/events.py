@@ -57,9 +57,12 @@ class Goodbye:
 @message("kernel.sync")
 @attrs.frozen
 class SyncRequest:
-    """Client -> kernel: answer with a SyncMark on both the directed and the published path."""
+    """Client -> kernel: answer with a SyncMark on both the directed and the published path. The mark is
+    published on ``SYNC_TOPIC + client + "." + token``, or ``"!"`` in place of the dot when ``fresh``
+    (a topic the client's standing subscription to its marks does not cover)."""
 
     token: int
+    fresh: bool = False
 
 
 @message("kernel.sync_mark")
@@ -77,6 +80,18 @@ class ErrorEvent:
 
     source: str
     tag: str
+    reason: str
+
+
+@message("kernel.auth.refused")
+@attrs.frozen
+class AuthRefused:
+    """The kernel refused a connection: an unknown or revoked CURVE key (``key``, z85), or a client that
+    failed the security handshake (a plaintext client of a CURVE kernel: ``mechanism`` is what failed)."""
+
+    address: str
+    mechanism: str
+    key: str
     reason: str
 
 

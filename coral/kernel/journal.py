@@ -16,12 +16,12 @@ destination name for directed kinds and the topic for ``publish``; ``tag`` is th
 ``reply``, else 0.
 
 Recovery: a file whose last record is incomplete (the writer died mid-record), or whose tail is all zero
-bytes, is *torn*. ``Journal.open`` truncates it after the last whole record and reports a
-``TornTailWarning`` that says how many bytes were dropped (``journal.torn_tail``, also issued with
-``warnings.warn``). A whole record whose checksum fails, whose payload does not decode, or whose length is
-0 (with non-zero bytes after it) or beyond ``MAX_RECORD`` is corruption: opening or reading raises
-``JournalCorruptError`` naming the byte offset of the bad record. ``read_journal`` never modifies the file:
-it stops at a torn tail with a warning.
+bytes, is *torn* (an incomplete record followed by a whole checksummed one is damage, not a torn tail).
+``Journal.open`` truncates a torn file after the last whole record and reports a ``TornTailWarning`` that says
+how many bytes were dropped (``journal.torn_tail``, also issued with ``warnings.warn``). A whole record whose
+checksum fails, whose payload does not decode, or whose length is 0 (with non-zero bytes after it) or beyond
+``MAX_RECORD`` is corruption: opening or reading raises ``JournalCorruptError`` naming the byte offset of the
+bad record. ``read_journal`` never modifies the file: it stops at a torn tail with a warning.
 
 Durability (``Fsync``): ``ALWAYS`` fsyncs after each record; ``BATCH`` fsyncs every ``batch`` records and
 on ``sync()``/``close()``; ``NEVER`` leaves it to the OS. ``flush()`` hands buffered records to the OS (they
@@ -154,12 +154,38 @@ class _Walker:
                 raise JournalCorruptError(p, pos, f"record length {length} exceeds {MAX_RECORD}")
             payload = f.read(length)
             if len(payload) < length:
+                later = _whole_record_after(f, pos)
+                if later is not None:
+                    raise JournalCorruptError(
+                        p, pos, f"record length {length} runs past the end, but a whole record follows at {later}"
+                    )
                 self._torn(pos)
                 return
             if zlib.crc32(payload) != crc:
                 raise JournalCorruptError(p, pos, "checksum mismatch")
             yield _decode_payload(p, pos, payload)
             pos += RECORD_HEAD.size + length
+
+
+def _whole_record_after(f: IO[bytes], pos: int) -> int | None:
+    """The offset of a whole, checksummed record that starts after ``pos``, if any.
+
+    A torn tail is a prefix of the one record being written when the writer died: no whole record can
+    follow it. A damaged length field in the middle of a file looks like a torn tail, but whole records
+    follow it: that is corruption, not a tail to truncate.
+    """
+    end = f.seek(0, os.SEEK_END)
+    if end - pos > RECORD_HEAD.size + MAX_RECORD:
+        return pos + 1  # longer than any record: the tail cannot be one torn record
+    f.seek(pos)
+    tail = f.read()
+    head = RECORD_HEAD
+    for q in range(1, len(tail) - head.size):
+        length, crc = head.unpack_from(tail, q)
+        start = q + head.size
+        if 0 < length <= len(tail) - start and zlib.crc32(tail[start : start + length]) == crc:
+            return pos + q
+    return None
 
 
 def _rest_is_zero(f: IO[bytes]) -> bool:

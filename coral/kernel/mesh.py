@@ -36,7 +36,8 @@ from coral.kernel.clock import Clock, RealClock, VirtualClock, let_tasks_run
 from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ShutdownRequested
 from coral.kernel.journal import Fsync, Journal
-from coral.kernel.wire import KERNEL, Endpoints, check_name, check_positive
+from coral.kernel.keys import ClientKeys, ServerKeys
+from coral.kernel.wire import KERNEL, BusError, Endpoints, check_name, check_positive
 
 
 class MeshError(CoralError):
@@ -69,6 +70,7 @@ class Mesh:
         shutdown_timeout: float = 10.0,
         codec: Codec = DEFAULT_CODEC,
         context: zmq.asyncio.Context | None = None,
+        curve: ServerKeys | None = None,
     ) -> None:
         self.clock: Clock = clock if clock is not None else RealClock()
         self._journal_arg = journal
@@ -79,6 +81,9 @@ class Mesh:
         self.codec = codec
         self.state = MeshState.STARTING
         self.shutdown_reason = ""
+        self._local_keys: ClientKeys | None = None
+        if curve is not None:  # the mesh's own actors and clients connect with an in-memory key pair
+            curve, self._local_keys = curve.with_local_client("mesh-local")
         self._broker = Broker(
             endpoints,
             clock=self.clock,
@@ -88,6 +93,7 @@ class Mesh:
             codec=codec,
             context=context,
             on_shutdown_request=self._on_shutdown_message,
+            curve=curve,
         )
         self._context = context
         self._hwm = hwm
@@ -113,6 +119,12 @@ class Mesh:
     def endpoints(self) -> Endpoints:
         """Where clients connect (resolved, after entering)."""
         return self._broker.endpoints
+
+    @property
+    def local_keys(self) -> ClientKeys | None:
+        """The in-memory CURVE client keys the mesh's own actors use (None without keys); an in-process
+        client the mesh does not own (the TUI of ``coral up --tui``) may use them too."""
+        return self._local_keys
 
     @property
     def actors(self) -> dict[str, ActorHandle]:
@@ -236,6 +248,7 @@ class Mesh:
             hwm=self._hwm,
             codec=self.codec,
             context=self._context,
+            curve=self._local_keys,
         )
 
     async def client(self, name: str, *, subscribe: Iterable[str] = (), inbox_size: int = 1024) -> BusClient:
@@ -250,6 +263,7 @@ class Mesh:
             hwm=self._hwm,
             codec=self.codec,
             context=self._context,
+            curve=self._local_keys,
         )
         self._clients[name] = bus
         try:
@@ -328,7 +342,7 @@ class Mesh:
                 for _ in range(2):  # first flushes every sender into the kernel, then every receiver
                     async with anyio.create_task_group() as tg:
                         for bus in self._buses():
-                            tg.start_soon(bus.sync)
+                            tg.start_soon(_sync_unless_closed, bus)
                 await self._wait_idle()
                 if self._activity == mark:
                     return
@@ -338,7 +352,7 @@ class Mesh:
 
     def _buses(self) -> list[BusClient]:
         buses = [rt._bus for rt in self._runtimes.values() if rt._bus is not None]
-        return buses + list(self._clients.values())
+        return [b for b in buses + list(self._clients.values()) if not b.closed]
 
     async def advance_to(self, t: float) -> None:
         """Virtual clock only: quiesce, then move time to ``t``, quiescing after each wake-up."""
@@ -350,3 +364,12 @@ class Mesh:
     async def advance(self, dt: float) -> None:
         """Virtual clock only: ``advance_to(now + dt)``."""
         await self.advance_to(self.clock.now() + dt)
+
+
+async def _sync_unless_closed(bus: BusClient) -> None:
+    """Sync with the kernel; a client that closes meanwhile (an actor ending) has nothing left in flight."""
+    try:
+        await bus.sync()
+    except BusError:
+        if not bus.closed:
+            raise

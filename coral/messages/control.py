@@ -238,6 +238,46 @@ class CommandResult:
     ref: int = 0
 
 
+@message("ctl.alloc_state")
+@attrs.frozen
+class AllocatorState:
+    """Published by the allocator at its first tick and whenever an operator setting of it changes:
+    paused or not, the churn-penalty factor, pinned templates ((deployment, template id), sorted) and
+    forbidden template ids (sorted)."""
+
+    at: float
+    paused: bool
+    churn_factor: float
+    pins: tuple[tuple[str, str], ...] = ()
+    forbidden: tuple[str, ...] = ()
+
+
+@message("ctl.snapshot_req")
+@attrs.frozen
+class SnapshotRequest:
+    """Ask ``coral up``'s operator gateway for the latest state of the run (answered with a ``Snapshot``)."""
+
+
+@attrs.frozen
+class SnapshotRecord:
+    """One published message as the gateway last saw it: its sender, tag and encoded body."""
+
+    source: str
+    tag: str
+    body: bytes
+
+
+@message("ctl.snapshot")
+@attrs.frozen
+class Snapshot:
+    """The latest message of each state-carrying tag (run setup, allocator state, market, demand, fleet,
+    traffic stats) and the most recent plans, oldest first, so that a client attaching to a running mesh
+    shows it whole at once. Bodies stay encoded: decode each with ``coral.kernel.codec.decode``."""
+
+    at: float
+    records: tuple[SnapshotRecord, ...]
+
+
 @message("slo.changed")
 @attrs.frozen
 class SloChanged:

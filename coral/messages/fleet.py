@@ -28,7 +28,7 @@ LIVE_STATES = ("provisioning", "loading", "serving")
 """States of the instances a plan counts as running (a ``retiring`` instance serves until its
 replacements do, then drains; the plan no longer counts it)."""
 ROUTABLE_STATES = ("serving", "retiring")
-FAULT_KINDS = ("node_loss", "preemption")
+FAULT_KINDS = ("node_loss", "preemption", "hang")
 
 
 @attrs.frozen
@@ -96,7 +96,7 @@ class FleetUpdate:
 @attrs.frozen
 class FleetAction:
     """One supervisor decision: ``start``, ``serving``, ``retire``, ``drain``, ``stop``, ``release``,
-    ``refused`` or ``lost``."""
+    ``refused``, ``lost``, or ``adopt`` (an instance taken over after a crash, ``coral up --resume``)."""
 
     at: float
     action: str
@@ -124,7 +124,10 @@ class NodeLost:
 @message("fleet.fault")
 @attrs.frozen
 class FaultInjected:
-    """An external fault: ``kind`` (node_loss, preemption) on ``count`` nodes of a type in a region."""
+    """An external fault: ``kind`` (node_loss, preemption, hang) on ``count`` nodes of a type in a region.
+
+    ``hang``: the node's stage worker wedges: it stays connected to the bus (its socket and the kernel's
+    transport heartbeats live on) but does nothing more, no heartbeats to the supervisor included."""
 
     at: float
     kind: str
@@ -237,7 +240,9 @@ class ReleaseNode:
 @message("fleet.kill")
 @attrs.frozen
 class KillNode:
-    """Simulated cloud -> worker: the node dies now (its process vanishes without a word)."""
+    """Simulated cloud -> worker: the node dies now (its process vanishes without a word); with cause
+    ``hang`` the worker wedges instead (see ``FaultInjected``); ``terminated``: the provider ended the
+    machine of a released node, which ends even a wedged worker."""
 
     node_id: str
     cause: str = "node_loss"

@@ -25,9 +25,9 @@ from coral.templates import Template
 
 SETUP_VERSION = 1
 
-INPUT_SOURCES = ("feed.market", "feed.traffic", "feed.faults", "operator")
+INPUT_SOURCES = ("feed.market", "feed.traffic", "feed.faults", "operator", "gateway")
 """Senders of external inputs: what a replay feeds into a fresh mesh."""
-INPUT_TAGS = ("mkt.quote", "req.arrivals", "req.finish", "fleet.fault")
+INPUT_TAGS = ("mkt.quote", "req.arrivals", "req.finish", "fleet.fault", "req.proxied")
 DECISION_TAGS = (
     "mkt.update",
     "dem.update",
@@ -53,7 +53,11 @@ def _dyadic(x: float) -> bool:
 
 @attrs.frozen
 class MeshTiming:
-    """Clock discipline of a run (seconds of the kernel clock).
+    """Clock discipline of a run (seconds of the kernel clock), and the router's bounds.
+
+    Overload: an instance is given at most ``weight × instance_queue_s`` requests at once (what it serves
+    in that time); the rest wait in the router, at most ``max_queue`` per deployment: beyond that the
+    newest fail at once as ``queue_full`` (shed, not queued without bound).
 
     ``tick_s`` must be a multiple of 1/1024 so that tick times add up exactly in floating point.
     """
@@ -68,6 +72,8 @@ class MeshTiming:
     drain_s: float = 60.0
     queue_timeout_s: float = 60.0
     max_attempts: int = 4
+    max_queue: int = 10_000
+    instance_queue_s: float = 120.0
 
     def check(self) -> MeshTiming:
         """Return self if valid; raise SetupError naming the field otherwise."""
@@ -93,6 +99,12 @@ class MeshTiming:
             raise SetupError(f"drain_s: must not be negative, got {self.drain_s}")
         if self.max_attempts < 1:
             raise SetupError(f"max_attempts: must be at least 1, got {self.max_attempts}")
+        if not (isinstance(self.max_queue, int) and self.max_queue >= 1):
+            raise SetupError(f"max_queue: must be an integer >= 1, got {self.max_queue!r}")
+        if not (math.isfinite(self.instance_queue_s) and self.instance_queue_s >= self.tick_s):
+            raise SetupError(
+                f"instance_queue_s: must be at least one tick ({self.tick_s} s), got {self.instance_queue_s!r}"
+            )
         return self
 
     def ticks(self, seconds: float) -> int:
@@ -181,6 +193,24 @@ class MeshSetup:
     templates: tuple[Template, ...]
     columns: str = "all"
     version: int = SETUP_VERSION
+
+
+@message("mesh.resumed")
+@attrs.frozen
+class MeshResumed:
+    """``coral up --resume``: the run goes on from kernel time ``at`` after a crash (journal record
+    ``from_seq`` was the last one before it). Reconciliation with the provider: ``adopted`` instances
+    (restored from the journal or, by their tags, from the provider), nodes ``released`` (unknown ones,
+    per the flag, and those of instances that could not be restored), nodes ``lost`` (in the journal, gone
+    at the provider); ``resubmitted`` requests were open at the crash and go to the router again."""
+
+    at: float
+    from_seq: int
+    adopted: tuple[str, ...]
+    released: tuple[str, ...]
+    lost: tuple[str, ...]
+    resubmitted: int
+    torn_bytes: int = 0
 
 
 @message("mesh.end")

@@ -11,6 +11,16 @@
   ``returned`` (a draining instance hands back a request it had not started).
 - ``req.counts`` (``ArrivalCounts``): router -> demand monitor (published): arrivals per deployment.
 - ``req.stats`` (``RoutingStats``): router totals per deployment, with latency quantiles.
+- ``req.latency`` (``LatencySamples``): router (published, with each ``req.stats``): the TTFT and TPOT of
+  every request completed since the previous report (for histograms; not a decision a replay compares).
+
+From the HTTP gateway (``coral.gateway``), delivered at the mesh's quiet points like the input feed's:
+
+- ``req.arrivals`` with ``reply=True``: its requests' progress and outcomes go back to the sender as
+  ``req.result`` (``RequestResults``): ``progress`` (tokens generated so far, reported by the head worker
+  at each tick while it grows), then ``done`` or ``failed``.
+- ``req.proxied`` (``ProxiedArrivals``): requests the gateway sent straight to an instance's HTTP
+  endpoint; the router only counts them as arrivals for the demand monitor.
 """
 
 from __future__ import annotations
@@ -19,7 +29,9 @@ import attrs
 
 from coral.kernel import message
 
-OUTCOME_KINDS = ("done", "failed", "handoff", "returned")
+OUTCOME_KINDS = ("done", "failed", "handoff", "returned", "progress")
+GATEWAY = "gateway"
+"""The HTTP gateway's bus name (the sender of its arrivals)."""
 
 
 @attrs.frozen
@@ -36,11 +48,16 @@ class RequestSpec:
 @message("req.arrivals")
 @attrs.frozen
 class ArrivalBatch:
-    """Requests arriving in ``[start, end)`` (an external input)."""
+    """Requests arriving in ``[start, end)`` (an external input). ``resubmitted``: requests that were
+    open when the kernel crashed, handed again to the router of the resumed run (their demand was already
+    counted before the crash, so the router does not count it again); ``reply``: report their progress and
+    outcomes to the sender (``req.result``)."""
 
     start: float
     end: float
     requests: tuple[RequestSpec, ...]
+    resubmitted: bool = False
+    reply: bool = False
 
 
 @message("req.finish")
@@ -56,7 +73,8 @@ class FinishTraffic:
 class WorkItem:
     """A request handed to an instance. ``avail`` is the earliest time it may enter the engine; ``attempt``
     counts retries; a KV handoff to a decode instance has ``gen`` tokens already made, its first token at
-    ``first_t`` and ``kv_nic`` > 0 (bytes/s of the prefill instance's slowest NIC)."""
+    ``first_t`` and ``kv_nic`` > 0 (bytes/s of the prefill instance's slowest NIC). ``progress``: the head
+    worker reports the tokens generated so far at each tick while they grow (``progress`` outcomes)."""
 
     id: int
     deployment: str
@@ -68,6 +86,7 @@ class WorkItem:
     gen: int = 0
     first_t: float = -1.0
     kv_nic: float = 0.0
+    progress: bool = False
 
 
 @message("req.dispatch")
@@ -82,13 +101,15 @@ class Dispatch:
 @attrs.frozen
 class Outcome:
     """What happened to a request on an instance: ``kind`` in OUTCOME_KINDS at time ``t``;
-    ``t_first`` is its first token's time (-1 if none)."""
+    ``t_first`` is its first token's time (-1 if none); ``tokens``: output tokens generated so far
+    (``progress``)."""
 
     id: int
     kind: str
     t: float
     t_first: float = -1.0
     reason: str = ""
+    tokens: int = 0
 
 
 @message("req.done")
@@ -152,3 +173,33 @@ class RoutingStats:
     at: float
     deployments: tuple[DeploymentTraffic, ...]
     final: bool = False
+
+
+@message("req.latency")
+@attrs.frozen
+class LatencySamples:
+    """Per deployment, the TTFT and TPOT (seconds) of the requests completed in ``[since, at)``; a
+    single-token request has no TPOT."""
+
+    at: float
+    since: float
+    ttft: dict[str, tuple[float, ...]]
+    tpot: dict[str, tuple[float, ...]]
+
+
+@message("req.result")
+@attrs.frozen
+class RequestResults:
+    """Router -> the sender of a ``reply`` arrival batch: progress and outcomes of its requests."""
+
+    at: float
+    outcomes: tuple[Outcome, ...]
+
+
+@message("req.proxied")
+@attrs.frozen
+class ProxiedArrivals:
+    """Gateway -> router: requests per deployment sent straight to instance endpoints, arrived by ``at``."""
+
+    at: float
+    counts: dict[str, int]

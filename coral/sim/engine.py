@@ -32,9 +32,12 @@ Model (honest, simple, one event per micro-batch per stage rather than one per t
   interval (scaled, and split by share when one trace feeds several deployments). New instances are
   ready after the slowest stage's ``load_s`` plus ``startup_s`` (the t=0 fleet is warm unless
   ``warm_start`` is off); starts beyond a node type's availability wait until nodes free.
-  Removed instances drain: they take no new work, their waiting requests move, and they release their
-  nodes when their last sequence ends. Faults kill instances holding the named node type; their
-  requests are retried elsewhere (counted) and keep the tokens they already streamed.
+  Removed instances are made before they are broken, as the mesh's supervisor does: a removed serving
+  instance keeps serving (retiring) until every instance the plan wants for its deployment serves (at
+  once if its deployment waits for nodes, which it may hold); then it drains: it takes no new work, its
+  waiting requests move, and it releases its nodes when its last sequence ends. Faults kill instances
+  holding the named node type; their requests are retried elsewhere (counted) and keep the tokens they
+  already streamed.
 - **Cost** integrates the price of every node held (loading, serving, draining) over time.
 - Arrivals stop at ``duration_s``; the run continues until every request has completed or failed (at
   most ``drain_limit_s`` more; what is left then fails as ``unfinished``).
@@ -261,6 +264,7 @@ class Inst:
         "paths",
         "rate",
         "region",
+        "retiring",
         "stages",
         "state",
         "t_ready",
@@ -276,6 +280,7 @@ class Inst:
         self.key = key
         self.mode = tpl.mode
         self.state = LOADING
+        self.retiring = False
         self.t_ready = -1.0
         self.n_active = 0
         self.rate = 0.0
@@ -1128,6 +1133,7 @@ class _Sim:
                 if not g.pullq.q:
                     break
                 self._wake(p, t)
+        self._retire(t)
 
     def _unlist(self, inst: Inst) -> None:
         g = self._group(inst)
@@ -1271,22 +1277,49 @@ class _Sim:
         keys = sorted(set(target) | set(live))
         changed = False
         for key in keys:
-            diff = target.get(key, 0) - live.get(key, 0)
+            mine = [i for i in self.insts.values() if i.key == key and i.state in (LOADING, SERVING)]
+            diff = target.get(key, 0) - len(mine)
             if diff < 0:
                 changed = True
-                mine = [i for i in self.insts.values() if i.key == key and i.state in (LOADING, SERVING)]
-                mine.sort(key=lambda i: (i.state != LOADING, i.n_active, -i.id))
+                # loading ones first, then the serving ones already retiring, then the least busy
+                mine.sort(key=lambda i: (i.state != LOADING, not i.retiring, i.n_active, -i.id))
                 for inst in mine[:-diff]:
-                    self._stop(inst, t)
+                    if inst.state == LOADING:
+                        self._stop(inst, t)
+                    else:
+                        inst.retiring = True
+                mine = mine[-diff:]
+            for inst in mine:
+                inst.retiring = False  # wanted again
         for key in keys:
-            diff = target.get(key, 0) - live.get(key, 0)
+            live_now = sum(1 for i in self.insts.values() if i.key == key and i.state in (LOADING, SERVING))
+            diff = (
+                target.get(key, 0)
+                - live_now
+                + sum(1 for i in self.insts.values() if i.key == key and i.state == SERVING and i.retiring)
+            )
             if diff > 0:
                 changed = True
                 for _ in range(diff):
                     if not self._start(key, t, first and self.cfg.warm_start):
                         self.pending[key] = self.pending.get(key, 0) + 1
+        self._retire(t)
         if changed:
             self.plan_changes.append(t)
+
+    def _retire(self, t: float) -> None:
+        """Make before break: a retiring instance keeps serving until every instance the plan wants for
+        its deployment serves; it drains at once while its deployment waits for nodes (it may hold them)."""
+        for d in self.deps:
+            old = [i for i in self.insts.values() if i.dep is d and i.retiring and i.state == SERVING]
+            if not old:
+                continue
+            waiting = any(k[0] == d.name for k in self.pending)
+            loading = any(i.dep is d and i.state == LOADING for i in self.insts.values())
+            if waiting or not loading:
+                for inst in sorted(old, key=lambda i: i.id):
+                    inst.retiring = False
+                    self._stop(inst, t)
 
     def _validate(self, plan: Plan) -> dict[tuple[str, str, str], int]:
         out: dict[tuple[str, str, str], int] = {}

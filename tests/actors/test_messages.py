@@ -41,6 +41,10 @@ SAMPLES: list[object] = [
     m.Dispatch("i1", (m.WorkItem(1, "chat", 0.5, 0.5, 100, 20, 1, 1, 0.7, 1e9),)),
     m.Completions("i1", 2.0, (m.Outcome(1, "done", 1.9, 0.7), m.Outcome(2, "failed", 1.0, -1.0, "too_long"))),
     m.ArrivalCounts(5.0, 0.0, {"chat": 4}),
+    m.ArrivalBatch(2.0, 2.0, (m.RequestSpec(1 << 48, "chat", 2.0, 10, 4),), reply=True),
+    m.RequestResults(3.0, (m.Outcome(1 << 48, "progress", 3.0, 2.5, tokens=2),)),
+    m.ProxiedArrivals(3.0, {"chat": 2}),
+    m.LatencySamples(5.0, 0.0, {"chat": (0.1, 0.2)}, {"chat": (0.01,)}),
     m.RoutingStats(
         1, 5.0, (m.DeploymentTraffic("chat", 4, 4, 2, 1, {"x": 1}, 0, 1, 0, 2, 0.1, 0.2, 0.01, 0.02, 1.0, 0.5),)
     ),
@@ -57,7 +61,11 @@ SAMPLES: list[object] = [
     m.SetChurn(0.5),
     m.CommandResult("ctl.price", False, "price-watcher", 1.0, "price", "must be positive", -3),
     m.SloChanged("chat", 1.0, 0.05, 0.95, 2.0),
+    m.AllocatorState(3.0, True, 0.5, (("chat", "t1"),), ("t2", "t3")),
+    m.SnapshotRequest(),
+    m.Snapshot(4.0, (m.SnapshotRecord("allocator", "ctl.alloc_state", b"\x91\x01"),)),
     m.MeshEnd(10.0, "stopped"),
+    m.MeshResumed(40.0, 150, ("i1",), ("n2",), ("n3",), 20, 281),
 ]
 
 
@@ -115,6 +123,8 @@ def test_valid_commands_have_no_problems_and_an_owner() -> None:
         ({"lookahead_ticks": 1}, "lookahead_ticks"),
         ({"warmup_s": 2.0}, "warmup_s"),
         ({"max_attempts": 0}, "max_attempts"),
+        ({"max_queue": 0}, "max_queue"),
+        ({"instance_queue_s": 0.5}, "instance_queue_s"),
     ],
 )
 def test_timing_checks_name_the_field(change: dict[str, Any], needle: str) -> None:

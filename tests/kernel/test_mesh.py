@@ -196,6 +196,38 @@ async def test_quiesce_waits_for_a_chain_of_actors() -> None:
             assert sink.count == k + 1  # every hop done before quiesce returned
 
 
+async def test_a_client_closing_during_a_sync_ends_it_at_once() -> None:
+    """What quiesce relies on when an actor's bus closes while it syncs: the sync fails as closed, at once
+    (not after its timeout), and a closed client reports ``closed``."""
+    from coral.kernel import BusClient, BusError
+
+    async with Mesh(clock=VirtualClock()) as mesh:
+        failed = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            client = BusClient("closing", mesh.endpoints)
+            async with client:
+
+                async def sync_until_closed() -> None:
+                    try:
+                        while True:
+                            await client.sync(timeout=30.0)
+                    except BusError as exc:
+                        assert "closed" in str(exc)
+                        failed.set()
+
+                tg.start_soon(sync_until_closed)
+                await anyio.sleep(0.02)
+            with anyio.fail_after(2):
+                await failed.wait()
+        assert client.closed
+        with pytest.raises(BusError, match="closed"):
+            await client.sync()
+        from coral.kernel.mesh import _sync_unless_closed
+
+        await _sync_unless_closed(client)  # quiesce's step: a bus that closed has nothing in flight
+        await mesh.quiesce()
+
+
 async def test_virtual_time_timers_fire_in_order_and_are_journaled(tmp_path: Path) -> None:
     journal = tmp_path / "bus.journal"
     async with Mesh(clock=VirtualClock(), journal=journal) as mesh:

@@ -131,8 +131,13 @@ async def test_commands_are_validated_confirmed_and_planned(world: World, tmp_pa
     ]
     assert all(not ({"g5.xlarge"} & set(i.nodes)) for at, p in plans if at >= 69.0 for i in p.instances)
     # commands are journaled as inputs, so the run replays exactly
-    cmds = [r for r in read_journal(journal) if r.tag.startswith("ctl.") and r.tag != "ctl.result"]
+    records = list(read_journal(journal))
+    cmds = [r for r in records if r.tag.startswith("ctl.") and r.tag not in ("ctl.result", "ctl.alloc_state")]
     assert len(cmds) == len(script) and {r.source for r in cmds} == {OPERATOR}
+    # every client sees the allocator's settings change, not only the sender of the command
+    shown = [r.decode() for r in records if r.tag == "ctl.alloc_state"]
+    assert [s.paused for s in shown].count(True) >= 1 and not shown[0].paused and not shown[-1].paused
+    assert any(s.forbidden for s in shown) and any(s.pins for s in shown)
     report = await replay_journal(journal)
     assert report.ok, report.diffs
     assert compare(decisions, decisions) == []

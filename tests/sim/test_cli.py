@@ -79,3 +79,34 @@ def test_simulate_command_rejects_bad_arguments(argv: list[str], msg: str) -> No
     args = parse(argv)
     with pytest.raises(CoralError, match=msg):
         args.func(args)
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_summary_is_never_cut_off(tmp_path: Path, width: int) -> None:
+    """At 80 columns the per-deployment table becomes one block per deployment: every figure is whole."""
+    from rich.console import Console
+
+    sc = tmp_path / "s.toml"
+    sc.write_text(SCENARIO)
+    args = parse(["--scenario", str(sc), "--store", str(tmp_path / "t.sqlite"), "--duration", "60", "--json"])
+    assert args.func(args) == 0
+    from coral.catalog import load_catalog
+    from coral.cli.planning import make_planner
+    from coral.perf import PerfModel
+    from coral.scenario import load_scenario
+    from coral.sim import simulate
+    from coral.store import TemplateStore
+
+    cat = load_catalog()
+    perf = PerfModel(cat)
+    scen = load_scenario(str(sc), cat)
+    with TemplateStore(tmp_path / "t.sqlite") as store:
+        plan_fn, tpls = make_planner("coral", scen, cat, perf, store)
+        res = simulate(scen, tpls, perf, plan_fn, duration_s=60.0)
+    con = Console(width=width, record=True)
+    simulate_cmd.print_result(res, con)
+    text = con.export_text()
+    assert "…" not in text
+    assert all(len(line) <= width for line in text.splitlines())
+    pm = res.summary()["per_model"]["chat"]
+    assert f"{pm['attainment']['both']:.1%}" in text and f"{pm['cost']:,.2f}" in text

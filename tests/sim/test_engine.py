@@ -188,6 +188,30 @@ def test_cost_integrates_loading_serving_and_draining(perf: PerfModel) -> None:
     assert 0 < extra < price * 120 / 3600
 
 
+def test_a_replaced_instance_serves_until_its_replacement_does(perf: PerfModel) -> None:
+    """Make before break, as the mesh's supervisor: when a plan swaps templates, the old instance keeps
+    serving while the new one loads, so the deployment never has zero capacity and nothing times out."""
+    old = single(perf, M, "g6e.xlarge", 64)
+    new = single(perf, M, "p5.4xlarge", 64)
+    tpls = {old.id: old, new.id: new}
+
+    class Swap:
+        def __call__(self, req: PlanRequest) -> Plan:
+            tid = old.id if req.at < 300 else new.id
+            return make_plan(req, tpls, {("chat", tid, h.REGION): 1}, "swap")
+
+    sc = h.scenario([h.deployment(rps=3.0)], duration_s=900, replan_interval_s=300)
+    res = simulate(sc, tpls, perf, Swap(), config=SimConfig(queue_timeout_s=30.0), interval_s=30)
+    all_accounted(res)
+    rows = [r for r in res.series if r[2] == "chat" and r[1] <= 900]
+    assert all(r[4] > 0 for r in rows)  # capacity never drops to zero
+    assert res.summary()["failed"] == 0
+    ready = 300 + perf.load_s(M, "p5.4xlarge", 32) + SimConfig().startup_s
+    overlap = [r for r in rows if r[0] >= 300 and r[1] <= ready]
+    assert overlap and all(r[8] == 2 for r in overlap)  # both held while the new one loads
+    assert all(r[8] == 1 for r in rows if r[0] >= ready + 60)
+
+
 def test_market_change_reprices_and_replans(perf: PerfModel) -> None:
     tpl = single(perf, M, "g6e.xlarge", 64)
     sc = h.scenario(

@@ -81,3 +81,51 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
             assert app.state.events and not app.state.errors
             stop.set()
             await until(pilot, lambda: app.state.link.state == "lost", "the TUI to see the mesh go", 20)
+
+
+@pytest.mark.slow
+async def test_attaching_late_shows_the_whole_state(
+    tmp_path: Path, catalog: Catalog, perf: PerfModel, steady_store: Path
+) -> None:
+    """A TUI started after the first plan, with the allocator paused by another client, shows the plan, the
+    fleet, the market, the demand and the pause at once: from the gateway's snapshot, since a paused
+    allocator publishes neither a plan nor its settings again."""
+    from actors.compose import RunOptions, RunState, library_for, make_setup, run_mesh
+    from coral.kernel import BusClient
+    from coral.messages.control import OPERATOR, CommandResult, PauseAllocator
+    from coral.scenario import load_scenario
+    from coral.store import TemplateStore
+
+    sc = load_scenario("mesh-steady", catalog)
+    with TemplateStore(steady_store, readonly=True) as store:
+        setup = make_setup(sc, catalog, perf, library_for(store, sc), RunOptions(seed=3, deterministic=True))
+    eps = endpoints(tmp_path)
+    stop = anyio.Event()
+    run = RunState()
+    async with anyio.create_task_group() as tg:
+
+        async def mesh() -> None:
+            await run_mesh(setup, sc, catalog, perf, state=run, endpoints=eps, pace=10.0, stop=stop, gateway=True)
+
+        tg.start_soon(mesh)
+        with anyio.fail_after(60):
+            while run.plan is None or run.fleet is None or not run.fleet.instances:
+                await anyio.sleep(0.05)
+        async with BusClient("operator-script", eps) as bus:
+            res = await bus.request(OPERATOR, PauseAllocator(True), timeout=10)
+        assert isinstance(res, CommandResult) and res.ok, res
+        plans_before = run.plans
+        await anyio.sleep(0.5)  # a few ticks: the pause is applied and published once
+
+        app = live_app(eps)
+        app.templates = TemplateLookup(steady_store)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: app.state.link.state == "connected", "the connection")
+            await until(pilot, lambda: bool(app.state.plans) and app.state.paused, "the snapshot", 5)
+            st = app.state
+            assert st.scenario == "mesh-steady" and st.live_instances > 0 and st.market
+            assert all(d.demand > 0 for d in st.deployments.values())
+            assert st.plans[-1].seq == run.plan.plan.seq
+            assert run.plans == plans_before  # paused: what the TUI shows did not come from a new plan
+            assert not S.missing_templates(st)
+        stop.set()

@@ -235,3 +235,29 @@ def test_describe_every_command() -> None:
     assert texts[0] == "demand d = 1 req/s" and texts[1] == "demand d = clear"
     assert "unpin" in texts[7] and texts[10] == "resume allocator"
     assert len(set(texts)) == len(texts)
+
+
+def test_allocator_settings_come_from_its_published_state(final: S.State) -> None:
+    from coral.messages.control import AllocatorState
+
+    dep = sorted(final.deployments)[0]
+    env = Envelope(
+        "publish", "allocator", "ctl.alloc_state", AllocatorState(9.0, True, 0.25, ((dep, "t-1"),), ("t-2",))
+    )
+    st = S.apply(final, env)
+    assert st.paused and st.churn == 0.25 and st.forbidden == {"t-2"} and st.deployments[dep].pinned == "t-1"
+    back = S.apply(st, Envelope("publish", "allocator", "ctl.alloc_state", AllocatorState(10.0, False, 1.0)))
+    assert not back.paused and back.churn == 1.0 and not back.forbidden and back.deployments[dep].pinned is None
+
+
+def test_live_messages_the_snapshot_covers_are_skipped(final: S.State) -> None:
+    from coral.messages.control import AllocatorState
+    from tui.state import covered_by as _covered
+
+    newer = AllocatorState(9.0, True, 1.0)
+    covered = {"ctl.alloc_state": newer}
+    older = Envelope("publish", "allocator", "ctl.alloc_state", AllocatorState(8.0, False, 1.0))
+    later = Envelope("publish", "allocator", "ctl.alloc_state", AllocatorState(12.0, False, 1.0))
+    assert _covered(covered, older) and not _covered(covered, later)
+    assert _covered(covered, Envelope("publish", "allocator", "ctl.alloc_state", newer))
+    assert not _covered(covered, Envelope("publish", "x", "fleet.update", newer))

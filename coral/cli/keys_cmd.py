@@ -1,0 +1,98 @@
+"""``coral keys``: the CurveZMQ key directory of a kernel and its clients (see ``coral.kernel.keys``).
+
+``coral keys init [--dir DIR]`` creates the directory and the kernel's key pair; ``add NAME`` creates and
+allows a client key pair (print where its secret is, to copy to the client's machine with ``server.key``);
+``revoke NAME`` refuses that key from the next connection on; ``list`` shows every client. DIR defaults to
+``$CORAL_KEYS``, else ``coral-keys`` in the user data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from coral.errors import CoralError
+from coral.kernel import ClientKeys, Endpoints, ServerKeys, client_keys, server_keys
+from coral.kernel.keys import ENV_VAR, add_client, init_keys, keys_dir, list_clients, revoke_client
+
+
+def default_keys_dir() -> Path:
+    """``$CORAL_KEYS`` if set, else ``coral-keys`` next to the default template store."""
+    d = keys_dir(None)
+    if d is not None:
+        return d
+    from coral.store import default_store_path
+
+    return default_store_path().parent / "coral-keys"
+
+
+def add(sub: Any, parent: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("keys", parents=[parent], help="manage the CurveZMQ keys of the kernel and its clients")
+    p.add_argument(
+        "--dir", type=Path, default=None, help=f"key directory (default: ${ENV_VAR}, else coral-keys in the data dir)"
+    )
+    ks = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    ks.add_parser("init", help="create the key directory and the kernel's key pair")
+    a = ks.add_parser("add", help="create and allow a client key pair")
+    a.add_argument("name")
+    r = ks.add_parser("revoke", help="stop allowing a client key")
+    r.add_argument("name")
+    ks.add_parser("list", help="list the client keys")
+    p.set_defaults(func=run_keys)
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    d = args.dir if args.dir is not None else default_keys_dir()
+    if args.keys_command == "init":
+        init_keys(d)
+        print(f"coral keys: created {d} (kernel key pair; add clients with `coral keys --dir {d} add NAME`)")
+    elif args.keys_command == "add":
+        secret = add_client(d, args.name)
+        print(f"coral keys: allowed client {args.name!r}; its secret is {secret} (mode 0600)")
+        print(f"  on the client's machine put {d / 'server.key'} and that file in the same layout")
+    elif args.keys_command == "revoke":
+        revoke_client(d, args.name)
+        print(f"coral keys: revoked {args.name!r}; the kernel refuses its next connection")
+    else:
+        for name, status in list_clients(d):
+            print(f"{name}\t{status}")
+    return 0
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a tcp:// address binds only the loopback interface."""
+    host = address[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name or * may resolve to (or mean) a public interface
+
+
+def kernel_keys(endpoints: Endpoints | None, keys: Path | None, flag: str = "--bind") -> ServerKeys | None:
+    """The kernel's CURVE keys for binding ``endpoints`` (``keys``, else ``$CORAL_KEYS``; None: none).
+
+    Refuses a non-loopback tcp address without keys.
+    """
+    d = keys_dir(keys)
+    tcp = endpoints is not None and endpoints.router.startswith("tcp://")
+    if d is None:
+        if tcp and endpoints is not None and not is_loopback(endpoints.router):
+            raise CoralError(
+                f"{flag}: {endpoints.router} is reachable from other machines, and the bus would be plaintext; "
+                "create keys with `coral keys init` (then `coral keys add NAME` per client) and give "
+                f"--keys DIR (or set {ENV_VAR}), or bind tcp://127.0.0.1:PORT"
+            )
+        return None
+    return server_keys(d) if tcp else None
+
+
+def client_keys_for(endpoints: Endpoints | None, keys: Path | None, name: str) -> ClientKeys | None:
+    """A client's CURVE keys (``keys``, else ``$CORAL_KEYS``) for a tcp kernel; None for none."""
+    d = keys_dir(keys)
+    if d is None or endpoints is None or not endpoints.router.startswith("tcp://"):
+        return None
+    return client_keys(d, name)

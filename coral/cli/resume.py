@@ -1,0 +1,117 @@
+"""``coral up --resume JOURNAL``: open a crashed run's journal for resuming, and summarise what resuming did.
+
+The resumed run takes its scenario, seed, timing, templates and catalog from the journal's ``mesh.setup``
+(``--scenario``, ``--seed``, ``--policy``, ``--hosts`` and friends are ignored), restores the fleet from
+the journal and the provider's state file (``JOURNAL.cloud.json``), reconciles the two, and appends to
+the same journal (see ``actors.recovery``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from rich.console import Console
+
+from actors.recovery import Recovery, load_recovery, provider_state_path
+from coral.errors import CoralError
+from coral.kernel import Endpoints, ServerKeys
+from coral.messages.mesh import MeshResumed
+
+
+def open_resume(args: argparse.Namespace) -> Recovery:
+    """Check the flags, truncate a torn tail (printing the warning) and rebuild the crashed run's state."""
+    if args.record is not None:
+        raise CoralError("--record: not with --resume (the resumed run appends to the journal it resumes)")
+    state = provider_state_path(args.resume)
+    if args.resume.is_file() and not state.is_file():
+        raise CoralError(
+            f"--resume: {state}: no provider state next to the journal (only runs recorded with --record "
+            "by this version keep one)"
+        )
+    rec = load_recovery(args.resume)
+    if rec.torn is not None:
+        print(f"coral up: warning: {rec.torn}", file=sys.stderr)
+    return rec
+
+
+def run_resumed(
+    args: argparse.Namespace,
+    endpoints: Endpoints | None,
+    speed: float | None,
+    wall_limit: float | None,
+    curve: ServerKeys | None,
+    serve: Callable[[], Any] | None = None,
+) -> int:
+    """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
+    from actors.compose import world_of
+    from coral.cli import up_cmd
+    from coral.store import default_store_path
+
+    rec = open_resume(args)
+    setup = rec.setup
+    sc, cat, perf = world_of(setup)
+    console = Console(stderr=args.json, quiet=args.tui)
+    summary = anyio.run(
+        up_cmd._run,
+        setup,
+        sc,
+        cat,
+        perf,
+        args.resume,
+        endpoints,
+        speed,
+        wall_limit,
+        console,
+        not (args.no_status or args.json or args.tui),
+        (args.store or default_store_path()) if args.tui else None,
+        curve,
+        serve() if serve is not None else None,
+        rec,
+        args.unknown_nodes,
+        backend="asyncio",
+    )
+    console.quiet = False
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        up_cmd._print_summary(summary, console)
+    return 0
+
+
+def resume_summary(resumed: MeshResumed, rec: Recovery | None) -> dict[str, Any]:
+    """The ``resumed`` part of the summary: reconciliation and the pre-crash request ledger."""
+    out: dict[str, Any] = {
+        "at": resumed.at,
+        "from_seq": resumed.from_seq,
+        "adopted": list(resumed.adopted),
+        "released_nodes": list(resumed.released),
+        "lost_nodes": list(resumed.lost),
+        "resubmitted": resumed.resubmitted,
+        "torn_bytes": resumed.torn_bytes,
+    }
+    if rec is not None:
+        pre = rec.fleet.ledger.counts()
+        out["pre_crash"] = {
+            d: {"arrived": c["arrived"], "completed": c["completed"], "failed": c["failed"], "resubmitted": c["open"]}
+            for d, c in pre.items()
+        }
+    return out
+
+
+def describe(r: dict[str, Any]) -> str:
+    """One line on what resuming did (for the text summary)."""
+    pre = r.get("pre_crash", {})
+    arrived = sum(c["arrived"] for c in pre.values())
+    done = sum(c["completed"] + c["failed"] for c in pre.values())
+    return (
+        f"resumed at t={r['at']:g} s: adopted {len(r['adopted'])} instances, released {len(r['released_nodes'])} "
+        f"nodes, {len(r['lost_nodes'])} lost; of {arrived} requests that arrived before the crash {done} had "
+        f"ended and {r['resubmitted']} were handed to the router again"
+        + (f"; {r['torn_bytes']} bytes of torn journal tail dropped" if r["torn_bytes"] else "")
+    )

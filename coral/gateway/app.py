@@ -1,0 +1,357 @@
+"""The gateway's ASGI application (see ``coral.gateway`` for the behaviour)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
+
+from coral.errors import CoralError
+from coral.gateway import openai
+from coral.gateway.client import Client, UpstreamError
+from coral.gateway.openai import ApiRequest, BadRequest
+from coral.gateway.table import RouteTable
+from coral.messages.fleet import FleetUpdate, InstanceInfo
+from coral.messages.requests import ArrivalBatch, Outcome, ProxiedArrivals, RequestResults, RequestSpec
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+GATEWAY_ID_BASE = 1 << 48
+"""Request ids of the gateway start here (the input feed's count up from 1)."""
+MAX_BODY = 16 << 20
+DEFAULT_OUT = 16
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_PASSED_HEADERS = frozenset((b"content-type", b"content-length", b"content-encoding", b"cache-control"))
+_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+class GatewayError(CoralError):
+    """A gateway set up with an impossible value; the message names the parameter."""
+
+
+class _Reply(Exception):
+    """An error response to send: status, OpenAI error type, message and extra headers."""
+
+    def __init__(self, status: int, kind: str, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.headers = headers or []
+        self.param: str | None = None
+
+
+class Gateway:
+    """An OpenAI-compatible HTTP front for the fleet (an ASGI application).
+
+    ``deployments`` maps each deployment name (the ``model`` clients ask for) to its default output
+    length in tokens (used when a simulated request gives no ``max_tokens``). At most ``max_active``
+    requests are served at once; up to ``max_queue`` more wait for a slot; beyond that a request is shed
+    with 429 and ``Retry-After``. ``retry_after_s`` is the ``Retry-After`` of a 503 (no live instance).
+    """
+
+    def __init__(
+        self,
+        deployments: Mapping[str, int],
+        *,
+        seed: int = 0,
+        max_active: int = 256,
+        max_queue: int = 1024,
+        retry_after_s: int = 2,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if max_active < 1:
+            raise GatewayError(f"max_active: must be at least 1, got {max_active}")
+        if max_queue < 0:
+            raise GatewayError(f"max_queue: must not be negative, got {max_queue}")
+        if retry_after_s < 1:
+            raise GatewayError(f"retry_after_s: must be at least 1, got {retry_after_s}")
+        self.default_out = dict(deployments)
+        self.table = RouteTable(deployments, seed=seed)
+        self.max_active = max_active
+        self.max_queue = max_queue
+        self.retry_after = str(retry_after_s).encode()
+        self.slots = anyio.Semaphore(max_active)
+        self.waiting = 0
+        self.next_id = GATEWAY_ID_BASE
+        self.client = Client(connect_timeout_s)
+        self.linked = False
+        self.pending: list[tuple[int, str, int, int]] = []
+        self.proxied: dict[str, int] = {}
+        self.waiters: dict[int, MemoryObjectSendStream[Outcome]] = {}
+        self.shed = 0
+        self.retried = 0
+        self.responses: dict[tuple[str, int], int] = {}
+
+    # -- the bus side -------------------------------------------------------------------------------
+
+    def on_fleet(self, msg: FleetUpdate) -> None:
+        """Take a fleet update into the routing table."""
+        self.table.update(msg)
+
+    def on_results(self, msg: RequestResults) -> None:
+        """Hand the mesh's progress and outcomes to the requests waiting for them."""
+        for o in msg.outcomes:
+            tx = self.waiters.get(o.id)
+            if tx is not None:
+                tx.send_nowait(o)
+
+    def take_inputs(self, now: float) -> list[object]:
+        """The messages for the router at a quiet point at kernel time ``now``: the simulated requests
+        that arrived since the last call (arriving at ``now``) and the counts of the proxied ones."""
+        out: list[object] = []
+        if self.pending:
+            specs = tuple(RequestSpec(rid, dep, now, prompt, n) for rid, dep, prompt, n in self.pending)
+            self.pending = []
+            out.append(ArrivalBatch(now, now, specs, reply=True))
+        if self.proxied:
+            out.append(ProxiedArrivals(now, dict(sorted(self.proxied.items()))))
+            self.proxied = {}
+        return out
+
+    def unlink(self) -> None:
+        """The mesh is gone: fail every simulated request still waiting."""
+        self.linked = False
+        for tx in self.waiters.values():
+            tx.close()
+        self.waiters.clear()
+        self.pending.clear()
+
+    async def aclose(self) -> None:
+        """Close the upstream connections."""
+        self.client.close()
+
+    # -- the HTTP side ------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        try:
+            if path == "/health":
+                await respond(send, 200, b'{"status":"ok"}')
+            elif path == "/v1/models":
+                await respond(send, 200, self.models())
+            elif path in _PATHS:
+                send = self._counted(send, path)
+                if method != "POST":
+                    raise _Reply(405, "invalid_request_error", f"{path}: use POST")
+                await self.generate(_PATHS[path], path, await read_body(receive), send, receive)
+            else:
+                raise _Reply(404, "not_found_error", f"no route {method} {path}")
+        except _Reply as r:
+            await respond(send, r.status, openai.error_body(str(r), r.kind, r.status, r.param), r.headers)
+
+    def _counted(self, send: Send, path: str) -> Send:
+        """``send`` that counts the response's status per path (``responses``)."""
+
+        async def counted(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                key = (path, msg["status"])
+                self.responses[key] = self.responses.get(key, 0) + 1
+            await send(msg)
+
+        return counted
+
+    def models(self) -> bytes:
+        data = [
+            {"id": d, "object": "model", "created": 0, "owned_by": "coral", "ready": bool(self.table.instances(d))}
+            for d in sorted(self.table.known)
+        ]
+        return openai.encode_json({"object": "list", "data": data})
+
+    async def generate(self, kind: str, path: str, body: bytes, send: Send, receive: Receive) -> None:
+        """Serve one completion request: check it, admit it, route it. A stream ends when its client goes
+        away (a proxied one closes its upstream connection, which makes vLLM abort the request)."""
+        try:
+            req = openai.parse(kind, body)
+        except BadRequest as e:
+            r = _Reply(400, "invalid_request_error", str(e))
+            r.param = e.param
+            raise r from None
+        if req.model not in self.table.known:
+            raise _Reply(404, "not_found_error", f"model {req.model!r} does not exist (see /v1/models)")
+        rid = self.next_id
+        self.next_id += 1
+        inst = self.table.choose(req.model, rid)
+        if inst is None or (not inst.endpoint and not self.linked):
+            raise _Reply(
+                503,
+                "service_unavailable",
+                f"model {req.model!r} has no live instance now; retry later",
+                [(b"retry-after", self.retry_after)],
+            )
+        try:
+            self.slots.acquire_nowait()
+        except anyio.WouldBlock:
+            if self.waiting >= self.max_queue:
+                self.shed += 1
+                raise _Reply(
+                    429,
+                    "rate_limit_error",
+                    f"the gateway is at capacity ({self.max_active} active, {self.max_queue} waiting)",
+                    [(b"retry-after", b"1")],
+                ) from None
+            self.waiting += 1
+            try:
+                await self.slots.acquire()
+            finally:
+                self.waiting -= 1
+        try:
+            if inst.endpoint:
+                self.proxied[req.model] = self.proxied.get(req.model, 0) + 1
+                serve = self.proxy(req, rid, inst, path, body, send)
+            else:
+                serve = self.simulate(req, rid, send)
+            if not req.stream:
+                await serve
+                return
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+                await serve
+                tg.cancel_scope.cancel()
+        finally:
+            self.slots.release()
+
+    # -- proxied to an engine's own HTTP server -----------------------------------------------------
+
+    async def proxy(self, req: ApiRequest, rid: int, inst: InstanceInfo, path: str, body: bytes, send: Send) -> None:
+        """Pass the request to ``inst``'s endpoint and its response back as it comes (once retried on
+        another instance when the first fails before its first byte)."""
+        try:
+            resp = await self.client.post(inst.endpoint, path, body)
+        except UpstreamError as e:
+            other = self.table.choose(req.model, rid, 1, avoid=inst.id)
+            if not e.before_first_byte or other is None or not other.endpoint:
+                raise _Reply(502, "upstream_error", f"instance {inst.id} failed: {e}") from None
+            self.retried += 1
+            try:
+                resp = await self.client.post(other.endpoint, path, body)
+            except UpstreamError as e2:
+                raise _Reply(502, "upstream_error", f"instances {inst.id} and {other.id} failed: {e2}") from None
+        try:
+            headers = [(k, v) for k, v in resp.headers if k in _PASSED_HEADERS]
+            if any(k == b"content-length" for k, _ in headers):  # a whole response: pass it in one piece
+                try:
+                    data = await resp.read()
+                except UpstreamError as e:
+                    raise _Reply(502, "upstream_error", f"instance failed mid-response: {e}") from None
+                await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+                return
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            try:
+                async for data in resp.chunks():
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            except UpstreamError:
+                pass  # the instance died mid-response: end what was sent (nothing can be retried now)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            resp.release()
+
+    # -- simulated in the mesh ----------------------------------------------------------------------
+
+    async def simulate(self, req: ApiRequest, rid: int, send: Send) -> None:
+        """Hand the request to the mesh's router and answer with placeholder text at the simulated times:
+        all at completion, or (streamed) each token batch as the simulated instance generates it."""
+        out = req.max_tokens or self.default_out.get(req.model, DEFAULT_OUT)
+        tx, rx = anyio.create_memory_object_stream[Outcome](math.inf)
+        self.waiters[rid] = tx
+        self.pending.append((rid, req.model, req.prompt_tokens, out))
+        finish = "length" if req.max_tokens is not None else "stop"
+        created = int(time.time())
+        sent = -1  # tokens streamed; -1: headers not sent yet
+        o: Outcome | None = None
+        try:
+            async with rx:
+                async for o in rx:
+                    if o.kind == "failed":
+                        break
+                    if not req.stream:
+                        if o.kind == "done":
+                            await respond(send, 200, openai.completion(req, rid, out, created, finish))
+                            return
+                        continue
+                    upto = out if o.kind == "done" else min(o.tokens, out)
+                    if sent < 0:
+                        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+                        sent = 0
+                    if upto > sent:
+                        text = openai.words(rid, sent, upto)
+                        await send_chunk(send, openai.chunk(req, rid, created, text, first=sent == 0, finish=None))
+                        sent = upto
+                    if o.kind == "done":
+                        await send_chunk(send, openai.chunk(req, rid, created, "", first=False, finish=finish))
+                        if req.include_usage:
+                            await send_chunk(send, openai.usage_chunk(req, rid, created, out))
+                        await send({"type": "http.response.body", "body": openai.DONE, "more_body": False})
+                        return
+        finally:
+            self.waiters.pop(rid, None)
+        reason = o.reason if o is not None and o.kind == "failed" else "the mesh stopped"
+        message = f"request failed in the fleet ({reason})"
+        if sent < 0 and reason == "too_long":
+            raise _Reply(
+                400, "invalid_request_error", f"{message}: prompt and max_tokens exceed the instance's KV cache"
+            )
+        if sent < 0:
+            raise _Reply(503, "service_unavailable", message, [(b"retry-after", self.retry_after)])
+        await send(
+            {"type": "http.response.body", "body": openai.error_event(message, "server_error"), "more_body": False}
+        )
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The request body (at most ``MAX_BODY`` bytes)."""
+    parts = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise _Reply(400, "invalid_request_error", "body: the client went away")
+        data = msg.get("body", b"")
+        size += len(data)
+        if size > MAX_BODY:
+            raise _Reply(413, "invalid_request_error", f"body: larger than {MAX_BODY} bytes")
+        parts.append(data)
+        if not msg.get("more_body", False):
+            return b"".join(parts)
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A whole JSON response."""
+    hs = [*_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_chunk(send: Send, data: bytes) -> None:
+    """One part of a streamed response."""
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,78 @@
+"""Serving an ASGI application (the gateway, the metrics) with uvicorn inside the caller's event loop."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import uvicorn
+
+from coral.errors import CoralError
+
+_ADDR = re.compile(r"^\s*(?:([^:\s]+|\[[0-9a-fA-F:]+\]):)?(\d+)\s*$")
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``PORT`` (host 127.0.0.1) for option ``what``; port 0 picks a free one."""
+    m = _ADDR.match(text)
+    if m is None:
+        raise CoralError(f"{what}: expected HOST:PORT or PORT, got {text!r}")
+    host, port = (m.group(1) or "127.0.0.1").strip("[]"), int(m.group(2))
+    if not 0 <= port <= 65535:
+        raise CoralError(f"{what}: port must be in 0..65535, got {port}")
+    return host, port
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the caller owns the process's signals (coral up stops on SIGINT/SIGTERM itself)
+
+
+def bind(host: str, port: int, what: str) -> socket.socket:
+    """A listening TCP socket on ``host:port``; a CoralError naming ``what`` when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # the proto makes asyncio set TCP_NODELAY
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CoralError(f"{what}: cannot listen on {host}:{port} ({e.strerror or e})") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, where: tuple[str, int] | socket.socket, *, what: str = "server") -> AsyncIterator[str]:
+    """Serve ``app`` on ``(host, port)`` or a bound socket (``bind``) while the block runs; yields the base
+    URL (``http://host:port``). The socket is closed at the end."""
+    sock = where if isinstance(where, socket.socket) else bind(*where, what)
+    host, bound = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        http="httptools",
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=2,
+    )
+    server = _Server(config)
+    shown = f"[{host}]" if ":" in host else host
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        while not server.started and not server.should_exit:
+            await anyio.sleep(0.005)
+        try:
+            yield f"http://{shown}:{bound}"
+        finally:
+            server.should_exit = True
+    sock.close()

@@ -1,0 +1,49 @@
+"""The gateway's routing table: per deployment, its live entry instances with their weights.
+
+Kept from the bus's ``fleet.update``: an instance is routable in a serving state (``ROUTABLE_STATES``)
+and when it takes requests (aggregated or prefill; a decode instance only takes KV handoffs). A request
+goes to one of them with probability proportional to its weight (its capacity in requests/s, as the plan
+sized it), drawn by a hash of (seed, request id, attempt) as the router draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from actors.base import uniform
+from actors.router import pick
+from coral.messages.fleet import ROUTABLE_STATES, FleetUpdate, InstanceInfo
+
+
+class RouteTable:
+    """Deployments the gateway serves and their routable instances."""
+
+    def __init__(self, deployments: Iterable[str], *, seed: int = 0) -> None:
+        self.known: set[str] = set(deployments)
+        self.seed = seed
+        self.routes: dict[str, list[InstanceInfo]] = {}
+        self.seq = -1
+
+    def update(self, msg: FleetUpdate) -> None:
+        """Take a fleet update (an older one than the latest taken is ignored)."""
+        if msg.seq < self.seq:
+            return
+        self.seq = msg.seq
+        routes: dict[str, list[InstanceInfo]] = {}
+        for i in msg.instances:
+            self.known.add(i.deployment)
+            if i.state in ROUTABLE_STATES and i.mode != "decode" and i.weight > 0:
+                routes.setdefault(i.deployment, []).append(i)
+        for v in routes.values():
+            v.sort(key=lambda i: (len(i.id), i.id))
+        self.routes = routes
+
+    def instances(self, deployment: str) -> Sequence[InstanceInfo]:
+        return self.routes.get(deployment, ())
+
+    def choose(self, deployment: str, rid: int, attempt: int = 0, avoid: str = "") -> InstanceInfo | None:
+        """The instance for attempt ``attempt`` of request ``rid`` (not ``avoid``); None if there is none."""
+        cands = [i for i in self.routes.get(deployment, ()) if i.id != avoid]
+        if not cands:
+            return None
+        return pick(cands, uniform(self.seed, rid, attempt))

@@ -1,0 +1,43 @@
+"""Overload at the router: with tight bounds and demand far above capacity, no instance holds more than
+its share, at most ``max_queue`` requests wait, the excess fails at once as ``queue_full``, and every
+arrival still ends completed or failed. (The memory and recovery figures are in ``bench/overload.py``.)"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import attrs
+
+from actors.replay import decisions_of
+from coral.messages import CloudSetup, FleetUpdate, RoutingStats
+from coral.messages.mesh import MeshTiming
+
+from .helpers import RECORD_OPTIONS, World
+from .test_faults import all_accounted, final
+
+
+async def test_router_sheds_beyond_its_bounds(world: World, tmp_path: Path) -> None:
+    timing = MeshTiming(max_queue=20, instance_queue_s=3.0)
+    options = attrs.evolve(RECORD_OPTIONS, timing=timing, cloud=CloudSetup(provision_s=5.0, startup_s=5.0))
+    sc = world.scenario("mesh-surge")
+    (dep,) = sc.deployments
+    surge = attrs.evolve(dep, demand=attrs.evolve(dep.demand, series=((0.0, 2.0), (30.0, 60.0), (60.0, 2.0))))
+    sc = attrs.evolve(sc, deployments=(surge,))
+    journal = tmp_path / "overload.journal"
+    await world.run("mesh-surge", options=options, journal=journal, scenario=sc)
+    decisions = decisions_of(journal)
+    recent = [0, 0]  # the shares of the instances in the last two fleet updates
+    for d in decisions:
+        if isinstance(d.msg, FleetUpdate):
+            held = [i for i in d.msg.instances if i.state in ("serving", "retiring", "draining")]
+            recent = [recent[1], sum(math.ceil(i.weight * timing.instance_queue_s) for i in held)]
+        if isinstance(d.msg, RoutingStats):
+            caps = max(recent)
+            (t,) = d.msg.deployments
+            assert t.queued <= timing.max_queue  # waiting in the router: bounded
+            assert t.in_flight <= caps  # held by instances: at most their shares
+    stats = final(journal)
+    (t,) = stats.deployments
+    assert t.failed_by.get("queue_full", 0) > 0  # the excess was shed, not queued
+    all_accounted(stats)
