@@ -122,6 +122,13 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--vllm-device", default="auto", choices=("auto", "cpu", "gpu"), help="(default: the vLLM build's)")
     p.add_argument(
+        "--vllm-dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weights and activations of the vLLM servers (default: vLLM's choice; float32 on a CPU reproduces "
+        "transformers' greedy tokens exactly)",
+    )
+    p.add_argument(
         "--vllm-dir",
         type=Path,
         default=None,
@@ -561,6 +568,7 @@ def _vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any) -> Any:
     backend = VllmBackend(
         models=weights,
         device=device,
+        dtype=args.vllm_dtype,
         enforce_eager=device == "cpu",  # compiled CPU start-up takes minutes; eager output is the same
         max_model_len=min(max_len, 4096) if device == "cpu" else None,
         work_dir=str(work),

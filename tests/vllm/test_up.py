@@ -52,7 +52,7 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
     cmd = [
         sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())",
         "up", "--backend", "vllm", "--scenario", str(SCENARIO), "--store", str(tmp_path / "store.db"),
-        "--weights", f"tiny-llama={tiny_model}", "--vllm-dir", str(tmp_path / "vllm"),
+        "--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(tmp_path / "vllm"),
         "--json", "--bind", "inproc", "--until-idle", "--drain", "300s", "--for", "420s",
         "--record", str(tmp_path / "run.journal"),
     ]  # fmt: skip
