@@ -129,6 +129,7 @@ class _Server:
         full_env.update(env)
         root = str(Path(coral.__file__).resolve().parent.parent)  # the child imports this checkout's coral
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, full_env.get("PYTHONPATH", "")) if p)
+        full_env["CORAL_VLLM_PARENT"] = str(os.getpid())  # the server stops itself if this process dies
         self.proc = subprocess.Popen(
             [sys.executable, *argv],
             stdout=self._log,

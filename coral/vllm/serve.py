@@ -10,7 +10,9 @@ as ``__mp_main__``; a forked one inherits the fix):
   the first request fails with ``assert self.intermediate_tensors is not None``. The fix allocates the
   buffer where it is first needed, exactly as vLLM's own dummy run would.
 
-The fix applies only to the vLLM version that has the bug; any other version runs unchanged.
+The fix applies only to the vLLM version that has the bug; any other version runs unchanged. With
+``CORAL_VLLM_PARENT=PID`` the server stops itself (its whole process group) when that process is gone,
+so that a crashed ``coral up`` leaves no server behind.
 """
 
 from __future__ import annotations
@@ -60,10 +62,36 @@ def _headless() -> None:
     run_headless(args)
 
 
+PARENT_ENV = "CORAL_VLLM_PARENT"
+"""The pid of the process that started the server; when it is gone, the server stops itself."""
+
+
+def _watch_parent(parent: int, grace_s: float = 30.0) -> None:
+    """Stop this server's process group once ``parent`` is gone (it died without stopping the server)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="coral-parent-watch", daemon=True).start()
+
+
 def main() -> None:
     """Run the server with this process's arguments (this module stays ``__main__``, so that the processes
     vLLM spawns import it, and its fix, again)."""
+    import os
     import sys
+
+    parent = os.environ.get(PARENT_ENV, "")
+    if parent.isdigit():
+        _watch_parent(int(parent))
 
     if "--headless" in sys.argv[1:]:
         _headless()
