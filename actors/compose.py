@@ -100,9 +100,12 @@ class RunOptions:
     columns: str = "all"
 
 
-def library_for(store: TemplateStore, scenario: Scenario, perf_version: str | None = None) -> dict[str, list[Template]]:
+def library_for(
+    store: TemplateStore, scenario: Scenario, perf_version: str | None = None, *, vllm_only: bool = False
+) -> dict[str, list[Template]]:
     """Per deployment, every current stored template of its model and shape on the scenario's node types
-    (any SLO; stale ones of an older formulation or, when given, another perf model are left out)."""
+    (any SLO; stale ones of an older formulation or, when given, another perf model are left out);
+    ``vllm_only``: only those vLLM can run as they are."""
     allowed = set(scenario.node_types)
     out: dict[str, list[Template]] = {}
     for d in scenario.deployments:
@@ -110,7 +113,10 @@ def library_for(store: TemplateStore, scenario: Scenario, perf_version: str | No
             (
                 t
                 for t in store.query(model=d.model)
-                if t.shape == d.shape and set(t.nodes) <= allowed and is_current(t, perf_version)
+                if t.shape == d.shape
+                and set(t.nodes) <= allowed
+                and is_current(t, perf_version)
+                and (t.vllm_ok or not vllm_only)
             ),
             key=lambda t: t.id,
         )

@@ -11,9 +11,9 @@ plan's instances start warm when ``warm_start`` (the fleet that exists when a ru
 Each tick it spawns a stage worker on every node the cloud reports ready and tells it which stage to
 load; marks an instance serving once all its stages are loaded (and tells its head worker to serve);
 releases drained instances; and watches heartbeats: a node silent for ``heartbeat_timeout_s`` is lost,
-and with it its instance (the other nodes are released). A preempted node (the cloud gives notice) is
-lost at once. It publishes ``FleetUpdate`` when anything changed, a ``FleetAction`` per decision and
-``NodeLost`` per lost node.
+and with it its instance (the other nodes are released). A preempted node (the cloud gives notice), or one
+whose worker reports an engine fault (a real server died), is lost at once. It publishes ``FleetUpdate``
+when anything changed, a ``FleetAction`` per decision and ``NodeLost`` per lost node.
 
 Resume after a crash (``restore``, before the actor starts): the instances of the journal's fleet state
 whose nodes all still run at the provider are adopted (as ``provisioning``: the simulated stage workers
@@ -48,6 +48,7 @@ from coral.messages.control import SUPERVISOR, DrainInstance
 from coral.messages.fleet import (
     LIVE_STATES,
     DrainOrder,
+    EngineFault,
     FaultInjected,
     FleetAction,
     FleetUpdate,
@@ -191,6 +192,10 @@ class Supervisor(TickActor):
             if rec is not None and rec.instance == msg.instance:
                 rec.loaded = True
                 rec.endpoint = msg.endpoint
+        elif isinstance(msg, EngineFault):
+            rec = self.nodes.get(msg.node_id)
+            if rec is not None and rec.state == "up":
+                await self._lose(rec, now, f"engine: {msg.reason.splitlines()[0] if msg.reason else 'fault'}")
         elif isinstance(msg, InstanceDrained):
             inst = self.instances.get(msg.instance)
             if inst is not None:

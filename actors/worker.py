@@ -1,13 +1,16 @@
 """The stage worker: one per node of an instance; it owns the node's engine.
 
 The supervisor tells it which stage to load (``LoadStage``); it reports ``StageLoaded`` at the first tick
-the engine is ready, heartbeats every ``heartbeat_s`` and, on the instance's head node, runs the engine:
+the engine is ready, heartbeats every ``heartbeat_s`` (with a real engine, it also publishes its server's metrics as
+``EngineStats``) and, on the instance's head node, runs the engine:
 takes the router's work (``Dispatch``), polls the engine at every tick and sends the outcomes to the
 router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
 engine is empty; a release stops the engine and ends the worker (through ``on_exit``, so that the mesh
 stops it between ticks rather than while it synchronises). ``KillNode`` (the simulated cloud's
-fault) ends it at once, without a word: its node is dead; with cause ``hang`` it wedges instead: connected
-but silent, until its node is terminated.
+fault) ends it at once, without a word: its node is dead (a real engine's server is killed with it); with
+cause ``hang`` it wedges instead: connected but silent, until its node is terminated. An engine that
+breaks by itself (``engine.fault``: a real server died) is reported to the supervisor as ``EngineFault``
+and ends the worker; the supervisor loses the node at once.
 
 Progress: for work items with ``progress`` (the HTTP gateway's requests), the head worker reports the
 tokens generated so far at each tick where they grew (``progress`` outcomes), so that the gateway can
@@ -29,6 +32,8 @@ from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SUPERVISOR
 from coral.messages.fleet import (
     DrainOrder,
+    EngineFault,
+    EngineStats,
     InstanceDrained,
     KillNode,
     LoadStage,
@@ -100,6 +105,9 @@ class StageWorker(TickActor):
         if isinstance(msg, KillNode):
             if msg.cause != "hang":
                 self.state = "dead"
+                kill = getattr(self.engine, "kill", None)
+                if kill is not None:
+                    kill()
             elif self.state != "hung":
                 self.state = "hung"
         elif self.state == "hung":
@@ -144,8 +152,14 @@ class StageWorker(TickActor):
                     self.ctx.bus.stop_receiving()  # the actor ends once its inbox is drained
             return
         self.ticks += 1
-        if self.state == "loading" and self.ready_at is not None and now >= self.ready_at:
+        if self.state == "loading" and self.engine.loaded(self.engine_now(now)):
             self.state = "loaded"
+        fault = self.engine.fault
+        if fault and self.state not in ("idle", "dead", "released"):
+            self.state = "dead"
+            await self.ctx.send(self.supervisor, EngineFault(self.node_id, self.instance, now, fault))
+            self.engine.stop(self.engine_now(now))
+            return
         if self.state in ("loaded", "serving", "draining") and not self.loaded_sent:
             self.loaded_sent = True
             endpoint = getattr(self.engine, "endpoint", "")
@@ -162,6 +176,10 @@ class StageWorker(TickActor):
         if self.ticks % self.hb_every == 1 or self.hb_every == 1:
             m = self.engine.metrics()
             await self.ctx.send(self.supervisor, WorkerHeartbeat(self.node_id, now, self.state, m.in_flight))
+            stats = getattr(self.engine, "server_stats", None)  # a real engine's server metrics
+            got = stats() if callable(stats) else None
+            if got:
+                await self.ctx.publish(EngineStats(self.node_id, self.instance, now, *got))
 
     def _progress(self, now: float, out: list[Outcome]) -> list[Outcome]:
         """``out`` with a ``progress`` outcome (before it) for each watched request whose tokens grew."""

@@ -3,6 +3,7 @@
 Format (every key is documented in ``fixtures/scenarios/README.md``)::
 
     name = "core"
+    catalog = ["my-catalog.toml"]                        # optional: extra catalog files (relative paths)
     regions = ["aws-us-east-1", "gcp-us-central1"]     # catalog regions
     node_types = ["g6e.xlarge", ...]                     # optional: default, every type the regions offer
     duration_s = 3600
@@ -168,6 +169,27 @@ def resolve_scenario_path(name_or_file: str) -> Path:
     return bundled
 
 
+def scenario_catalogs(name_or_file: str) -> list[Path]:
+    """The catalog files a scenario names (top-level ``catalog = [FILE, ...]``, relative to the scenario);
+    they load after the bundled catalog and before any ``--catalog`` file."""
+    path = resolve_scenario_path(name_or_file)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{path}: TOML syntax error: {e}") from None
+    files = data.get("catalog", [])
+    if not isinstance(files, list) or not all(isinstance(x, str) and x for x in files):
+        raise _err(path, "key 'catalog'", f"must be a list of catalog file paths, got {files!r}")
+    out = []
+    for x in files:
+        p = (path.parent / x).resolve()
+        if not p.is_file():
+            raise _err(path, "key 'catalog'", f"catalog file {x!r} not found (looked at {p})")
+        out.append(p)
+    return out
+
+
 def load_scenario(name_or_file: str, catalog: Catalog) -> Scenario:
     """Load and validate a scenario against the catalog."""
     path = resolve_scenario_path(name_or_file)
@@ -204,7 +226,18 @@ def _parse(path: Path, data: Mapping[str, Any], cat: Catalog) -> Scenario:
         path,
         "top level",
         data,
-        ["name", "description", "regions", "node_types", "duration_s", "planner", "deployment", "market", "event"],
+        [
+            "name",
+            "description",
+            "catalog",
+            "regions",
+            "node_types",
+            "duration_s",
+            "planner",
+            "deployment",
+            "market",
+            "event",
+        ],
     )
     regions = data.get("regions")
     if not isinstance(regions, list) or not regions:

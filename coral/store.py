@@ -25,7 +25,7 @@ from platformdirs import user_data_dir
 
 from coral.catalog.types import Catalog
 from coral.errors import CoralError
-from coral.templates import SINK, SOURCE, Route, Stage, Template
+from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
 
 APP = "coral-template-store"
@@ -92,6 +92,11 @@ def template_from_json(d: Mapping[str, Any]) -> Template:
         )
         for i, s in enumerate(d["stages"])
     )
+    routes = tuple(Route(end(r["src"]), end(r["dst"]), float(r["flow"])) for r in d["routes"])
+    if "vllm_ok" in d:
+        vllm_ok, vllm_reason = bool(d["vllm_ok"]), str(d.get("vllm_reason", ""))
+    else:  # a store written before the field existed: derive it
+        vllm_ok, vllm_reason = vllm_compatibility(stages, routes)
     return Template(
         id=d["id"],
         model=d["model"],
@@ -101,7 +106,7 @@ def template_from_json(d: Mapping[str, Any]) -> Template:
         shape=WorkloadShape(**d["shape"]),
         nodes=tuple(d["nodes"]),
         stages=stages,
-        routes=tuple(Route(end(r["src"]), end(r["dst"]), float(r["flow"])) for r in d["routes"]),
+        routes=routes,
         prefill_tok_s=float(d["prefill_tok_s"]),
         decode_tok_s=float(d["decode_tok_s"]),
         ttft_s=float(d["ttft_s"]),
@@ -112,8 +117,8 @@ def template_from_json(d: Mapping[str, Any]) -> Template:
         bound=float(d["bound"]),
         method=d["method"],
         solve_s=float(d["solve_s"]),
-        vllm_ok=bool(d.get("vllm_ok", False)),
-        vllm_reason=str(d.get("vllm_reason", "")),
+        vllm_ok=vllm_ok,
+        vllm_reason=vllm_reason,
         formulation=str(d.get("formulation", "")),
     )
 

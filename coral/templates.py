@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -133,6 +134,37 @@ class Template:
             "vllm_reason": self.vllm_reason,
             "formulation": self.formulation,
         }
+
+
+def chain_order(stages: Sequence[Stage], routes: Sequence[Route]) -> list[int]:
+    """The stage indices in the order the route runs through them, when the routes form one chain
+    (source -> s -> ... -> sink through every stage once); empty otherwise."""
+    nxt: dict[int, list[int]] = {}
+    for r in routes:
+        nxt.setdefault(r.src, []).append(r.dst)
+    order: list[int] = []
+    cur = SOURCE
+    while True:
+        outs = nxt.get(cur, [])
+        if len(outs) != 1:
+            return []
+        cur = outs[0]
+        if cur == SINK:
+            break
+        if cur in order or not 0 <= cur < len(stages):
+            return []
+        order.append(cur)
+    return order if len(order) == len(stages) and len(routes) == len(stages) + 1 else []
+
+
+def vllm_compatibility(stages: Sequence[Stage], routes: Sequence[Route]) -> tuple[bool, str]:
+    """Whether vLLM can run this placement as it is: one chain of stages with one TP degree (and why not)."""
+    tps = {s.tp for s in stages}
+    if len(tps) > 1:
+        return False, f"stages use different TP degrees {sorted(tps)}; vLLM needs one TP degree for all stages"
+    if not chain_order(stages, routes):
+        return False, "the routes branch (data parallelism inside the replica); vLLM runs only a single chain"
+    return True, ""
 
 
 def _end(i: int) -> str | int:

@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from coral.perf import PerfModel
-from coral.templates import SINK, SOURCE, Route, Stage, Template
+from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import layer_work_bound
 from solvers.fastplace import PLACER, SMALL_NODES, place
@@ -31,18 +31,6 @@ from solvers.options import FORMULATION, build_problem
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
 
 FLOW_EPS = 1e-9
-
-
-def vllm_compatibility(stages: Sequence[Stage], routes: Sequence[Route]) -> tuple[bool, str]:
-    """Whether vLLM can run this placement as it is: one chain of stages with one TP degree."""
-    tps = {s.tp for s in stages}
-    if len(tps) > 1:
-        return False, f"stages use different TP degrees {sorted(tps)}; vLLM needs one TP degree for all stages"
-    inner = [r for r in routes if r.src != SOURCE and r.dst != SINK]
-    firsts = [r for r in routes if r.src == SOURCE]
-    if len(firsts) > 1 or len(inner) != len(stages) - 1:
-        return False, "the routes branch (data parallelism inside the replica); vLLM runs only a single chain"
-    return True, ""
 
 
 def formulation_of(num_nodes: int) -> str:

@@ -19,6 +19,7 @@ VERB_MODULES = (
     "up_cmd",
     "replay_cmd",
     "tui_cmd",
+    "profile_cmd",
     "keys_cmd",
 )
 

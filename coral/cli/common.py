@@ -33,8 +33,17 @@ def parent_parser() -> argparse.ArgumentParser:
     return p
 
 
+def catalog_files(args: argparse.Namespace) -> list[Path]:
+    """The extra catalog files of a command: those its scenario names (``catalog = [...]``), then ``--catalog``."""
+    from coral.scenario import scenario_catalogs
+
+    scenario = getattr(args, "scenario", None)
+    extra = scenario_catalogs(scenario) if isinstance(scenario, str) else []
+    return [*extra, *args.catalog]
+
+
 def catalog_from(args: argparse.Namespace) -> Catalog:
-    return load_catalog(args.catalog)
+    return load_catalog(catalog_files(args))
 
 
 def perf_from(args: argparse.Namespace, catalog: Catalog | None = None) -> PerfModel:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coral.catalog.types import Catalog
-from coral.cli.common import catalog_from, perf_from, print_json
+from coral.cli.common import catalog_files, catalog_from, perf_from, print_json
 from coral.errors import CoralError
 from coral.perf import PerfModel
 from coral.plan import Plan
@@ -26,6 +26,9 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=float, default=None, help="solver deadline in seconds (default: scenario)")
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing templates")
+    p.add_argument(
+        "--vllm-only", action="store_true", help="use only templates that vLLM can run as they are (see templates show)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_plan)
 
@@ -45,7 +48,7 @@ def ensure_templates(
         task = bar.add_task("build", total=None)
         build_library(
             perf, store, jobs, list(sc.node_types), nmax=sc.planner.nmax, rho=sc.planner.rho,
-            workers=default_workers(), catalog_files=args.catalog, profile_files=args.profiles,
+            workers=default_workers(), catalog_files=catalog_files(args), profile_files=args.profiles,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )  # fmt: skip
 
@@ -64,7 +67,9 @@ def run_plan(args: argparse.Namespace) -> int:
     with TemplateStore(path) as store:
         if not args.no_build:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
-        plan_fn, templates = make_planner(args.policy, sc, cat, perf, store, deadline_s=args.deadline)
+        plan_fn, templates = make_planner(
+            args.policy, sc, cat, perf, store, deadline_s=args.deadline, vllm_only=args.vllm_only
+        )
         plan = plan_fn(request_at(sc, cat, args.at))
     if args.json:
         out = plan.to_json()

@@ -48,13 +48,20 @@ def deployment_templates(
     return out
 
 
-def check_coverage(sc: Scenario, tpls: Mapping[str, Sequence[Template]], policy: str, store_path: str) -> None:
+def check_coverage(
+    sc: Scenario, tpls: Mapping[str, Sequence[Template]], policy: str, store_path: str, *, vllm_only: bool = False
+) -> None:
     """Every deployment needs templates that can serve it (aggregated, or prefill and decode); otherwise
     name the build command, or the SLO that no node combination meets. Baselines may leave demand unmet."""
     for d in sc.deployments:
         modes = {t.mode for t in tpls[d.name]}
         if "aggregated" in modes or {"prefill", "decode"} <= modes:
             continue
+        if vllm_only and policy == "coral":
+            raise CoralError(
+                f"deployment {d.name!r} (model {d.model}) has no templates in {store_path} that vLLM can run as "
+                "they are (see `coral templates show ID` for the reason of each); drop --vllm-only to plan with all"
+            )
         if policy == "coral":
             raise CoralError(
                 f"deployment {d.name!r} (model {d.model}) has no templates in {store_path}; run "
@@ -64,11 +71,19 @@ def check_coverage(sc: Scenario, tpls: Mapping[str, Sequence[Template]], policy:
 
 
 def make_planner(
-    policy: str, sc: Scenario, cat: Catalog, perf: PerfModel, store: TemplateStore, *, deadline_s: float | None = None
+    policy: str,
+    sc: Scenario,
+    cat: Catalog,
+    perf: PerfModel,
+    store: TemplateStore,
+    *,
+    deadline_s: float | None = None,
+    vllm_only: bool = False,
 ) -> tuple[PlanFn, dict[str, Template]]:
-    """A plan function for ``policy`` and the templates it may use, keyed by id."""
-    tpls = deployment_templates(store, sc, policy, perf_version=perf.version)
-    check_coverage(sc, tpls, policy, str(store.path))
+    """A plan function for ``policy`` and the templates it may use, keyed by id (``vllm_only``: only the
+    templates vLLM can run as they are)."""
+    tpls = deployment_templates(store, sc, policy, exclude_vllm_incompatible=vllm_only, perf_version=perf.version)
+    check_coverage(sc, tpls, policy, str(store.path), vllm_only=vllm_only)
     planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s)
     counter = itertools.count(1)
 

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from coral.cli.common import catalog_from, perf_from, print_json
+from coral.cli.common import catalog_files, catalog_from, perf_from, print_json
 from coral.errors import CoralError
 from coral.store import TemplateStore, default_store_path
 from coral.templates import SINK, SOURCE, Template
@@ -110,7 +110,7 @@ def run_build(args: argparse.Namespace) -> int:
                 rho=rho,
                 workers=workers,
                 time_limit=args.time_limit,
-                catalog_files=args.catalog,
+                catalog_files=catalog_files(args),
                 profile_files=args.profiles,
                 progress=progress,
             )

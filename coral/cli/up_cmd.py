@@ -40,12 +40,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from coral.cli.common import catalog_from, perf_from
+from coral.cli.common import catalog_files, catalog_from, perf_from
 from coral.errors import CoralError
 from coral.gateway import Gateway, MeshLink, parse_address, serving
 from coral.gateway.server import bind
 from coral.kernel import Endpoints, Mesh, ServerKeys
-from coral.messages.mesh import CloudSetup, Host
+from coral.messages.mesh import CloudSetup, Host, MeshTiming
 from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
 
@@ -102,6 +102,63 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         help="run on these machines instead of the simulated cloud: TOML with [[host]] name, region, node",
     )
     p.add_argument("--policy", default="coral", choices=("coral", "homo", "pd-homo"))
+    p.add_argument(
+        "--backend",
+        default="sim",
+        choices=("sim", "vllm"),
+        help="stage-worker engine: the simulator's timing model, or real vLLM servers on this machine "
+        "(real time; only templates vLLM can run as they are)",
+    )
+    p.add_argument(
+        "--vllm-only", action="store_true", help="plan only with templates vLLM can run as they are (implied by vllm)"
+    )
+    p.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        metavar="MODEL=DIR",
+        help="weights of a catalog model for --backend vllm (default: the catalog's Hugging Face id; the tiny "
+        "model is built locally)",
+    )
+    p.add_argument("--vllm-device", default="auto", choices=("auto", "cpu", "gpu"), help="(default: the vLLM build's)")
+    p.add_argument(
+        "--vllm-dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weights and activations of the vLLM servers (default: vLLM's choice; float32 on a CPU reproduces "
+        "transformers' greedy tokens exactly)",
+    )
+    p.add_argument(
+        "--vllm-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="vLLM server logs, caches, KV-transfer files and built models (default: ./.coral-vllm)",
+    )
+    p.add_argument(
+        "--warmup",
+        default=None,
+        metavar="DURATION",
+        help="time before the scenario starts in which the first fleet loads (default: 10s)",
+    )
+    p.add_argument(
+        "--drain",
+        default=None,
+        metavar="DURATION",
+        help="time after the scenario ends for requests in flight (default: 60s)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        default=None,
+        metavar="DURATION",
+        help="how long a request waits for a serving instance (default: 60s; 180s with --backend vllm, whose "
+        "servers take a minute or more to start)",
+    )
+    p.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="end as soon as the scenario's traffic is over and no request is open, instead of after --drain",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and faults (default: 0)")
     p.add_argument(
         "--no-deadline",
@@ -233,6 +290,16 @@ def run_up(args: argparse.Namespace) -> int:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
     if args.resume is None and args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
         raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+    vllm = args.backend == "vllm"
+    if vllm:
+        if args.speed != str(DEFAULT_SPEED) and speed != 1.0:
+            raise CoralError(f"--speed: the vllm backend runs in real time (1), got {args.speed!r}")
+        speed = 1.0
+    warmup = parse_duration(args.warmup, "--warmup") if args.warmup is not None else None
+    drain = parse_duration(args.drain, "--drain") if args.drain is not None else None
+    queue = parse_duration(args.queue_timeout, "--queue-timeout") if args.queue_timeout is not None else None
+    if queue is None and vllm:
+        queue = 180.0
     gw_addr = parse_address(args.gateway, "--gateway") if args.gateway is not None else None
     metrics_addr = parse_address(args.metrics, "--metrics") if args.metrics is not None else None
     if args.gateway_active < 1:
@@ -240,6 +307,8 @@ def run_up(args: argparse.Namespace) -> int:
     if args.gateway_queue < 0:
         raise CoralError(f"--gateway-queue: must not be negative, got {args.gateway_queue}")
     if args.resume is not None:
+        if vllm:
+            raise CoralError("--resume: a crashed run on the vllm backend cannot be resumed (its servers died with it)")
         from coral.cli.resume import run_resumed
 
         return run_resumed(args, endpoints, speed, wall_limit, curve, lambda: _serve(args, gw_addr, metrics_addr))
@@ -252,31 +321,61 @@ def run_up(args: argparse.Namespace) -> int:
             from coral.cli.plan_cmd import ensure_templates
 
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
-        library = library_for(store, sc, perf.version)
+        library = library_for(store, sc, perf.version, vllm_only=vllm or args.vllm_only)
     cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
+    if vllm and args.hosts is None:
+        cloud = attrs.evolve(cloud, provision_s=0.0)  # the nodes are this machine: nothing to provision
+    timing = MeshTiming()
+    if warmup is not None:
+        timing = attrs.evolve(timing, warmup_s=float(math.ceil(warmup)))
+    if drain is not None:
+        timing = attrs.evolve(timing, drain_s=drain)
+    if queue is not None:
+        timing = attrs.evolve(timing, queue_timeout_s=queue)
     options = RunOptions(
-        seed=args.seed, policy=args.policy, deterministic=args.no_deadline, columns=args.columns, cloud=cloud
+        seed=args.seed,
+        policy=args.policy,
+        deterministic=args.no_deadline,
+        columns=args.columns,
+        cloud=cloud,
+        timing=timing,
     )
-    setup = make_setup(sc, cat, perf, library, options, catalog_files=args.catalog, profile_files=args.profiles)
+    setup = make_setup(sc, cat, perf, library, options, catalog_files=catalog_files(args), profile_files=args.profiles)
+    fleet = _vllm_fleet(args, sc, cat) if vllm else None
     console = Console(stderr=args.json, quiet=args.tui)
     serve = _serve(args, gw_addr, metrics_addr)
-    summary = anyio.run(
-        _run,
-        setup,
-        sc,
-        cat,
-        perf,
-        args.record,
-        endpoints,
-        speed,
-        wall_limit,
-        console,
-        not (args.no_status or args.json or args.tui),
-        path if args.tui else None,
-        curve,
-        serve,
-        backend="asyncio",
-    )
+    try:
+        summary = anyio.run(
+            _run,
+            setup,
+            sc,
+            cat,
+            perf,
+            args.record,
+            endpoints,
+            speed,
+            wall_limit,
+            console,
+            not (args.no_status or args.json or args.tui),
+            path if args.tui else None,
+            curve,
+            serve,
+            None,
+            "release",
+            fleet,
+            args.until_idle,
+            backend="asyncio",
+        )
+    finally:
+        if fleet is not None:
+            fleet.close()
+    if fleet is not None:
+        summary["backend"] = {
+            "name": "vllm",
+            "device": fleet.backend.device,
+            "servers_started": fleet.servers_started(),
+            "faults": fleet.faults(),
+        }
     console.quiet = False
     if args.json:
         json.dump(summary, sys.stdout, indent=2, default=str)
@@ -304,6 +403,8 @@ async def run_up_async(
     resume: Any = None,
     unknown_nodes: str = "release",
     serve: Serve | None = None,
+    engine_factory: Callable[[str], Any] | None = None,
+    until_idle: bool = False,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
@@ -360,9 +461,23 @@ async def run_up_async(
                     view.update(render_status(setup, state, time.monotonic() - t0, speed, info["endpoints"]))
                     await anyio.sleep(0.25)
 
+        async def idle() -> None:
+            while True:
+                await anyio.sleep(0.5)
+                st = state.stats
+                if (
+                    st is not None
+                    and st.at >= setup.duration_s
+                    and all(d.in_flight + d.queued == 0 for d in st.deployments)
+                ):
+                    stop.set()
+                    return
+
         tg.start_soon(signals)
         if wall_limit is not None:
             tg.start_soon(limit)
+        if until_idle:
+            tg.start_soon(idle)
         if live:
             tg.start_soon(show)
         result = await run_mesh(
@@ -382,6 +497,7 @@ async def run_up_async(
             resume=resume,
             unknown_nodes=unknown_nodes,
             on_step=stepped,
+            engine_factory=engine_factory,
         )
         tg.cancel_scope.cancel()
     out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
@@ -416,6 +532,8 @@ async def _run(
     serve: Serve | None = None,
     resume: Any = None,
     unknown_nodes: str = "release",
+    engine_factory: Callable[[str], Any] | None = None,
+    until_idle: bool = False,
 ) -> dict[str, Any]:
     return await run_up_async(
         setup,
@@ -433,7 +551,30 @@ async def _run(
         resume=resume,
         unknown_nodes=unknown_nodes,
         serve=serve,
+        engine_factory=engine_factory,
+        until_idle=until_idle,
     )
+
+
+def _vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any) -> Any:
+    """The engine factory of ``--backend vllm``: real vLLM servers on this machine."""
+    from coral.engines.vllm import VllmBackend
+    from coral.vllm.fleet import VllmFleet, detect_device, parse_weights, resolve_weights
+
+    device = detect_device(args.vllm_device)
+    work = (args.vllm_dir or Path.cwd() / ".coral-vllm").resolve()
+    weights = resolve_weights([d.model for d in sc.deployments], cat, parse_weights(args.weights, cat), work)
+    max_len = min((cat.models[d.model].max_context or 4096) for d in sc.deployments)
+    backend = VllmBackend(
+        models=weights,
+        device=device,
+        dtype=args.vllm_dtype,
+        enforce_eager=device == "cpu",  # compiled CPU start-up takes minutes; eager output is the same
+        max_model_len=min(max_len, 4096) if device == "cpu" else None,
+        work_dir=str(work),
+        seed=args.seed,
+    )
+    return VllmFleet(backend)
 
 
 @attrs.frozen

@@ -3,14 +3,17 @@
 A stage worker owns one engine. The protocol is small:
 
 - ``load(stage, now) -> ready_at``: start loading a stage (the layers of one template stage) and say when
-  it will be ready;
+  it will be ready (``inf`` when only the engine can tell: a real server that must answer first);
+- ``loaded(now)``: whether the stage is ready at ``now``;
 - ``serve(now)``: every stage of the instance is loaded; take requests from ``now`` on;
 - ``submit(items, now)``: hand requests to the instance (only the head node's engine takes requests);
 - ``poll(now) -> outcomes``: what finished (``done``, ``failed``, ``handoff``) up to ``now``;
 - ``metrics()``: counters and what is held now;
 - ``drain(now) -> returned``: take no new work, hand back what has not started, finish the rest
   (``drained`` says when nothing is left);
-- ``stop(now) -> abandoned``: drop everything at once.
+- ``stop(now) -> abandoned``: drop everything at once;
+- ``fault``: "" while the engine is sound, else why it is not (a real server that died): the worker reports
+  it as a node fault.
 
 An engine that serves HTTP itself (vLLM's OpenAI server) also has an ``endpoint`` attribute, its base URL;
 the worker reports it with ``StageLoaded`` and the fleet publishes it, so that a gateway can reach it.
@@ -68,6 +71,8 @@ class Engine(Protocol):
 
     def load(self, stage: StageAssignment, now: float) -> float: ...
 
+    def loaded(self, now: float) -> bool: ...
+
     def serve(self, now: float) -> None: ...
 
     def submit(self, items: Sequence[WorkItem], now: float) -> None: ...
@@ -82,6 +87,9 @@ class Engine(Protocol):
     def drained(self) -> bool: ...
 
     def stop(self, now: float) -> int: ...
+
+    @property
+    def fault(self) -> str: ...
 
 
 class EngineError(CoralError):

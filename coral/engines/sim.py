@@ -124,6 +124,15 @@ class SimEngine:
             self._model = _InstanceModel(self.perf, stage, self.config, self.seed)
         return self.ready_at
 
+    def loaded(self, now: float) -> bool:
+        """Whether the stage is ready at ``now``."""
+        return self.ready_at is not None and now >= self.ready_at
+
+    @property
+    def fault(self) -> str:
+        """The simulated engine never faults by itself (the simulated cloud kills its node instead)."""
+        return ""
+
     def serve(self, now: float) -> None:
         """Every stage is loaded: the instance serves from ``now``."""
         m = self._model

@@ -11,9 +11,10 @@ Published by the supervisor:
 
 Between the supervisor and a node's stage worker (directed): ``LoadStage``, ``ServeInstance``,
 ``DrainOrder``, ``ReleaseNode`` (supervisor -> worker); ``StageLoaded``, ``InstanceDrained``,
-``WorkerHeartbeat`` (worker -> supervisor). ``KillNode`` is the simulated cloud's physical fault (the
-node's process dies), not a supervisor decision. ``fleet.fault`` (``FaultInjected``) is an external
-input: a fault injection (the scenario's events, or a test).
+``WorkerHeartbeat``, ``EngineFault`` (worker -> supervisor). ``fleet.engine_stats`` (``EngineStats``): a
+real engine's server metrics, published by its worker at each heartbeat. ``KillNode`` is the simulated
+cloud's physical fault (the node's process dies), not a supervisor decision. ``fleet.fault``
+(``FaultInjected``) is an external input: a fault injection (the scenario's events, or a test).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class FleetAction:
 @message("fleet.node_lost")
 @attrs.frozen
 class NodeLost:
-    """A node found dead: ``cause`` is ``heartbeat`` (silent past the timeout) or ``preempted``."""
+    """A node found dead: ``cause`` is ``heartbeat`` (silent past the timeout), ``preempted``, or
+    ``engine: REASON`` (its worker reported an engine fault)."""
 
     at: float
     node_id: str
@@ -168,6 +170,35 @@ class StageLoaded:
     instance: str
     at: float
     endpoint: str = ""
+
+
+@message("fleet.engine_fault")
+@attrs.frozen
+class EngineFault:
+    """Worker -> supervisor: the node's engine broke (a real server died); the node is lost."""
+
+    node_id: str
+    instance: str
+    at: float
+    reason: str
+
+
+@message("fleet.engine_stats")
+@attrs.frozen
+class EngineStats:
+    """Worker -> bus (published at each heartbeat by an engine that runs a real server): what the server
+    reports (vLLM's ``/metrics``): requests running and waiting, KV-cache use (0..1), prompt and generated
+    token counters and preemptions since it started."""
+
+    node_id: str
+    instance: str
+    at: float
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    prompt_tokens: float
+    generation_tokens: float
+    preemptions: int
 
 
 @message("fleet.serve")

@@ -32,6 +32,8 @@ SAMPLES: list[object] = [
     m.ServeInstance("i1"),
     m.DrainOrder("i1", "plan 2"),
     m.InstanceDrained("i1", "n1", 4.0),
+    m.EngineFault("n1", "i1", 4.5, "the vLLM server (pid 7) exited (killed by signal 9)"),
+    m.EngineStats("n1", "i1", 5.0, 3, 1, 0.25, 1200.0, 800.0, 0),
     m.ReleaseNode("n1", "drained"),
     m.KillNode("n1", "node_loss"),
     m.ArrivalBatch(0.0, 1.0, (m.RequestSpec(1, "chat", 0.5, 100, 20),)),

@@ -1,0 +1,104 @@
+"""``coral profile`` (measure per-layer times with vLLM into a profile table) and ``coral tiny-model``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from coral.errors import CoralError
+
+
+def add(sub: Any, parent: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "profile",
+        parents=[parent],
+        help="measure a model's per-layer prompt and decode times with local vLLM into a profile table",
+    )
+    p.add_argument("--model", type=Path, required=True, metavar="DIR", help="the model's weights directory")
+    p.add_argument("--out", type=Path, required=True, metavar="PROFILE.csv", help="the table to write")
+    p.add_argument("--name", default=None, help="the model's catalog name (default: the directory's name)")
+    p.add_argument(
+        "--gpu", default=None, help="the catalog GPU type measured (default: cpu-avx512 on a CPU build of vLLM)"
+    )
+    p.add_argument("--prompt-tokens", default="16,64,256", help="prompt sizes, tokens (default: 16,64,256)")
+    p.add_argument("--batches", default="1,4,16", help="decode batch sizes (default: 1,4,16)")
+    p.add_argument("--context", type=int, default=128, help="decode context length, tokens (default: 128)")
+    p.add_argument("--steps", type=int, default=16, help="decode steps timed per request (default: 16)")
+    p.add_argument("--repeat", type=int, default=3, help="repeats per point (default: 3)")
+    p.add_argument("--vllm-device", default="auto", choices=("auto", "cpu", "gpu"))
+    p.add_argument("--vllm-dir", type=Path, default=None, metavar="DIR", help="server logs and caches")
+    p.add_argument(
+        "--endpoint", default="", metavar="URL", help="measure a running vLLM server instead of starting one"
+    )
+    p.add_argument("--served-name", default="", help="the model name the --endpoint server serves")
+    p.set_defaults(func=run_profile)
+
+    t = sub.add_parser("tiny-model", parents=[parent], help="build the tiny test model (offline, deterministic)")
+    t.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write it to")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=run_tiny)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CoralError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from coral.engines.vllm import VllmBackend
+    from coral.perf.profile import load_profiles
+    from coral.vllm.fleet import detect_device
+    from coral.vllm.profile import ProfileSpec, profile_model
+
+    con = Console(stderr=True)
+    if not args.model.is_dir():
+        raise CoralError(f"--model: {args.model} is not a directory")
+    if args.out.exists() and args.out.is_dir():
+        raise CoralError(f"--out: {args.out} is a directory")
+    device = detect_device(args.vllm_device)
+    gpu = args.gpu or ("cpu-avx512" if device == "cpu" else None)
+    if gpu is None:
+        raise CoralError("--gpu: name the catalog GPU type being measured (for example h100-80g)")
+    spec = ProfileSpec(
+        _ints(args.prompt_tokens, "--prompt-tokens"),
+        _ints(args.batches, "--batches"),
+        args.context,
+        args.steps,
+        args.repeat,
+    )
+    name = args.name or args.model.resolve().name
+    work = (args.vllm_dir or Path.cwd() / ".coral-vllm").resolve()
+    backend = VllmBackend(
+        models={name: str(args.model)}, device=device, enforce_eager=device == "cpu", work_dir=str(work)
+    )
+    rows = profile_model(
+        args.model,
+        args.out,
+        model=name,
+        gpu=gpu,
+        backend=backend,
+        spec=spec,
+        endpoint=args.endpoint,
+        served=args.served_name,
+        say=con.print,
+    )
+    load_profiles(args.out)  # what the perf model reads: fail here rather than later
+    for phase, x, t in rows:
+        con.print(f"  {phase:7s} x={x:<5d} {t * 1e3:8.3f} ms/layer")
+    con.print(f"coral profile: wrote {args.out} ({len(rows)} rows, model {name}, gpu {gpu})")
+    return 0
+
+
+def run_tiny(args: argparse.Namespace) -> int:
+    from coral.vllm.tiny import build_tiny_model
+
+    if args.seed < 0:
+        raise CoralError(f"--seed: must be >= 0, got {args.seed}")
+    out = build_tiny_model(args.out, seed=args.seed)
+    print(f"coral tiny-model: wrote {out}")
+    return 0

@@ -1,0 +1,57 @@
+"""A 2-stage template with an uneven layer split (1 + 3 layers) runs as one vLLM server with PP=2, gives the
+single-stage instance's tokens, and a crash of its server is a fault that loses nothing silently."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from coral.messages.requests import WorkItem
+from coral.vllm import client
+from tests.vllm.conftest import N_TOKENS, PROMPTS, cpu_backend, reference_tokens, start
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_uneven_pp2_equals_the_single_stage_tokens_and_a_crash_is_a_fault(tiny_model: Path, vllm_dir: Path) -> None:
+    engines, t0 = start(cpu_backend(tiny_model, vllm_dir), [1, 3], "pp")
+    head, other = engines
+    try:
+        plan = head.plan
+        assert plan is not None and plan.pipeline_parallel == 2 and plan.layer_partition == (1, 3)
+        assert head.server is not None and other.server is None  # one server runs both stages
+        assert other.endpoint == "" and head.endpoint
+        got = []
+        for p in PROMPTS:
+            r = client.post_json(
+                head.endpoint, "/v1/completions", client.completion_body("tiny", p, N_TOKENS, stream=False)
+            )
+            got.append([int(t) for t in r["choices"][0]["token_ids"]])
+        # the single-stage instance gives transformers' tokens (test_single); PP=2 must give the same
+        assert got == reference_tokens(tiny_model, PROMPTS, N_TOKENS)
+
+        # a long request in flight, then the server dies
+        now = time.monotonic() - t0
+        head.submit([WorkItem(1, "tiny", now, now, 16, 900)], now)
+        assert head.poll(now) == []
+        while head.server_metrics().get("vllm:num_requests_running", 0) < 1:
+            head.scrape_now()
+            time.sleep(0.05)
+        pid = head.server.pid
+        os.killpg(pid, signal.SIGKILL)
+        outcomes = []
+        deadline = time.monotonic() + 60
+        while not head.fault and time.monotonic() < deadline:
+            outcomes += head.poll(time.monotonic() - t0)
+            time.sleep(0.05)
+        assert head.fault.startswith(f"the vLLM server (pid {pid}) exited (killed by signal 9)")
+        assert outcomes == []  # the broken request is not reported failed: the router retries it
+        assert head.poll(time.monotonic() - t0) == []
+        assert head.stop(time.monotonic() - t0) == 1  # abandoned, for the record
+    finally:
+        for e in engines:
+            e.stop(0.0)

@@ -1,0 +1,89 @@
+"""One real vLLM server (a single-stage instance of the tiny model), shared by the tests of this module:
+greedy tokens equal transformers', the engine protocol over it, its scraped metrics, and ``coral profile``
+measuring it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from coral.catalog import load_catalog
+from coral.cli import main
+from coral.engines.vllm import VllmEngine
+from coral.messages.requests import WorkItem
+from coral.perf import PerfModel, load_profiles
+from coral.vllm import client
+from tests.conftest import FIXTURES
+from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _complete(engine: VllmEngine, prompt: list[int], n: int) -> list[int]:
+    r = client.post_json(engine.endpoint, "/v1/completions", client.completion_body("tiny", prompt, n, stream=False))
+    return [int(t) for t in r["choices"][0]["token_ids"]]
+
+
+def test_greedy_tokens_equal_transformers_generate(single: tuple[VllmEngine, float], tiny_model: Path) -> None:
+    engine, _ = single
+    got = [_complete(engine, p, N_TOKENS) for p in PROMPTS]
+    assert got == reference_tokens(tiny_model, PROMPTS, N_TOKENS)
+    assert len({tuple(g) for g in got}) == len(PROMPTS)  # the prompts lead to different continuations
+    streamed = client.stream_completion(engine.endpoint, "tiny", PROMPTS[0], N_TOKENS)
+    assert list(streamed.token_ids) == got[0] and streamed.finish_reason == "length"
+
+
+def test_the_engine_serves_work_items_and_reports_the_server_metrics(single: tuple[VllmEngine, float]) -> None:
+    engine, t0 = single
+    before = engine.server_metrics()
+    now = time.monotonic() - t0
+    items = [WorkItem(i, "tiny", now, now, 20 + 7 * i, 10 + i) for i in range(6)]
+    later = WorkItem(99, "tiny", now, now + 1e6, 8, 4)  # not due yet: stays queued in the engine
+    engine.submit([*items, later], now)
+    outcomes = []
+    while len(outcomes) < len(items):
+        outcomes += engine.poll(time.monotonic() - t0)
+        assert not engine.fault
+        time.sleep(0.05)
+    assert sorted(o.id for o in outcomes) == list(range(6))
+    for o in outcomes:
+        assert o.kind == "done" and now <= o.t_first <= o.t
+    m = engine.metrics()
+    assert m.in_flight == 1 and m.queued >= 1  # the one not due
+    assert engine.drain(time.monotonic() - t0)[0].id == 99  # handed back, never sent
+    assert engine.drained
+    engine.scrape_now()
+    after = engine.server_metrics()
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert name in after
+    sent = sum(i.out for i in items)
+    assert after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0.0) == sent
+    assert after["vllm:prompt_tokens_total"] - before.get("vllm:prompt_tokens_total", 0.0) == sum(
+        i.prompt for i in items
+    )
+
+
+def test_profile_writes_a_table_the_perf_model_loads(
+    single: tuple[VllmEngine, float], tiny_model: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "tiny.csv"
+    rc = main(
+        [
+            "profile", "--model", str(tiny_model), "--out", str(out), "--name", "tiny-llama",
+            "--endpoint", single[0].endpoint, "--served-name", "tiny",
+            "--prompt-tokens", "16,128", "--batches", "1,4", "--context", "64", "--steps", "8", "--repeat", "2",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    (table,) = load_profiles(out)
+    assert (table.model, table.gpu, table.tp, table.context) == ("tiny-llama", "cpu-avx512", 1, 64)
+    assert list(table.prefill_x) == [16, 128] and list(table.decode_x) == [1, 4]
+    assert (table.prefill_s > 0).all() and (table.decode_s > 0).all()
+    cat = load_catalog([FIXTURES / "catalog" / "tiny-cpu.toml"])
+    perf = PerfModel(cat, [table])
+    step = float(perf.decode_step_s("tiny-llama", "cpu-local", layers=4, batch=1, context=64))
+    assert step == pytest.approx(4 * table.decode_s[0])  # the measured table, not the roofline
+    pre = float(perf.prefill_s("tiny-llama", "cpu-local", layers=4, batch=1, prompt=128))
+    assert pre == pytest.approx(4 * table.prefill_s[1])

@@ -1,0 +1,107 @@
+"""``coral up --backend vllm`` as a user runs it (a subprocess): real vLLM servers serve the tiny-cpu trace.
+
+One run covers start, service, a crash and a clean end: the plan holds two instances; once a server is
+busy the test kills it (SIGKILL to its process group); the worker reports the engine fault, the supervisor
+loses the node, the router retries what it held on the other instance, and every request of the trace
+completes; the run ends when nothing is open (``--until-idle``) and stops every server, the replacement
+that the new plan started included. About two minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coral.kernel import read_journal
+from coral.messages import EngineFault, EngineStats, FleetUpdate, NodeLost
+from coral.vllm import client
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+SCENARIO = ROOT / "fixtures" / "scenarios" / "tiny-cpu.toml"
+
+
+def _servers(parent: int | None, model: Path) -> list[tuple[int, int]]:
+    """(pid, port) of the vLLM servers of ``model`` (started by process ``parent``, when given)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent not in (None, ppid) or str(model).encode() not in cmd:
+            continue
+        if b"coral.vllm.serve" in cmd and b"--port" in cmd:
+            out.append((int(d.name), int(cmd[cmd.index(b"--port") + 1])))
+    return out
+
+
+def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_model: Path, tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())",
+        "up", "--backend", "vllm", "--scenario", str(SCENARIO), "--store", str(tmp_path / "store.db"),
+        "--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(tmp_path / "vllm"),
+        "--json", "--bind", "inproc", "--until-idle", "--drain", "300s", "--for", "420s",
+        "--record", str(tmp_path / "run.journal"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline and proc.poll() is None:
+            for pid, port in _servers(proc.pid, tiny_model):
+                base = f"http://127.0.0.1:{port}"
+                if not client.healthy(base):
+                    continue
+                try:
+                    m = client.parse_metrics(client.get(base, "/metrics")[1].decode())
+                except client.HttpError:
+                    continue
+                if m.get("vllm:num_requests_running", 0) >= 1 and m.get("vllm:request_success_total", 0) >= 1:
+                    os.killpg(pid, signal.SIGKILL)
+                    killed = pid
+                    break
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=420)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert killed is not None, "no server was ever busy: " + err[-2000:]
+    summary = json.loads(out)
+    tiny = summary["deployments"]["tiny"]
+    assert tiny["arrivals"] >= 60  # drawn from the trace's rate (about 90 over its 150 s)
+    assert tiny["completed"] == tiny["arrivals"], tiny
+    assert tiny["failed"] == 0 and tiny["open"] == 0
+    assert tiny["retries"] >= 1  # the killed server held requests; they ran again elsewhere
+    backend = summary["backend"]
+    assert backend["name"] == "vllm"
+    assert backend["servers_started"] >= 2  # the replacement
+    (fault,) = backend["faults"].values()
+    assert f"pid {killed}" in fault and "killed by signal 9" in fault
+    assert summary["actor_crashes"] == 0 and summary["bus_errors"] == 0
+    assert _servers(None, tiny_model) == []  # every server stopped with the run
+
+    # what went over the bus: the fault, the lost node, and the servers' metrics
+    msgs = [r.decode() for r in read_journal(tmp_path / "run.journal") if r.kind in ("publish", "send")]
+    (ef,) = [m for m in msgs if isinstance(m, EngineFault)]
+    (lost,) = [m for m in msgs if isinstance(m, NodeLost)]
+    assert lost.node_id == ef.node_id and lost.cause.startswith(f"engine: the vLLM server (pid {killed})")
+    stats = [m for m in msgs if isinstance(m, EngineStats)]
+    assert {s.node_id for s in stats} >= {ef.node_id}
+    assert max(s.generation_tokens for s in stats) > 0 and max(s.running for s in stats) >= 1
+    served = [m for m in msgs if isinstance(m, FleetUpdate) and any(i.endpoint for i in m.instances)]
+    assert served and all(i.endpoint.startswith("http://127.0.0.1:") for i in served[-1].instances if i.endpoint)
