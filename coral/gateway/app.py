@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -89,6 +90,7 @@ class Gateway:
         self.waiters: dict[int, MemoryObjectSendStream[Outcome]] = {}
         self.shed = 0
         self.retried = 0
+        self.prefilled = 0
         self.responses: dict[tuple[str, int], int] = {}
 
     # -- the bus side -------------------------------------------------------------------------------
@@ -228,11 +230,26 @@ class Gateway:
 
     async def proxy(self, req: ApiRequest, rid: int, inst: InstanceInfo, path: str, body: bytes, send: Send) -> None:
         """Pass the request to ``inst``'s endpoint and its response back as it comes (once retried on
-        another instance when the first fails before its first byte)."""
+        another instance when the first fails before its first byte).
+
+        A prefill instance runs the disaggregated two-step protocol: the request with ``max_tokens`` 1
+        (not streamed) goes to it, which computes the prompt's KV cache and hands it to the KV-transfer
+        connector; then the whole request goes to a decode instance of the same region, which loads that
+        cache instead of recomputing the prompt, and its response is the client's."""
+        prefill = None
+        if inst.mode == "prefill":
+            prefill = inst
+            inst = await self._prefill(req, rid, inst, path, body)
         try:
             resp = await self.client.post(inst.endpoint, path, body)
         except UpstreamError as e:
-            other = self.table.choose(req.model, rid, 1, avoid=inst.id)
+            if prefill is not None:  # another decode instance of the region (the KV cache is shared there)
+                other = next(
+                    (d for k in range(1, 4) if (d := self.table.decode_for(prefill, rid, k)) and d.id != inst.id),
+                    None,
+                )
+            else:
+                other = self.table.choose(req.model, rid, 1, avoid=inst.id)
             if not e.before_first_byte or other is None or not other.endpoint:
                 raise _Reply(502, "upstream_error", f"instance {inst.id} failed: {e}") from None
             self.retried += 1
@@ -259,6 +276,42 @@ class Gateway:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             resp.release()
+
+    async def _prefill(self, req: ApiRequest, rid: int, inst: InstanceInfo, path: str, body: bytes) -> InstanceInfo:
+        """Step one of the disaggregated protocol on ``inst``; returns the decode instance for step two."""
+        doc = json.loads(body)
+        doc["max_tokens"] = 1
+        doc.pop("max_completion_tokens", None)
+        doc["stream"] = False
+        doc.pop("stream_options", None)
+        first = json.dumps(doc).encode()
+        tried = [inst]
+        while True:
+            try:
+                resp = await self.client.post(tried[-1].endpoint, path, first)
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.release()
+                if resp.status != 200:
+                    raise _Reply(resp.status, "upstream_error", f"prefill on {tried[-1].id}: {data[:300]!r}")
+                break
+            except UpstreamError as e:
+                other = self.table.choose(req.model, rid, len(tried), avoid=tried[-1].id)
+                if not e.before_first_byte or len(tried) > 1 or other is None or not other.endpoint:
+                    raise _Reply(502, "upstream_error", f"prefill instance {tried[-1].id} failed: {e}") from None
+                self.retried += 1
+                tried.append(other)
+        decode = self.table.decode_for(tried[-1], rid)
+        if decode is None:
+            raise _Reply(
+                503,
+                "service_unavailable",
+                f"model {req.model!r} has no live decode instance in {tried[-1].region} now; retry later",
+                [(b"retry-after", self.retry_after)],
+            )
+        self.prefilled += 1
+        return decode
 
     # -- simulated in the mesh ----------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 Kept from the bus's ``fleet.update``: an instance is routable in a serving state (``ROUTABLE_STATES``)
 and when it takes requests (aggregated or prefill; a decode instance only takes KV handoffs). A request
 goes to one of them with probability proportional to its weight (its capacity in requests/s, as the plan
-sized it), drawn by a hash of (seed, request id, attempt) as the router draws.
+sized it), drawn by a hash of (seed, request id, attempt) as the router draws. Decode instances are kept
+per (deployment, region): a request that a prefill instance took goes on to one of them (``decode_for``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class RouteTable:
         self.known: set[str] = set(deployments)
         self.seed = seed
         self.routes: dict[str, list[InstanceInfo]] = {}
+        self.decode: dict[tuple[str, str], list[InstanceInfo]] = {}
         self.seq = -1
 
     def update(self, msg: FleetUpdate) -> None:
@@ -30,13 +32,17 @@ class RouteTable:
             return
         self.seq = msg.seq
         routes: dict[str, list[InstanceInfo]] = {}
+        decode: dict[tuple[str, str], list[InstanceInfo]] = {}
         for i in msg.instances:
             self.known.add(i.deployment)
-            if i.state in ROUTABLE_STATES and i.mode != "decode" and i.weight > 0:
-                routes.setdefault(i.deployment, []).append(i)
-        for v in routes.values():
+            if i.state in ROUTABLE_STATES and i.weight > 0:
+                if i.mode == "decode":
+                    decode.setdefault((i.deployment, i.region), []).append(i)
+                else:
+                    routes.setdefault(i.deployment, []).append(i)
+        for v in [*routes.values(), *decode.values()]:
             v.sort(key=lambda i: (len(i.id), i.id))
-        self.routes = routes
+        self.routes, self.decode = routes, decode
 
     def instances(self, deployment: str) -> Sequence[InstanceInfo]:
         return self.routes.get(deployment, ())
@@ -47,3 +53,11 @@ class RouteTable:
         if not cands:
             return None
         return pick(cands, uniform(self.seed, rid, attempt))
+
+    def decode_for(self, prefill: InstanceInfo, rid: int, attempt: int = 0) -> InstanceInfo | None:
+        """A serving decode instance of the prefill instance's deployment and region (the KV cache moves
+        between them), drawn by weight; None if there is none."""
+        cands = [i for i in self.decode.get((prefill.deployment, prefill.region), ()) if i.endpoint]
+        if not cands:
+            return None
+        return pick(cands, uniform(self.seed, -1 - rid, attempt))

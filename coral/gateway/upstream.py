@@ -20,6 +20,8 @@ class PlaceholderServer:
     def __init__(self, name: str = "upstream") -> None:
         self.name = name
         self.served = 0
+        self.seen: list[tuple[str, int | None, bool]] = []
+        """(path, max_tokens, stream) of each request served."""
         self.ids = itertools.count(1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -40,6 +42,7 @@ class PlaceholderServer:
             await respond(send, 400, openai.error_body(str(e), "invalid_request_error", 400, e.param), extra)
             return
         self.served += 1
+        self.seen.append((path, req.max_tokens, req.stream))
         rid = next(self.ids)
         out = req.max_tokens or 16
         if not req.stream:

@@ -19,10 +19,16 @@ from coral.messages import FleetUpdate, InstanceInfo, ProxiedArrivals
 LOCAL = ("127.0.0.1", 0)
 
 
-def inst(iid: str, dep: str, endpoint: str, state: str = "serving", weight: float = 1.0) -> InstanceInfo:
-    return InstanceInfo(
-        iid, dep, "t1", "r1", "aggregated", state, ("a",), ("n" + iid,), "w", weight, 1e9, 0.0, endpoint
-    )
+def inst(
+    iid: str,
+    dep: str,
+    endpoint: str,
+    state: str = "serving",
+    weight: float = 1.0,
+    mode: str = "aggregated",
+    region: str = "r1",
+) -> InstanceInfo:
+    return InstanceInfo(iid, dep, "t1", region, mode, state, ("a",), ("n" + iid,), "w", weight, 1e9, 0.0, endpoint)
 
 
 def fleet(seq: int, *instances: InstanceInfo) -> FleetUpdate:
@@ -304,3 +310,45 @@ async def test_retry_once_when_an_instance_drops_the_connection() -> None:
         assert gw.retried >= 1 and b.served == 8
         tg.cancel_scope.cancel()
     await gw.aclose()
+
+
+async def test_disaggregated_two_step_protocol() -> None:
+    """A prefill instance gets the request with max_tokens 1 (not streamed); then a decode instance of the
+    same region gets the whole request and its response (streamed or not) is the client's."""
+    pre, d1, d2, far = (PlaceholderServer(n) for n in ("pre", "d1", "d2", "far"))
+    gw = Gateway({"pd": 16, "lonely": 16}, seed=5)
+    async with (
+        serving(pre, LOCAL) as up,
+        serving(d1, LOCAL) as u1,
+        serving(d2, LOCAL) as u2,
+        serving(far, LOCAL) as uf,
+        serving(gw, LOCAL) as url,
+    ):
+        gw.on_fleet(
+            fleet(
+                1,
+                inst("p1", "pd", up, mode="prefill"),
+                inst("d1", "pd", u1, mode="decode"),
+                inst("d2", "pd", u2, mode="decode"),
+                inst("d3", "pd", uf, mode="decode", region="r2"),
+                inst("p2", "lonely", up, mode="prefill", region="r3"),
+            )
+        )
+        async with aiohttp.ClientSession() as s:
+            served = set()
+            for _ in range(8):
+                st, _, body = await post(s, url + "/v1/completions", {"model": "pd", "prompt": "hi", "max_tokens": 5})
+                assert st == 200, body
+                doc = json.loads(body)
+                assert doc["usage"]["completion_tokens"] == 5
+                served.add(doc["served_by"])
+            assert served == {"d1", "d2"} and far.served == 0  # decode in the prefill's region only
+            assert pre.seen == [("/v1/completions", 1, False)] * 8
+            assert {m for _, m, _ in d1.seen + d2.seen} == {5}
+            req = {"model": "pd", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+            st, hd, body = await post(s, url + "/v1/chat/completions", req)
+            assert st == 200 and hd["Content-Type"].startswith("text/event-stream") and sse(body)[-1] == "[DONE]"
+            assert pre.seen[-1] == ("/v1/chat/completions", 1, False)
+            st, hd, body = await post(s, url + "/v1/completions", {"model": "lonely", "prompt": "x"})
+            assert st == 503 and "decode" in json.loads(body)["error"]["message"] and hd["Retry-After"]
+            assert gw.prefilled == 9

@@ -1,10 +1,12 @@
 """``coral up --backend vllm`` as a user runs it (a subprocess): real vLLM servers serve the tiny-cpu trace.
 
-One run covers start, service, a crash and a clean end: the plan holds two instances; once a server is
-busy the test kills it (SIGKILL to its process group); the worker reports the engine fault, the supervisor
-loses the node, the router retries what it held on the other instance, and every request of the trace
-completes; the run ends when nothing is open (``--until-idle``) and stops every server, the replacement
-that the new plan started included. About two minutes on a 2-core machine.
+One run covers start, service, the HTTP gateway, a crash and a clean end: the plan holds two instances;
+as soon as a server is healthy, a greedy request through ``coral up --gateway`` returns the tokens that
+transformers' ``generate()`` gives for the same prompt; once a server is busy the test kills it (SIGKILL
+to its process group); the worker reports the engine fault, the supervisor loses the node, the router
+retries what it held on the other instance, and every request of the trace completes; the run ends when
+nothing is open (``--until-idle``) and stops every server, the replacement that the new plan started
+included. About two minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from coral.kernel import read_journal
 from coral.messages import EngineFault, EngineStats, FleetUpdate, NodeLost
 from coral.vllm import client
 from tests.conftest import ROOT
+from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -48,13 +51,23 @@ def _servers(parent: int | None, model: Path) -> list[tuple[int, int]]:
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_model: Path, tmp_path: Path) -> None:
+    gateway = f"http://127.0.0.1:{_free_port()}"
+    via_gateway: list[int] | None = None
     cmd = [
         sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())",
         "up", "--backend", "vllm", "--scenario", str(SCENARIO), "--store", str(tmp_path / "store.db"),
         "--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(tmp_path / "vllm"),
         "--json", "--bind", "inproc", "--until-idle", "--drain", "300s", "--for", "420s",
-        "--record", str(tmp_path / "run.journal"),
+        "--record", str(tmp_path / "run.journal"), "--gateway", gateway.removeprefix("http://"),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
@@ -65,6 +78,13 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
                 base = f"http://127.0.0.1:{port}"
                 if not client.healthy(base):
                     continue
+                if via_gateway is None:  # the first healthy server: a client's request through the gateway
+                    body = client.completion_body("tiny", PROMPTS[0], N_TOKENS, stream=False)
+                    try:
+                        r = client.post_json(gateway, "/v1/completions", body)
+                    except client.HttpError:
+                        continue  # the gateway has not seen the instance serving yet
+                    via_gateway = [int(t) for t in r["choices"][0]["token_ids"]]
                 try:
                     m = client.parse_metrics(client.get(base, "/metrics")[1].decode())
                 except client.HttpError:
@@ -81,6 +101,7 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
             proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     assert killed is not None, "no server was ever busy: " + err[-2000:]
+    assert via_gateway == reference_tokens(tiny_model, PROMPTS[:1], N_TOKENS)[0]
     summary = json.loads(out)
     tiny = summary["deployments"]["tiny"]
     assert tiny["arrivals"] >= 60  # drawn from the trace's rate (about 90 over its 150 s)
