@@ -34,13 +34,19 @@ def test_uneven_pp2_equals_the_single_stage_tokens_and_a_crash_is_a_fault(tiny_m
         # the single-stage instance gives transformers' tokens (test_single); PP=2 must give the same
         assert got == reference_tokens(tiny_model, PROMPTS, N_TOKENS)
 
-        # a long request in flight, then the server dies
+        # a long request in flight, then the server dies (as soon as it generates: on an idle machine the
+        # tiny model can finish 1,000 tokens between two scrapes, so no scrape is waited for)
+        head.scrape_now()
+        before = head.server_metrics().get("vllm:generation_tokens_total", 0.0)
         now = time.monotonic() - t0
-        head.submit([WorkItem(1, "tiny", now, now, 16, 900)], now)
+        head.submit([WorkItem(1, "tiny", now, now, 16, 1000)], now)
         assert head.poll(now) == []
-        while head.server_metrics().get("vllm:num_requests_running", 0) < 1:
+        deadline = time.monotonic() + 60
+        while head.server_metrics().get("vllm:generation_tokens_total", 0.0) <= before:
+            assert time.monotonic() < deadline, "the long request never started"
             head.scrape_now()
-            time.sleep(0.05)
+            time.sleep(0.01)
+        assert head.metrics().in_flight == 1, "the long request ended before the server could be killed"
         pid = head.server.pid
         os.killpg(pid, signal.SIGKILL)
         outcomes = []
