@@ -204,7 +204,7 @@ def place_one_batch(problem: PlacementProblem, *, time_limit: float = 10.0) -> t
     elapsed = time.perf_counter() - t0
     if best is None:
         status = "infeasible" if proven else "unknown"
-        return problem, PlacementResult(0.0, status, bound, "one-batch", solve_s=elapsed)
+        return problem, PlacementResult(0.0, status, bound, "infeasible", solve_s=elapsed)
     sub, res = best
     bound = max(bound, res.value)
     status = "optimal" if proven or bound <= res.value * (1.0 + 1e-9) else "feasible"
