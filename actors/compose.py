@@ -514,8 +514,8 @@ class Gateway:
         self.pending: dict[int, Envelope] = {}
         self.next_ref = 0
         self.forwarded = 0
-        self.latest: dict[str, SnapshotRecord] = {}
-        self.plans: deque[SnapshotRecord] = deque(maxlen=SNAPSHOT_PLANS)
+        self.latest: dict[str, Envelope] = {}
+        self.plans: deque[Envelope] = deque(maxlen=SNAPSHOT_PLANS)
 
     async def pump(self, mesh: Mesh) -> None:
         """Handle everything queued now."""
@@ -524,8 +524,8 @@ class Gateway:
 
     def snapshot(self, at: float) -> Snapshot:
         """The latest state seen: one record per ``SNAPSHOT_TOPICS`` tag, then the recent plans."""
-        recs = [self.latest[t] for t in SNAPSHOT_TOPICS if t in self.latest]
-        return Snapshot(at, (*recs, *self.plans))
+        envs = [*(self.latest[t] for t in SNAPSHOT_TOPICS if t in self.latest), *self.plans]
+        return Snapshot(at, tuple(SnapshotRecord(e.source, e.tag, encode(e.msg)[1]) for e in envs))
 
     async def handle(self, mesh: Mesh, env: Envelope) -> None:
         """Forward a command (the mesh must be quiet), relay a result to the command's sender, keep a
@@ -537,12 +537,10 @@ class Gateway:
                 await self.bus.reply(orig, msg)
             return
         if env.kind == "publish":
-            if env.tag in SNAPSHOT_TOPICS or env.tag == "plan.new":
-                rec = SnapshotRecord(env.source, env.tag, encode(msg)[1])
-                if env.tag == "plan.new":
-                    self.plans.append(rec)
-                else:
-                    self.latest[env.tag] = rec
+            if env.tag == "plan.new":
+                self.plans.append(env)
+            elif env.tag in SNAPSHOT_TOPICS:
+                self.latest[env.tag] = env  # encoded only when a snapshot is asked for
             return
         if env.kind not in ("send", "request"):
             return

@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 
 from actors.base import TickActor
 from coral.engines import Engine, StageAssignment
-from coral.engines.sim import SimEngine
 from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SUPERVISOR
 from coral.messages.fleet import (
@@ -186,15 +185,15 @@ class StageWorker(TickActor):
         for o in out:
             if o.kind != "progress":
                 self.watched.pop(o.id, None)
-        model = self.engine.model if isinstance(self.engine, SimEngine) else None
-        if model is None:
+        progress = getattr(self.engine, "progress", None)  # an engine that reports tokens as they come
+        if not callable(progress):
             return out
         grew = []
-        for req, item in model.items.items():
-            seen = self.watched.get(item.id)
-            if seen is not None and req.gen > seen:
-                self.watched[item.id] = req.gen
-                grew.append(Outcome(item.id, "progress", now, req.first_t, tokens=req.gen))
+        for rid, (tokens, first_t) in progress().items():
+            seen = self.watched.get(rid)
+            if seen is not None and tokens > seen:
+                self.watched[rid] = tokens
+                grew.append(Outcome(rid, "progress", now, first_t, tokens=tokens))
         grew.sort(key=lambda o: o.id)
         return grew + out
 

@@ -169,15 +169,19 @@ def resolve_scenario_path(name_or_file: str) -> Path:
     return bundled
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{path}: TOML syntax error: {e}") from None
+
+
 def scenario_catalogs(name_or_file: str) -> list[Path]:
     """The catalog files a scenario names (top-level ``catalog = [FILE, ...]``, relative to the scenario);
     they load after the bundled catalog and before any ``--catalog`` file."""
     path = resolve_scenario_path(name_or_file)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"{path}: TOML syntax error: {e}") from None
+    data = _read_toml(path)
     files = data.get("catalog", [])
     if not isinstance(files, list) or not all(isinstance(x, str) and x for x in files):
         raise _err(path, "key 'catalog'", f"must be a list of catalog file paths, got {files!r}")
@@ -193,11 +197,7 @@ def scenario_catalogs(name_or_file: str) -> list[Path]:
 def load_scenario(name_or_file: str, catalog: Catalog) -> Scenario:
     """Load and validate a scenario against the catalog."""
     path = resolve_scenario_path(name_or_file)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"{path}: TOML syntax error: {e}") from None
+    data = _read_toml(path)
     return _parse(path, data, catalog)
 
 

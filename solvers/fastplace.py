@@ -55,8 +55,8 @@ import numpy as np
 
 from solvers.placement import (
     LAT_RTOL,
+    class_reps,
     evaluate_placement,
-    interchangeable,
     lp_reduce,
     milp_place,
     usable_edges,
@@ -469,12 +469,7 @@ class _Classes:
 
     def __init__(self, problem: PlacementProblem) -> None:
         n = problem.n
-        rep = list(range(n))
-        for j in range(n):
-            for i in range(j):
-                if rep[i] == i and interchangeable(problem, i, j):
-                    rep[j] = i
-                    break
+        rep = class_reps(problem)
         self.rep = rep
         self.members = {r: [x for x in range(n) if rep[x] == r] for r in set(rep)}
 

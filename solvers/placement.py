@@ -188,6 +188,18 @@ def interchangeable(problem: PlacementProblem, i: int, j: int) -> bool:
     return bool(np.array_equal(ll[:, p][:, :, p][:, off], ll[:, off]) and np.array_equal(lc[p][:, p][off], lc[off]))
 
 
+def class_reps(problem: PlacementProblem) -> list[int]:
+    """Per node, the lowest-numbered node it is interchangeable with (itself when none is lower)."""
+    n = problem.n
+    rep = list(range(n))
+    for j in range(n):
+        for i in range(j):
+            if rep[i] == i and interchangeable(problem, i, j):
+                rep[j] = i
+                break
+    return rep
+
+
 def canonical(problem: PlacementProblem, res: PlacementResult) -> PlacementResult:
     """The same placement with each run of consecutive interchangeable nodes sorted by (start, k),
     the order that the MILP's symmetry rows require."""

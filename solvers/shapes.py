@@ -59,7 +59,7 @@ from collections.abc import Iterator, Sequence
 import attrs
 import numpy as np
 
-from solvers.placement import LAT_RTOL, evaluate_placement, interchangeable
+from solvers.placement import LAT_RTOL, class_reps, evaluate_placement
 from solvers.problem import Edge, PlacementProblem, PlacementResult
 
 SEARCH_RTOL = 1e-9
@@ -276,7 +276,6 @@ class _Tables:
         self.maxcap = np.array([float(c.max()) for c in self.cap])
         self.gmin = [t.min(axis=2) for t in self.lat]
         self._useful: dict[tuple[int, float], np.ndarray] = {}
-        self._cover: dict[tuple[int, ...], np.ndarray] = {}
         self._cover_at: dict[tuple[int, int, float], np.ndarray] = {}
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
@@ -392,22 +391,12 @@ class _Tables:
 
     def cover(self, nodes: tuple[int, ...]) -> np.ndarray:
         """Per metric, the least latency with which ``nodes`` (each holding >= 1 layer) cover all L
-        layers, metric by metric (a lower bound for any path through exactly these nodes)."""
-        key = tuple(sorted(nodes))
-        if key not in self._cover:
-            L = self.L
-            acc = np.full((self.nm, L + 1), np.inf)
-            acc[:, 0] = 0.0
-            kk = np.arange(L + 1)
-            d = kk[:, None] - kk[None, :]
-            dd = np.clip(d, 0, L)
-            for i in key:
-                g = self.gmin[i].copy()
-                g[:, 0] = np.inf
-                cand = acc[:, None, :] + g[:, dd]
-                acc = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
-            self._cover[key] = acc[:, L]
-        return self._cover[key]
+        layers, metric by metric (a lower bound for any path through exactly these nodes): ``cover_at``
+        with no node restricted."""
+        mask = 0
+        for i in nodes:
+            mask |= 1 << i
+        return self.cover_at(mask, 0, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -979,12 +968,7 @@ class _Classes:
 
     def __init__(self, problem: PlacementProblem) -> None:
         n = problem.n
-        rep = list(range(n))
-        for j in range(n):
-            for i in range(j):
-                if rep[i] == i and interchangeable(problem, i, j):
-                    rep[j] = i
-                    break
+        rep = class_reps(problem)
         self.reps = sorted(set(rep))
         self.members = [[x for x in range(n) if rep[x] == r] for r in self.reps]
         self.full = tuple(len(m) for m in self.members)

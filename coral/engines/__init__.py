@@ -17,6 +17,8 @@ A stage worker owns one engine. The protocol is small:
 
 An engine that serves HTTP itself (vLLM's OpenAI server) also has an ``endpoint`` attribute, its base URL;
 the worker reports it with ``StageLoaded`` and the fleet publishes it, so that a gateway can reach it.
+An engine that knows the tokens of requests still in flight has ``progress() -> {id: (tokens, t_first)}``
+(the simulated one): the worker relays it so that the gateway streams simulated tokens as they come.
 
 ``SimEngine`` (``coral.engines.sim``) runs the fleet simulator's timing model for one instance; a vLLM
 engine implements the same protocol over real processes.
@@ -96,4 +98,13 @@ class EngineError(CoralError):
     """An engine used out of order (submit to a non-head node, a stage index outside the template, ...)."""
 
 
-__all__ = ["Engine", "EngineError", "EngineMetrics", "StageAssignment"]
+def check_load(loaded: StageAssignment | None, stage: StageAssignment) -> None:
+    """What every engine's ``load`` checks first: nothing loaded yet, and a stage index of the template."""
+    if loaded is not None:
+        raise EngineError(f"engine: already loaded stage {loaded.stage} of {loaded.instance}")
+    n = len(stage.template.stages)
+    if not 0 <= stage.stage < n:
+        raise EngineError(f"stage: template {stage.template.id} has {n} stages, got index {stage.stage}")
+
+
+__all__ = ["Engine", "EngineError", "EngineMetrics", "StageAssignment", "check_load"]

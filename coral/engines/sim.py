@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from coral.engines import EngineError, EngineMetrics, StageAssignment
+from coral.engines import EngineError, EngineMetrics, StageAssignment, check_load
 from coral.messages.requests import Outcome, WorkItem
 from coral.perf import PerfModel
 from coral.perf.roofline import NET_LATENCY_S
@@ -111,11 +111,8 @@ class SimEngine:
 
     def load(self, stage: StageAssignment, now: float) -> float:
         """Start loading ``stage``; return the time it is ready (the weight load plus the start-up)."""
-        if self.stage is not None:
-            raise EngineError(f"engine: already loaded stage {self.stage.stage} of {self.stage.instance}")
+        check_load(self.stage, stage)
         tpl = stage.template
-        if not 0 <= stage.stage < len(tpl.stages):
-            raise EngineError(f"stage: template {tpl.id} has {len(tpl.stages)} stages, got index {stage.stage}")
         s = tpl.stages[stage.stage]
         load = 0.0 if stage.warm else self.perf.load_s(tpl.model, s.node, s.layers) + self.config.startup_s
         self.stage = stage
@@ -250,6 +247,13 @@ class SimEngine:
     def model(self) -> _InstanceModel | None:
         """The head engine's instance model (None on other nodes)."""
         return self._model
+
+    def progress(self) -> dict[int, tuple[int, float]]:
+        """Per request in flight on this (head) engine: (tokens generated so far, first-token time or -1)."""
+        m = self._model
+        if m is None:
+            return {}
+        return {item.id: (req.gen, req.first_t) for req, item in m.items.items()}
 
     def _head(self, what: str) -> _InstanceModel:
         if self._model is None:

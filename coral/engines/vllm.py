@@ -43,7 +43,7 @@ import attrs
 import numpy as np
 
 import coral
-from coral.engines import EngineError, EngineMetrics, StageAssignment
+from coral.engines import EngineError, EngineMetrics, StageAssignment, check_load
 from coral.messages.requests import Outcome, WorkItem
 from coral.vllm import client
 from coral.vllm.launch import DEVICES, KvTransfer, LaunchOptions, LaunchPlan, VllmLaunchError, launch_plan
@@ -213,11 +213,8 @@ class VllmEngine:
 
     def load(self, stage: StageAssignment, now: float) -> float:
         """Start the server of this node (when the plan gives it one); return ``inf`` (see ``loaded``)."""
-        if self.stage is not None:
-            raise EngineError(f"engine: already loaded stage {self.stage.stage} of {self.stage.instance}")
+        check_load(self.stage, stage)
         tpl = stage.template
-        if not 0 <= stage.stage < len(tpl.stages):
-            raise EngineError(f"stage: template {tpl.id} has {len(tpl.stages)} stages, got index {stage.stage}")
         b = self.backend
         weights = b.weights(tpl.model)
         work = Path(b.work_dir or Path.cwd() / ".coral-vllm").resolve()

@@ -27,6 +27,7 @@ from coral.gateway.server import bind
 from coral.gateway.upstream import PlaceholderServer
 from coral.kernel import Mesh
 from coral.messages import ArrivalBatch, ArrivalCounts
+from tests.gateway.helpers import sse
 
 from ..mesh.helpers import RECORD_OPTIONS, World
 
@@ -108,14 +109,6 @@ async def wait_ready(s: aiohttp.ClientSession, url: str, model: str) -> None:
 async def post(s: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
     async with s.post(url, json=body) as r:
         return r.status, dict(r.headers), await r.read()
-
-
-def sse(raw: bytes) -> list[str]:
-    text = raw.decode()
-    assert text.endswith("\n\n")
-    events = text[:-2].split("\n\n")
-    assert all(e.startswith("data: ") and "\n" not in e for e in events), events
-    return [e[len("data: ") :] for e in events]
 
 
 async def test_simulated_requests_through_the_gateway(world: World, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from coral.gateway import Gateway, GatewayError, serving
 from coral.gateway.app import Receive, Scope, Send
 from coral.gateway.upstream import PlaceholderServer
 from coral.messages import FleetUpdate, InstanceInfo, ProxiedArrivals
+from tests.gateway.helpers import sse
 
 LOCAL = ("127.0.0.1", 0)
 
@@ -39,15 +40,6 @@ async def post(s: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, dict
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     async with s.post(url, data=data, headers={"content-type": "application/json"}) as r:
         return r.status, dict(r.headers), await r.read()
-
-
-def sse(raw: bytes) -> list[str]:
-    """The data lines of an SSE body, checking the framing (``data: ...`` events ending in a blank line)."""
-    text = raw.decode()
-    assert text.endswith("\n\n")
-    events = text[:-2].split("\n\n")
-    assert all(e.startswith("data: ") and "\n" not in e for e in events), events
-    return [e[len("data: ") :] for e in events]
 
 
 async def test_proxy_routes_streams_and_reports_errors() -> None:
