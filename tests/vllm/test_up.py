@@ -1,12 +1,12 @@
 """``coral up --backend vllm`` as a user runs it (a subprocess): real vLLM servers serve the tiny-cpu trace.
 
 One run covers start, service, the HTTP gateway, a crash and a clean end: the plan holds two instances;
-as soon as a server is healthy, a greedy request through ``coral up --gateway`` returns the tokens that
-transformers' ``generate()`` gives for the same prompt; once a server is busy the test kills it (SIGKILL
-to its process group); the worker reports the engine fault, the supervisor loses the node, the router
-retries what it held on the other instance, and every request of the trace completes; the run ends when
-nothing is open (``--until-idle``) and stops every server, the replacement that the new plan started
-included. About two minutes on a 2-core machine.
+once a server is busy the test kills it (SIGKILL to its process group), then a greedy request through
+``coral up --gateway`` returns the tokens that transformers' ``generate()`` gives for the same prompt;
+the worker reports the engine fault, the supervisor loses the node, the router retries what it held on
+the other instance, and every request of the trace completes; the run ends when nothing is open
+(``--until-idle``) and stops every server, the replacement that the new plan started included. About
+two minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -78,13 +78,6 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
                 base = f"http://127.0.0.1:{port}"
                 if not client.healthy(base):
                     continue
-                if via_gateway is None:  # the first healthy server: a client's request through the gateway
-                    body = client.completion_body("tiny", PROMPTS[0], N_TOKENS, stream=False)
-                    try:
-                        r = client.post_json(gateway, "/v1/completions", body)
-                    except client.HttpError:
-                        continue  # the gateway has not seen the instance serving yet
-                    via_gateway = [int(t) for t in r["choices"][0]["token_ids"]]
                 try:
                     m = client.parse_metrics(client.get(base, "/metrics")[1].decode())
                 except client.HttpError:
@@ -94,6 +87,16 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
                     killed = pid
                     break
             time.sleep(0.05)
+        # a client's request through the gateway (after the kill, so as not to change when a server is
+        # first busy: the killed node must have published its server metrics before it died)
+        body = client.completion_body("tiny", PROMPTS[0], N_TOKENS, stream=False)
+        while via_gateway is None and time.monotonic() < deadline + 120 and proc.poll() is None:
+            try:
+                r = client.post_json(gateway, "/v1/completions", body)
+            except client.HttpError:
+                time.sleep(0.5)  # no instance serving through the gateway at this moment
+                continue
+            via_gateway = [int(t) for t in r["choices"][0]["token_ids"]]
         out, err = proc.communicate(timeout=420)
     finally:
         if proc.poll() is None:
