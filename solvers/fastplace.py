@@ -770,13 +770,29 @@ def _renumber(res: PlacementResult, keep: Sequence[np.ndarray]) -> PlacementResu
     return attrs.evolve(res, option=tuple(int(new[i][o]) for i, o in enumerate(res.option)))
 
 
-def place(problem: PlacementProblem, *, time_limit: float = 10.0, shape_budget: int = SHAPE_BUDGET) -> PlacementResult:
+def _below(bound: float, method: str, t0: float) -> PlacementResult:
+    return PlacementResult(0.0, "below", bound, method, solve_s=time.perf_counter() - t0)
+
+
+def place(
+    problem: PlacementProblem,
+    *,
+    time_limit: float = 10.0,
+    shape_budget: int = SHAPE_BUDGET,
+    floor: float | None = None,
+) -> PlacementResult:
     """The optimal placement of ``problem`` (see the module docstring for the method).
 
     ``method`` names the step that settled it: "reduce" (proved infeasible), "shapes", "dp-proven",
     "lp-proven" or "milp". ``shape_budget`` bounds the shape search's work (n >= 4; deterministic);
     ``time_limit`` bounds the MILP step only (HiGHS may overrun it); that step is the only one that can
     end unproven (``feasible`` with a bound, or ``unknown``).
+
+    ``floor`` (> 0): the caller needs the optimum only if it is worth more than ``floor`` (a template
+    build drops a multiset that its smaller templates already match). Every step may then stop as soon
+    as it proves that no placement is worth more: status ``below``, ``bound`` <= ``floor`` (that proof),
+    value 0 and no placement; ``method`` names the step ("reduce": the reductions' upper bound). An
+    optimum above ``floor`` is found and proven as without it.
     """
     t0 = time.perf_counter()
     check_problem(problem)
@@ -784,10 +800,14 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0, shape_budget: 
         raise ValueError(f"time_limit must be > 0, got {time_limit}")
     if isinstance(shape_budget, bool) or not isinstance(shape_budget, int) or shape_budget < 0:
         raise ValueError(f"shape_budget must be an integer >= 0, got {shape_budget!r}")
+    if floor is not None and not (0 < floor < math.inf):
+        raise ValueError(f"floor must be > 0 and finite (or None), got {floor!r}")
     red = reduce_problem(problem)
     if red is None:
         return PlacementResult(0.0, "infeasible", 0.0, "reduce", solve_s=time.perf_counter() - t0)
     rp = red.problem
+    if floor is not None and red.ub <= floor:
+        return _below(red.ub, "reduce", t0)
     small = exact_small(rp)
     if small is not None:
         if small.status == "infeasible":
@@ -803,31 +823,48 @@ def place(problem: PlacementProblem, *, time_limit: float = 10.0, shape_budget: 
     inc = dp
     shape_bound = math.inf
     if shape_budget > 0:
-        found = shape_search(rp, incumbent=dp, budget=shape_budget)
+        found = shape_search(rp, incumbent=dp, budget=shape_budget, floor=floor)
         if found is not None and found.status == "infeasible":
             return attrs.evolve(found, solve_s=time.perf_counter() - t0)
+        if found is not None and found.status == "below":
+            return _below(found.bound, "shapes", t0)
         if found is not None and found.status == "optimal":
             return _lift(red, found, problem, time.perf_counter() - t0)
         if found is not None:  # the budget ran out: a better incumbent and a bound for the residue
             inc = attrs.evolve(found, status="feasible", method="dp")
             shape_bound = found.bound
+            if floor is not None and shape_bound <= floor:
+                return _below(shape_bound, "shapes", t0)
     index = list(red.index)
     cur = rp
-    if inc is not None and inc.value > 0:
+    if floor is not None and inc is not None and inc.value < floor:
+        inc = None  # only placements above the floor matter now
+    target = inc.value if inc is not None else (floor or 0.0)
+    if target > 0:
         for _ in range(LP_ROUNDS):
-            bound, keep, edges = lp_reduce(cur, inc.value)
-            if bound <= inc.value * (1 + PROOF_RTOL):
+            bound, keep, edges = lp_reduce(cur, target)
+            if inc is not None and bound <= inc.value * (1 + PROOF_RTOL):
                 res = attrs.evolve(inc, status="optimal", bound=inc.value, method="lp-proven")
                 return _lift(Reduced(cur, tuple(index), bound), res, problem, time.perf_counter() - t0)
-            for i, o in enumerate(inc.option):
-                keep[i][o] = True
-            edges |= set(inc.flows.keys())
+            if floor is not None and bound <= floor:
+                return _below(bound, "lp-proven", t0)
+            if inc is not None:
+                for i, o in enumerate(inc.option):
+                    keep[i][o] = True
+                edges |= set(inc.flows.keys())
+            elif any(not k.any() for k in keep):  # every node needs an option: nothing beats the floor
+                return _below(target, "lp-proven", t0)
             if all(k.all() for k in keep) and len(edges) == len(usable_edges(cur)):
                 break
             cur = _restrict(cur, keep, edges)
             index = [ix[k] for ix, k in zip(index, keep, strict=True)]
-            inc = _renumber(inc, keep)
+            if inc is not None:
+                inc = _renumber(inc, keep)
     res = milp_place(cur, time_limit=time_limit, warm_start=inc is not None, initial=inc, symmetry=True)
     if res.status == "infeasible":
+        if floor is not None and cur is not rp:  # no placement above the floor (the rest was fixed away)
+            return _below(floor, "milp", t0)
         return attrs.evolve(res, solve_s=time.perf_counter() - t0)
+    if floor is not None and res.bound <= floor:
+        return _below(res.bound, "milp", t0)
     return _lift(Reduced(cur, tuple(index), min(red.ub, shape_bound)), res, problem, time.perf_counter() - t0)

@@ -16,6 +16,7 @@ solved b gives its placer's bound, a skipped one the layer-work bound), so the r
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -169,14 +170,24 @@ def restrict_batch(problem: PlacementProblem, batch: int) -> PlacementProblem | 
     return attrs.evolve(problem, menus=tuple(menus))
 
 
-def place_one_batch(problem: PlacementProblem, *, time_limit: float = 10.0) -> tuple[PlacementProblem, PlacementResult]:
+def place_one_batch(
+    problem: PlacementProblem, *, time_limit: float = 10.0, floor: float | None = None
+) -> tuple[PlacementProblem, PlacementResult]:
     """The best placement in which every stage steps the same micro-batch (see the module docstring).
 
     Returns the restricted problem the placement refers to (its option indices index those menus) and
     the combined result: its status is ``optimal`` only if every batch size was solved to optimality or
-    skipped by its bound.
+    skipped by its bound. Each batch size after the first is solved only above the best value so far
+    (``place``'s ``floor``), which is exact: a batch size proven no better cannot hold the optimum.
+
+    ``floor`` (> 0): the caller needs the optimum only if it is worth more than ``floor``; when every
+    batch size is proven worth at most that, the result has status ``below``, value 0, ``bound`` the
+    largest proven bound (<= ``floor``) and ``method`` "below-bound" when upper bounds (the layer work,
+    the reductions') proved it for every batch size, else "below-search".
     """
     t0 = time.perf_counter()
+    if floor is not None and not (0 < floor < math.inf):
+        raise ValueError(f"floor must be > 0 and finite (or None), got {floor!r}")
     subs = []
     for b in sorted({int(x) for m in problem.menus for x in m.b}):
         sub = restrict_batch(problem, b)
@@ -188,20 +199,36 @@ def place_one_batch(problem: PlacementProblem, *, time_limit: float = 10.0) -> t
     best: tuple[PlacementProblem, PlacementResult] | None = None
     bound = 0.0
     proven = True
+    floored = 0.0  # the largest bound proven only as "at most the floor"
+    searched = False  # whether a batch size needed more than a bound to get there
     for ub, _b, sub in subs:
         value = best[1].value if best is not None else 0.0
         if ub <= value * (1.0 + 1e-9):
             bound = max(bound, ub)
             continue
+        if floor is not None and ub <= floor:
+            floored = max(floored, ub)
+            continue
+        cut = max(value, floor or 0.0)
         left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
-        res = place(sub, time_limit=left)
+        res = place(sub, time_limit=left, floor=cut if cut > 0 else None)
         if res.status == "infeasible":
+            continue
+        if res.status == "below":
+            if res.bound > value * (1.0 + 1e-9):
+                floored = max(floored, res.bound)
+                searched = searched or res.method != "reduce"
             continue
         bound = max(bound, res.bound if res.bound > 0 else ub)
         proven = proven and res.status == "optimal"
         if res.value > 0 and (best is None or res.value > best[1].value * (1.0 + 1e-12)):
             best = (sub, res)
     elapsed = time.perf_counter() - t0
+    value = best[1].value if best is not None else 0.0
+    if proven and floored > value * (1.0 + 1e-9):  # only "nothing beats the floor" is proven
+        method = "below-search" if searched or best is not None else "below-bound"
+        return problem, PlacementResult(0.0, "below", max(bound, floored), method, solve_s=elapsed)
+    bound = max(bound, floored)
     if best is None:
         status = "infeasible" if proven else "unknown"
         return problem, PlacementResult(0.0, status, bound, "infeasible", solve_s=elapsed)
@@ -221,12 +248,17 @@ def solve_multiset(
     *,
     key: str,
     time_limit: float = 10.0,
+    floor: float | None = None,
+    problem: PlacementProblem | None = None,
 ) -> tuple[Template | None, PlacementResult, float]:
-    """Solve one multiset; returns the template (None when infeasible), the raw result and wall seconds."""
+    """Solve one multiset; returns the template (None when infeasible or below ``floor``), the raw result
+    and wall seconds. ``floor`` is ``place_one_batch``'s; ``problem``, when given, is the multiset's
+    ``build_problem`` (so that a caller that built it already does not build it twice)."""
     t0 = time.perf_counter()
-    problem = build_problem(perf, model, nodes, mode, slo, shape)
-    problem, result = place_one_batch(problem, time_limit=time_limit)
+    if problem is None:
+        problem = build_problem(perf, model, nodes, mode, slo, shape)
+    problem, result = place_one_batch(problem, time_limit=time_limit, floor=floor)
     tpl = None
-    if result.status != "infeasible" and result.value > 0:
+    if result.status not in ("infeasible", "below") and result.value > 0:
         tpl = template_from_result(perf, problem, result, key=key, model=model, mode=mode, slo=slo, shape=shape)
     return tpl, result, time.perf_counter() - t0

@@ -1138,13 +1138,22 @@ def _best_so_far(
 
 
 def shape_search(
-    problem: PlacementProblem, *, incumbent: PlacementResult | None = None, budget: int = 20_000_000
+    problem: PlacementProblem,
+    *,
+    incumbent: PlacementResult | None = None,
+    budget: int = 20_000_000,
+    floor: float | None = None,
 ) -> PlacementResult | None:
     """The proven optimum of ``problem`` (n <= 6) by shapes (status ``optimal`` or ``infeasible``).
 
     When the work budget runs out it returns the best placement known (the incumbent or a partition
     of the components placed so far) with status ``feasible`` and the partition bound UP(all nodes)
     below as ``bound``, or None when it knows no placement.
+
+    With ``floor`` the caller needs the optimum only if it exceeds ``floor``: the search starts with V
+    just below ``floor`` (as if a placement worth that much were known), and when no placement can beat
+    it, returns status ``below`` with ``bound`` = ``floor`` (no placement is worth more) and the best
+    placement it found, if any (value <= ``floor``, not proven optimal).
 
     Each sub-multiset S of the nodes (up to interchangeable nodes) has an upper bound up(S) on its best
     connected placement, first ``_bound``. UP(X) is the best partition of X by these bounds and V the
@@ -1167,6 +1176,11 @@ def shape_search(
     best_assembled: PlacementResult | None = None
     if incumbent is not None and incumbent.option and incumbent.status != "infeasible":
         V = incumbent.value
+    # up[c] may be set up to a factor (1 + SEARCH_RTOL) below the truth and the search ends at
+    # UP <= V (1 + SEARCH_RTOL): with V at floor / (1 + SEARCH_RTOL)^2 the optimum is then <= floor.
+    v_floor = -math.inf if floor is None else floor / (1 + SEARCH_RTOL) ** 2
+    real = V
+    V = max(V, v_floor)
 
     def partitions(val: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], float]:
         out = {zero: 0.0}
@@ -1186,9 +1200,10 @@ def shape_search(
         while True:
             lows = {c: (lc[0] if (lc := low[c]) is not None else -math.inf) for c in subs}
             lowp = partitions(lows)
-            if lowp[cl.full] > V or (best_assembled is None and lowp[cl.full] > -math.inf and lowp[cl.full] >= V):
+            if lowp[cl.full] > real or (best_assembled is None and lowp[cl.full] > -math.inf and lowp[cl.full] >= real):
                 best_assembled = _assemble(problem, tb, cl, {c: low[c] for c in subs}, "shapes")
-                V = max(V, best_assembled.value)
+                real = max(real, best_assembled.value)
+                V = max(V, real)
             upp = partitions(up)
             if upp[cl.full] <= V * (1 + SEARCH_RTOL) and -math.inf < V:
                 break
@@ -1235,6 +1250,11 @@ def shape_search(
                 up[c] = min(up[c], max(tau, cur[0] if cur is not None else -math.inf))
     except TooBig:
         return _best_so_far(problem, tb, cl, low, partitions(up)[cl.full], incumbent)
+    if floor is not None and real < v_floor:  # proven: nothing is worth more than floor
+        below = _best_so_far(problem, tb, cl, low, floor, incumbent)
+        if below is None:
+            return PlacementResult(0.0, "below", floor, "shapes")
+        return attrs.evolve(below, status="below", bound=floor)
     if best_assembled is None:
         if -math.inf < V and incumbent is not None:
             return attrs.evolve(incumbent, status="optimal", bound=incumbent.value, method="shapes")

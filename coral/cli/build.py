@@ -28,7 +28,6 @@ from solvers.combos import best_split, best_sub, check_params, enumerate_multise
 from solvers.fastplace import PLACER, SMALL_NODES
 from solvers.library import solve_multiset
 from solvers.options import FORMULATION, build_problem
-from solvers.placement import lp_reduce
 
 Multiset = tuple[str, ...]
 
@@ -80,9 +79,6 @@ class BuildReport:
     unfinished: int = 0
 
 
-LP_BOUND_FROM = 4
-"""From this many nodes up, the LP relaxation's bound is tried against the smaller templates before solving."""
-
 _PERF: PerfModel | None = None
 _TIME_LIMIT = 10.0
 
@@ -103,11 +99,13 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float) -> So
         return Solved(key, nodes, 0.0, 0.0, None, "bound-infeasible", "infeasible", 0.0, time.perf_counter() - t0)
     if threshold > 0 and ub <= threshold:
         return Solved(key, nodes, 0.0, ub, None, "bound-pruned", "pruned", 0.0, time.perf_counter() - t0)
-    if threshold > 0 and len(nodes) >= LP_BOUND_FROM:
-        lp = lp_reduce(problem, threshold)[0]
-        if lp <= threshold:
-            return Solved(key, nodes, 0.0, lp, None, "bound-pruned", "pruned", 0.0, time.perf_counter() - t0)
-    tpl, res, _ = solve_multiset(_PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT)
+    tpl, res, _ = solve_multiset(
+        _PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT,
+        floor=threshold if threshold > 0 else None, problem=problem,
+    )  # fmt: skip
+    if res.status == "below":  # proven worth at most what the smaller templates give
+        path = "bound-pruned" if res.method == "below-bound" else "search-pruned"
+        return Solved(key, nodes, 0.0, res.bound, None, path, "pruned", 0.0, time.perf_counter() - t0)
     cap = res.value if res.status != "infeasible" else 0.0
     bound = cap if res.status == "optimal" else max(cap, res.bound)
     return Solved(key, nodes, cap, bound, tpl, res.method, res.status, res.gap, time.perf_counter() - t0)
@@ -248,13 +246,17 @@ def _record(
     report: BuildReport, job: BuildJob, s: Multiset, key: str, split: float, sub: float, res: Solved, size: int
 ) -> Outcome:
     slo_key = job.slo.key
-    if res.path == "bound-pruned":
-        report.bound_skipped += 1
+    if res.status == "pruned":
+        if res.path == "bound-pruned":
+            report.bound_skipped += 1
+        else:
+            report.seconds_by_size.setdefault(size, []).append(res.seconds)
+            report.solved += 1
+            _count_path(report, size, res.path)
         kind = "dominated" if sub >= split else "split"
         setattr(report, kind, getattr(report, kind) + 1)
-        return Outcome(
-            key, job.model, job.mode, slo_key, s, kind, None, 0.0, "upper bound reached by smaller templates"
-        )
+        why = "upper bound" if res.path == "bound-pruned" else "placer's proof"
+        return Outcome(key, job.model, job.mode, slo_key, s, kind, None, 0.0, f"{why}: smaller templates reach it")
     report.seconds_by_size.setdefault(size, []).append(res.seconds)
     if res.status == "infeasible" or res.capacity <= 0:
         report.infeasible += 1
