@@ -16,6 +16,7 @@ solved b gives its placer's bound, a skipped one the layer-work bound), so the r
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -236,6 +237,67 @@ def place_one_batch(
     bound = max(bound, res.value)
     status = "optimal" if proven or bound <= res.value * (1.0 + 1e-9) else "feasible"
     return sub, attrs.evolve(res, status=status, bound=bound if status != "optimal" else res.value, solve_s=elapsed)
+
+
+class ProblemCache:
+    """``build_problem`` for many multisets of one model, mode, SLO and shape, assembled from cached
+    parts: a node's menu depends only on its type and the multiset's size (the micro-batches in flight),
+    a link only on the types at its two ends (tests check equality with ``build_problem``). Each part
+    is taken from ``build_problem`` on a one- or two-type multiset, so the formulas stay in one place."""
+
+    def __init__(self, perf: PerfModel, model: str, mode: str, slo: Slo, shape: WorkloadShape) -> None:
+        self._args = (perf, model, mode, slo, shape)
+        self._menus: dict[tuple[str, int], NodeMenu] = {}
+        self._pairs: dict[tuple[str, str], tuple[np.ndarray, float]] = {}
+        self._ends: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
+        self._base: PlacementProblem | None = None
+
+    def _build(self, kinds: Sequence[str]) -> PlacementProblem:
+        perf, model, mode, slo, shape = self._args
+        return build_problem(perf, model, kinds, mode, slo, shape)
+
+    def _pair(self, a: str, b: str) -> None:
+        p = self._build((a, b))
+        x, y = (0, 1) if p.kinds == (a, b) else (1, 0)
+        ll, lc = np.asarray(p.link_lat), np.asarray(p.link_cap)
+        self._pairs[(a, b)] = (ll[:, x, y].copy(), float(lc[x, y]))
+        self._pairs[(b, a)] = (ll[:, y, x].copy(), float(lc[y, x]))
+        for t, i in ((a, x), (b, y)):
+            self._ends.setdefault(t, (ll[:, 2, i].copy(), ll[:, i, 2].copy(), float(lc[2, i]), float(lc[i, 2])))
+        if self._base is None:
+            self._base = p
+
+    def problem(self, nodes: Sequence[str]) -> PlacementProblem:
+        """The placement problem of the multiset ``nodes``, equal to ``build_problem``'s."""
+        kinds = tuple(sorted(nodes))
+        n = len(kinds)
+        types = sorted(set(kinds))
+        for t in types:
+            if (t, n) not in self._menus:
+                self._menus[(t, n)] = self._build((t,) * n).menus[0]
+            if (t, t) not in self._pairs:
+                self._pair(t, t)
+        for a, b in itertools.combinations(types, 2):
+            if (a, b) not in self._pairs:
+                self._pair(a, b)
+        assert self._base is not None
+        nm = self._base.num_metrics
+        ll = np.zeros((nm, n + 1, n + 1))
+        lc = np.full((n + 1, n + 1), np.inf)
+        for i, a in enumerate(kinds):
+            src, snk, csrc, csnk = self._ends[a]
+            ll[:, n, i], ll[:, i, n], lc[n, i], lc[i, n] = src, snk, csrc, csnk
+            for j, b in enumerate(kinds):
+                if i != j:
+                    ll[:, i, j], lc[i, j] = self._pairs[(a, b)]
+        return PlacementProblem(
+            num_layers=self._base.num_layers,
+            kinds=kinds,
+            menus=tuple(self._menus[(t, n)] for t in kinds),
+            link_lat=ll,
+            link_cap=lc,
+            lat_limit=np.asarray(self._base.lat_limit, dtype=np.float64).copy(),
+        )
 
 
 def solve_multiset(

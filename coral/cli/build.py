@@ -26,8 +26,8 @@ from coral.templates import Template
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, layer_work_bound, prune_verdict
 from solvers.fastplace import PLACER, SMALL_NODES
-from solvers.library import solve_multiset
-from solvers.options import FORMULATION, build_problem
+from solvers.library import ProblemCache, solve_multiset
+from solvers.options import FORMULATION
 
 Multiset = tuple[str, ...]
 
@@ -81,6 +81,8 @@ class BuildReport:
 
 _PERF: PerfModel | None = None
 _TIME_LIMIT = 10.0
+_PROBLEMS: dict[BuildJob, ProblemCache] = {}
+"""Per process: each job's problem parts (node menus by type and size, links by type pair)."""
 
 
 def _init_worker(catalog_files: Sequence[Path], profile_files: Sequence[Path], time_limit: float) -> None:
@@ -88,12 +90,16 @@ def _init_worker(catalog_files: Sequence[Path], profile_files: Sequence[Path], t
     cat = load_catalog(list(catalog_files))
     _PERF = PerfModel(cat, [t for p in profile_files for t in load_profiles(p)])
     _TIME_LIMIT = time_limit
+    _PROBLEMS.clear()
 
 
 def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float) -> Solved:
     assert _PERF is not None
     t0 = time.perf_counter()
-    problem = build_problem(_PERF, job.model, nodes, job.mode, job.slo, job.shape)
+    cache = _PROBLEMS.get(job)
+    if cache is None:
+        cache = _PROBLEMS[job] = ProblemCache(_PERF, job.model, job.mode, job.slo, job.shape)
+    problem = cache.problem(nodes)
     ub = layer_work_bound(problem)
     if ub <= 0:
         return Solved(key, nodes, 0.0, 0.0, None, "bound-infeasible", "infeasible", 0.0, time.perf_counter() - t0)
@@ -148,6 +154,7 @@ def build_library(
     pool: ProcessPoolExecutor | None = None
     global _PERF, _TIME_LIMIT
     _PERF, _TIME_LIMIT = perf, time_limit
+    _PROBLEMS.clear()
     try:
         partition: dict[BuildJob, dict[Multiset, float]] = {j: {} for j in jobs}
         for size in range(1, nmax + 1):

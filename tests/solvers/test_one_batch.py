@@ -8,7 +8,8 @@ import pytest
 from coral.perf import PerfModel
 from coral.workload import Slo, WorkloadShape
 from solvers.brute import brute_force_place
-from solvers.library import place_one_batch, restrict_batch, solve_multiset
+from solvers.library import ProblemCache, place_one_batch, restrict_batch, solve_multiset
+from solvers.options import build_problem
 from solvers.placement import evaluate_placement
 
 from .instances import random_tiny_problem
@@ -55,3 +56,22 @@ def test_pipeline_stages_share_one_batch(perf: PerfModel) -> None:
     tpl, res, _ = solve_multiset(perf, "llama-3.1-8b", ["g6e.xlarge", "g6e.xlarge"], "aggregated", slo, shape, key="t")
     assert tpl is not None and res.status == "optimal"
     assert len({s.batch for s in tpl.stages}) == 1
+
+
+def test_problem_cache_equals_build_problem(perf: PerfModel) -> None:
+    """The build's cached problems are exactly ``build_problem``'s, in every mode, for multisets of
+    1..6 nodes with repeated and mixed types (seeded)."""
+    rng = np.random.default_rng(11)
+    slo, shape = Slo(2.0, 0.1, 0.9), WorkloadShape(1155, 211)
+    types = sorted(perf.catalog.nodes)[:8]
+    for mode in ("aggregated", "prefill", "decode"):
+        cache = ProblemCache(perf, "llama-3.1-8b", mode, slo, shape)
+        for _ in range(25):
+            nodes = [str(x) for x in rng.choice(types, size=int(rng.integers(1, 7)))]
+            a, b = build_problem(perf, "llama-3.1-8b", nodes, mode, slo, shape), cache.problem(nodes)
+            assert a.kinds == b.kinds and a.num_layers == b.num_layers
+            for f in ("link_lat", "link_cap", "lat_limit"):
+                assert np.array_equal(getattr(a, f), getattr(b, f)), (mode, nodes, f)
+            for x, y in zip(a.menus, b.menus, strict=True):
+                for f in ("k", "b", "cap", "lat", "mem"):
+                    assert np.array_equal(getattr(x, f), getattr(y, f)), (mode, nodes, f)

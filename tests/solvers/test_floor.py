@@ -1,0 +1,107 @@
+"""The placers' ``floor``: stop once no placement can beat it, exact above it (against brute force)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.brute import brute_force_place
+from solvers.fastplace import place
+from solvers.library import place_one_batch, restrict_batch
+from solvers.placement import evaluate_placement
+from solvers.problem import PlacementProblem, PlacementResult
+from solvers.shapes import shape_search
+
+from .instances import random_tiny_problem
+
+RTOL = 1e-6
+
+
+def _check(p: PlacementProblem, ref: PlacementResult, res: PlacementResult, floor: float) -> str:
+    """``res`` (placed with ``floor``) is the exact optimum when that beats the floor, else either the
+    exact optimum or status ``below`` with a bound that is valid and no more than the floor."""
+    best = ref.value if ref.status == "optimal" else 0.0
+    if res.status == "below":
+        assert best <= floor * (1 + 1e-9), (ref, res, floor)
+        assert best <= res.bound * (1 + RTOL) + 1e-12
+        assert res.bound <= floor
+        assert res.value == 0.0 and res.option == ()
+        return "below"
+    assert res.status == ref.status, (ref, res, floor)
+    assert res.value == pytest.approx(best, rel=RTOL, abs=1e-12)
+    if res.status == "optimal":
+        ev = evaluate_placement(p, res.option, res.start, res.flows.keys())
+        assert ev is not None and ev[0] == pytest.approx(res.value, rel=RTOL, abs=1e-9)
+    return "exact"
+
+
+def _floors(best: float) -> list[float]:
+    return [f for f in (best * 0.5, best * 0.999, best, best * 1.001, best * 2.0, 1e-3) if f > 0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_place_with_floor_agrees_with_brute_force(seed: int) -> None:
+    """n 1..4: at floors below, at and above the optimum; the shape search cut short (budget 30) and the
+    residue path (LP fixing, MILP) honour the floor too."""
+    rng = np.random.default_rng(9100 + seed)
+    seen: set[str] = set()
+    for t in range(16):
+        n = 1 + t % 4
+        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(2, 7)), max_options=int(rng.integers(1, 5)))
+        ref = brute_force_place(p)
+        for floor in _floors(ref.value if ref.status == "optimal" else 1.0):
+            for kw in ({}, {"shape_budget": 30}, {"shape_budget": 0}):
+                seen.add(_check(p, ref, place(p, floor=floor, **kw), floor))
+    assert seen == {"below", "exact"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shape_search_with_floor(seed: int) -> None:
+    """The shape search alone: above the floor it is exact; at or over the optimum it reports ``below``
+    with the floor as its bound (and any placement it kept is valid and no better than the floor)."""
+    rng = np.random.default_rng(9200 + seed)
+    below = 0
+    for t in range(16):
+        n = 2 + t % 3
+        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(2, 7)), max_options=int(rng.integers(1, 5)))
+        ref = brute_force_place(p)
+        if ref.status != "optimal" or ref.value <= 0:
+            continue
+        for floor in _floors(ref.value):
+            res = shape_search(p, floor=floor)
+            assert res is not None
+            if res.status == "below":
+                below += 1
+                assert ref.value <= floor * (1 + 1e-9) and res.bound == floor
+                if res.option:
+                    ev = evaluate_placement(p, res.option, res.start, res.flows.keys())
+                    assert ev is not None and ev[0] <= floor * (1 + 1e-9)
+            else:
+                assert res.status == "optimal" and res.value == pytest.approx(ref.value, rel=RTOL)
+    assert below > 0
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_one_batch_with_floor(seed: int) -> None:
+    """``place_one_batch`` with a floor: the best over batch sizes when it beats the floor, else ``below``
+    (or that exact best); a bad floor is refused."""
+    rng = np.random.default_rng(9300 + seed)
+    seen: set[str] = set()
+    for _ in range(20):
+        p = random_tiny_problem(rng, max_options=int(rng.integers(2, 7)))
+        best = 0.0
+        for b in sorted({int(x) for m in p.menus for x in m.b}):
+            sub = restrict_batch(p, b)
+            if sub is not None and (r := brute_force_place(sub)).status == "optimal":
+                best = max(best, r.value)
+        ref = PlacementResult(best, "optimal" if best > 0 else "infeasible", best, "brute")
+        for floor in _floors(best if best > 0 else 1.0):
+            sub, res = place_one_batch(p, floor=floor)
+            seen.add(_check(sub, ref, res, floor))
+    assert seen == {"below", "exact"}
+    p = random_tiny_problem(rng)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="floor"):
+            place_one_batch(p, floor=bad)
+        with pytest.raises(ValueError, match="floor"):
+            place(p, floor=bad)
