@@ -276,7 +276,8 @@ class _Tables:
         self.maxcap = np.array([float(c.max()) for c in self.cap])
         self.gmin = [t.min(axis=2) for t in self.lat]
         self._useful: dict[tuple[int, float], np.ndarray] = {}
-        self._cover_at: dict[tuple[int, int, float], np.ndarray] = {}
+        self._cover_at: dict[tuple[int, int, float, int], np.ndarray] = {}
+        self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
         self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -361,10 +362,22 @@ class _Tables:
             self._cover_full = tab
         return self._cover_tab[:, masks]
 
-    def cover_at(self, mask: int, cut: int, F: float) -> np.ndarray:
+    def work_mask(self, comp: int, F: float) -> dict[int, np.ndarray] | None:
+        """``work_ok`` for the nodes of bit mask ``comp`` at F, per node (cached); None when it fails."""
+        key = (comp, F)
+        if key not in self._work_mask:
+            nodes = [i for i in range(self.n) if comp >> i & 1]
+            wk = self.work_ok(nodes, F)
+            if len(self._work_mask) > 4096:
+                self._work_mask.clear()
+            self._work_mask[key] = None if wk is None else dict(zip(nodes, wk, strict=True))
+        return self._work_mask[key]
+
+    def cover_at(self, mask: int, cut: int, F: float, comp: int = 0) -> np.ndarray:
         """Per metric, the least latency with which the nodes of bit mask ``mask`` (each holding >= 1
-        layer) cover all L layers when those of ``cut`` use only options of capacity >= F."""
-        key = (mask, cut, F)
+        layer) cover all L layers when those of ``cut`` use only options of capacity >= F; with ``comp``
+        (a component's nodes, a superset of ``mask``) only the options that pass its ``work_ok`` at F."""
+        key = (mask, cut, F, comp)
         got = self._cover_at.get(key)
         if got is not None:
             return got
@@ -374,10 +387,17 @@ class _Tables:
         kk = np.arange(L + 1)
         d = kk[:, None] - kk[None, :]
         dd = np.clip(d, 0, L)
+        work = self.work_mask(comp, F) if comp else {}
+        if work is None:
+            self._cover_at[key] = np.full(self.nm, np.inf)
+            return self._cover_at[key]
         for i in range(self.n):
             if not mask >> i & 1:
                 continue
-            if cut >> i & 1:
+            if i in work:
+                allow = work[i] & (self.cap[i] >= F) if cut >> i & 1 else work[i]
+                g = np.where(allow[None], self.lat[i], np.inf).min(axis=2)
+            elif cut >> i & 1:
                 g = np.where(self.cap[i][None] >= F, self.lat[i], np.inf).min(axis=2)
             else:
                 g = self.gmin[i].copy()
@@ -576,21 +596,34 @@ class _Family:
     def candidates(self, F: float) -> np.ndarray:
         """The labellings that pass the cheap tests at threshold F: every path can cover the layers
         within the limits (its cut nodes with options of capacity >= F only, since all the flow crosses
-        them), every cut node can carry F, and every kept cut can."""
+        them, and every node with the options that pass ``work_ok`` at F only: a component that carries
+        F uses no other), every cut node can carry F, and every kept cut can."""
         ok = self.viable.copy()
-        if F <= 0:
+        if F <= 0 or not ok.any():
             return np.flatnonzero(ok)
+        tb = self.tb
+        comp = int(np.bitwise_or.reduce(1 << self.labels[0]))  # every labelling holds the same nodes
+        work = tb.work_mask(comp, F)
+        if work is None:
+            return np.zeros(0, np.int64)
+        wmax = np.full(tb.n, -np.inf)  # per node: the largest capacity of an option that passes work_ok
+        for i, w in work.items():
+            if w.any():
+                wmax[i] = float(tb.cap[i][w].max())
+        elcap = self.el_maxcap.copy()
+        for q, e in enumerate(self.sh.elements):
+            elcap[:, q] = np.minimum(elcap[:, q], wmax[self.labels[:, list(e)]].min(axis=1))
         for q, need in enumerate(self.sh.need):
             if need:
-                ok &= self.el_maxcap[:, q] >= F
-        n = self.tb.n
+                ok &= elcap[:, q] >= F
+        n = tb.n
         for keys, inv, links in self.path_keys:
-            cov = np.stack([self.tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F) for k in keys], axis=1)
-            ok &= np.all(links + cov[:, inv] <= self.tb.budget[:, None], axis=0)
+            cov = np.stack([tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F, comp) for k in keys], axis=1)
+            ok &= np.all(links + cov[:, inv] <= tb.budget[:, None], axis=0)
         with np.errstate(invalid="ignore"):
             for c, (els, _) in enumerate(self.cuts):
                 kept = self.cut_emax[:, c] < F
-                tot = self.cut_es[:, c] + self.el_maxcap[:, list(els)].sum(axis=1)
+                tot = self.cut_es[:, c] + elcap[:, list(els)].sum(axis=1)
                 ok &= ~kept | (tot >= F)
         return np.flatnonzero(ok)
 
