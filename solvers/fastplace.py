@@ -29,12 +29,14 @@ at six the shape search often runs out of its work budget and the LP/MILP residu
    min-plus convolution per node in numpy. With one latency metric this is exact for the family; with
    two it minimises each metric and their normalised sum in turn (a heuristic: the later steps stay
    exact). A set-partition DP over the subsets adds the replicas.
-4. If that placement reaches UB, it is optimal ("dp-proven").
+4. If that placement reaches UB, or the tighter layer-work fixed point (the largest F with
+   L F <= sum_i max_o k_o min(c_o, F); ``solvers.shapes.work_fixed_point``), it is optimal ("dp-proven").
 5. The shape search (``solvers.shapes.shape_search``, method "shapes"), started from the step 3
    placement: every connected shape of every sub-multiset that could still beat the best placement
    known is decided exactly at that threshold, and the best partition into components is assembled.
    It proves the optimum unless its deterministic work budget (``shape_budget`` enumerated rows)
    runs out.
+   With a ``floor`` (see ``place``) every step stops as soon as it proves that nothing beats it.
 6. Only then (the residue): the LP relaxation of the MILP bounds every placement; if it does not exceed
    the placement's value by more than 1e-7 (relative) it proves it ("lp-proven"). Otherwise its reduced
    costs fix to zero every option and edge that no placement better than the current one can use (LP
@@ -62,7 +64,7 @@ from solvers.placement import (
     usable_edges,
 )
 from solvers.problem import Edge, NodeMenu, PlacementProblem, PlacementResult, check_problem
-from solvers.shapes import shape_search
+from solvers.shapes import shape_search, work_fixed_point
 
 FloatArray = np.ndarray
 LP_ROUNDS = 4
@@ -140,6 +142,13 @@ def _upper_bound(problem: PlacementProblem, edges: Sequence[Edge]) -> float:
         src += min(lc[n, i], float(np.max(cap))) if (n, i) in edges else 0.0
         snk += min(lc[i, n], float(np.max(cap))) if (i, n) in edges else 0.0
     return min(work / L, src, snk)
+
+
+def _work_ub(problem: PlacementProblem) -> float:
+    """The layer-work fixed point of ``problem``'s menus (``solvers.shapes.work_fixed_point``): tighter
+    than ``_upper_bound``'s work term, which clips capacities at its own value only once."""
+    ks = [np.asarray(m.k) for m in problem.menus]
+    return work_fixed_point(ks, [np.asarray(m.cap, dtype=np.float64) for m in problem.menus], int(problem.num_layers))
 
 
 def _subset_menu(menu: NodeMenu, keep: np.ndarray, cap: FloatArray | None = None) -> NodeMenu:
@@ -806,6 +815,8 @@ def place(
     if red is None:
         return PlacementResult(0.0, "infeasible", 0.0, "reduce", solve_s=time.perf_counter() - t0)
     rp = red.problem
+    if floor is not None and red.ub > floor:
+        red = attrs.evolve(red, ub=min(red.ub, _work_ub(rp)))
     if floor is not None and red.ub <= floor:
         return _below(red.ub, "reduce", t0)
     small = exact_small(rp)
@@ -817,6 +828,8 @@ def place(
     if dp is not None:
         ev = evaluate_placement(rp, dp.option, dp.start, dp.flows.keys())
         dp = attrs.evolve(dp, value=ev[0], flows=ev[1]) if ev is not None else None
+    if dp is not None and dp.value < red.ub * (1 - 1e-9) and floor is None:
+        red = attrs.evolve(red, ub=min(red.ub, _work_ub(rp)))
     if dp is not None and dp.value >= red.ub * (1 - 1e-9):
         res = attrs.evolve(dp, status="optimal", bound=dp.value, method="dp-proven")
         return _lift(red, res, problem, time.perf_counter() - t0)

@@ -1139,17 +1139,53 @@ def _assemble(
     return PlacementResult(ev[0], "optimal", ev[0], method, tuple(option), tuple(start), ev[1])
 
 
+def work_fixed_point(ks: Sequence[np.ndarray], caps: Sequence[np.ndarray], L: int) -> float:
+    """The largest flow F that the layer work allows: L F <= sum_i max_o k_o min(c_o, F) over each node
+    i's options (k_o, c_o), since every unit of flow crosses L layers and a node carries at most F.
+    The right side h(F) is concave, piecewise linear (kinks at the capacities) and h(0) = 0, so the
+    F with h(F) >= F form an interval [0, F*]; returns an upper end of a bracket of F* narrower than
+    1e-9 of the gap between the two capacities around it (a valid bound, nearly exact)."""
+    if any(k.size == 0 for k in ks):
+        return 0.0
+    pts = np.unique(np.concatenate([np.asarray(c, dtype=np.float64) for c in caps]))
+    pts = pts[pts > 0]
+    if pts.size == 0:
+        return 0.0
+
+    def h(u: np.ndarray) -> np.ndarray:
+        tot = np.zeros(u.shape)
+        for k, c in zip(ks, caps, strict=True):
+            tot += np.max(
+                np.asarray(k, dtype=np.float64)[:, None] * np.minimum(np.asarray(c)[:, None], u[None, :]), axis=0
+            )
+        return tot / L
+
+    hp = h(pts)
+    ok = np.flatnonzero(hp >= pts * (1 - 1e-12))  # lenient: the bound stays valid
+    if ok.size == 0:  # h(F) = s F on [0, pts[0]] with s < 1
+        return 0.0
+    j = int(ok[-1])
+    if j == pts.size - 1:  # beyond the largest capacity h is flat
+        return float(hp[j])
+    lo, hi = float(pts[j]), float(pts[j + 1])  # h(lo) >= lo, h(hi) < hi: F* in [lo, hi)
+    for _ in range(5):  # h is not linear in between (two options' work can cross): narrow the bracket
+        grid = np.linspace(lo, hi, 65)
+        good = np.flatnonzero(h(grid) >= grid * (1 - 1e-12))
+        t = int(good[-1])
+        lo, hi = float(grid[t]), float(grid[min(t + 1, 64)])
+    return hi
+
+
 def _bound(tb: _Tables, nodes: Sequence[int]) -> float:
-    """A cheap upper bound on the flow of any placement of ``nodes``: no more than their capacities
-    add up to, nor than their layer work (every unit of flow crosses L layers) allows."""
-    caps = [float(tb.maxcap[i]) for i in nodes]
-    total = sum(caps)
-    work = 0.0
+    """A cheap upper bound on the flow of any placement of ``nodes``: the layer-work fixed point
+    (``work_fixed_point``), itself below the sum of their capacities."""
+    ks, caps = [], []
+    kk = np.arange(tb.L + 1)[:, None]
     for i in nodes:
-        C = np.minimum(tb.cap[i], total)
-        k = np.arange(tb.L + 1)[:, None]
-        work += float(np.max(np.where(tb.opt[i] >= 0, k * C, 0.0)))
-    return min(total, work / tb.L)
+        sel = tb.opt[i] >= 0
+        ks.append(np.broadcast_to(kk, sel.shape)[sel])
+        caps.append(tb.cap[i][sel])
+    return work_fixed_point(ks, caps, tb.L)
 
 
 def _best_so_far(

@@ -10,7 +10,7 @@ from solvers.fastplace import place
 from solvers.library import place_one_batch, restrict_batch
 from solvers.placement import evaluate_placement
 from solvers.problem import PlacementProblem, PlacementResult
-from solvers.shapes import shape_search
+from solvers.shapes import shape_search, work_fixed_point
 
 from .instances import random_tiny_problem
 
@@ -105,3 +105,23 @@ def test_one_batch_with_floor(seed: int) -> None:
             place_one_batch(p, floor=bad)
         with pytest.raises(ValueError, match="floor"):
             place(p, floor=bad)
+
+
+def test_work_fixed_point_is_a_tight_valid_bound() -> None:
+    """No flow above the fixed point satisfies the layer-work inequality, and flows just below it do
+    (seeded random menus, with zero capacities and ties where the work equals the flow)."""
+    rng = np.random.default_rng(9400)
+    for _ in range(1500):
+        L = int(rng.integers(1, 9))
+        ks = [rng.integers(1, L + 1, size=int(rng.integers(1, 5))) for _ in range(int(rng.integers(1, 5)))]
+        cs = [rng.uniform(0, 10, size=k.size) * (rng.random() < 0.9) for k in ks]
+        u = work_fixed_point(ks, cs, L)
+
+        def h(F: float, ks: list[np.ndarray] = ks, cs: list[np.ndarray] = cs, L: int = L) -> float:
+            return sum(float(np.max(k * np.minimum(c, F))) for k, c in zip(ks, cs, strict=True)) / L
+
+        for F in np.linspace(u, 2 * u + 1, 40)[1:]:
+            assert h(float(F)) < F
+        assert u == 0.0 or h(u * (1 - 1e-6)) >= u * (1 - 1e-6) * (1 - 1e-9)
+    assert work_fixed_point([np.array([6])], [np.array([3.5])], 6) == pytest.approx(3.5)
+    assert work_fixed_point([np.zeros(0, np.int64)], [np.zeros(0)], 4) == 0.0
