@@ -12,8 +12,7 @@ This is exact for the one-b model: each restricted problem is solved exactly (or
 whose upper bound (the layer-work bound of the restricted menus) cannot beat the incumbent is skipped,
 which is a proof that it holds nothing better. The result's bound is the largest bound over all b (a
 solved b gives its placer's bound, a skipped one the layer-work bound), so the reported gap is valid.
-When the reductions prove the unrestricted problem infeasible, no b can have a placement: one test for
-all of them. Each b after the first is solved only above the best value so far (``place``'s ``floor``).
+Each b after the first is solved only above the best value so far (``place``'s ``floor``).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import layer_work_bound
-from solvers.fastplace import PLACER, SMALL_NODES, place, reduce_problem
+from solvers.fastplace import PLACER, SMALL_NODES, place
 from solvers.options import FORMULATION, build_problem
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
 
@@ -199,8 +198,6 @@ def place_one_batch(
             if ub > 0:
                 subs.append((ub, b, sub))
     subs.sort(key=lambda x: (-x[0], -x[1]))
-    if len(subs) > 1 and reduce_problem(problem) is None:  # no placement even with batch sizes mixed
-        return problem, PlacementResult(0.0, "infeasible", 0.0, "infeasible", solve_s=time.perf_counter() - t0)
     best: tuple[PlacementProblem, PlacementResult] | None = None
     bound = 0.0
     proven = True
