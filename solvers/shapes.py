@@ -554,7 +554,8 @@ class _Family:
         self.path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for pi, path in enumerate(sh.sk.paths):
             mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
-            viable &= np.all(full[:, :, pi] + tb.cover_masks(mask) <= tb.budget[:, None], axis=0)
+            tot = full[:, :, pi] + tb.cover_masks(mask)
+            viable &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
             cut = [x for x in path if sh.cutnode[x]]
             cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(nl, np.int64)
             keys, inv = np.unique(mask * (1 << n) + cmask, return_inverse=True)
@@ -619,7 +620,8 @@ class _Family:
         n = tb.n
         for keys, inv, links in self.path_keys:
             cov = np.stack([tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F, comp) for k in keys], axis=1)
-            ok &= np.all(links + cov[:, inv] <= tb.budget[:, None], axis=0)
+            tot = links + cov[:, inv]  # inf: the path's nodes cannot cover L layers (even with no limit)
+            ok &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
         with np.errstate(invalid="ignore"):
             for c, (els, _) in enumerate(self.cuts):
                 kept = self.cut_emax[:, c] < F
@@ -629,6 +631,32 @@ class _Family:
 
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
+
+
+def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndarray:
+    """The labellings (rows of ``labels``) worth building a ``_Family`` for at threshold F: each path's
+    nodes can cover the L layers within the limits with the options that pass the component's
+    ``work_ok`` at F (capacity >= F on cut nodes); links left out, so a necessary test of
+    ``_Family.candidates``, and one that a larger F only makes stricter."""
+    if F <= 0 or labels.shape[0] == 0:
+        return labels
+    n = tb.n
+    comp = int(np.bitwise_or.reduce(1 << labels[0]))
+    if tb.work_mask(comp, F) is None:
+        return labels[:0]
+    bits = 1 << labels
+    ok = np.ones(labels.shape[0], bool)
+    for path in sh.sk.paths:
+        mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
+        cut = [x for x in path if sh.cutnode[x]]
+        cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(labels.shape[0], np.int64)
+        keys, inv = np.unique(mask * (1 << n) + cmask, return_inverse=True)
+        cov = np.stack([tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F, comp) for k in keys], axis=1)
+        fits = np.all((cov <= tb.budget[:, None]) & np.isfinite(cov), axis=0)
+        ok &= fits[inv.reshape(-1)]
+        if not ok.any():
+            break
+    return labels[ok]
 
 
 class _Labelled:
@@ -1295,9 +1323,13 @@ def shape_search(
             cur = low[c]
             feasible = cur is not None
             for sk in skeletons(sum(c)):
-                fam = _Family(_shape(sk), cl.labellings(sk, c), tb)
                 F = max(tau, cur[0] if cur is not None else -math.inf)
                 F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
+                sh = _shape(sk)
+                labels = _prefilter(sh, cl.labellings(sk, c), tb, F)
+                if labels.shape[0] == 0:
+                    continue
+                fam = _Family(sh, labels, tb)
                 for row in fam.candidates(F):
                     lab = fam.labelled(int(row))
                     F = max(tau, cur[0] if cur is not None else -math.inf)
