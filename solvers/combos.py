@@ -112,8 +112,11 @@ def prune_verdict(cap: float, sub: float, split: float) -> str | None:
 
 def layer_work_bound(problem: PlacementProblem) -> float:
     """Upper bound on a placement's flow: every unit crosses all L layers, so
-    L * F = sum_i k_i * inflow_i <= sum_i max over latency-feasible options of k * cap."""
+    L * F = sum_i k_i * inflow_i <= sum_i max over latency-feasible options of k * cap.
+    0 (no placement) also when those options cannot hold L layers even all together: every path
+    covers L layers on distinct nodes."""
     total = 0.0
+    layers = 0
     for menu in problem.menus:
         if menu.size == 0:
             return 0.0
@@ -121,4 +124,7 @@ def layer_work_bound(problem: PlacementProblem) -> float:
         if not ok.any():
             return 0.0
         total += float(np.max(menu.k[ok] * menu.cap[ok]))
+        layers += int(np.max(menu.k[ok]))
+    if layers < problem.num_layers:
+        return 0.0
     return total / problem.num_layers

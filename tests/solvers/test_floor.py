@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from solvers.brute import brute_force_place
+from solvers.combos import layer_work_bound
 from solvers.fastplace import place
 from solvers.library import place_one_batch, restrict_batch
 from solvers.placement import evaluate_placement
@@ -125,3 +126,20 @@ def test_work_fixed_point_is_a_tight_valid_bound() -> None:
         assert u == 0.0 or h(u * (1 - 1e-6)) >= u * (1 - 1e-6) * (1 - 1e-9)
     assert work_fixed_point([np.array([6])], [np.array([3.5])], 6) == pytest.approx(3.5)
     assert work_fixed_point([np.zeros(0, np.int64)], [np.zeros(0)], 4) == 0.0
+
+
+def test_layer_work_bound_is_valid() -> None:
+    """``layer_work_bound`` is at least the brute-force optimum, and 0 when the nodes cannot hold L layers
+    all together (then no placement exists)."""
+    rng = np.random.default_rng(9500)
+    zero = 0
+    for _ in range(120):
+        p = random_tiny_problem(rng, max_options=int(rng.integers(1, 5)))
+        ref = brute_force_place(p)
+        ub = layer_work_bound(p)
+        if ref.status == "optimal":
+            assert ub >= ref.value * (1 - 1e-9)
+        if sum(int(np.max(m.k)) for m in p.menus) < p.num_layers:
+            assert ub == 0.0 and ref.status == "infeasible"
+            zero += 1
+    assert zero > 0
