@@ -28,7 +28,6 @@ import numpy as np
 from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
-from solvers.combos import layer_work_bound
 from solvers.fastplace import PLACER, SMALL_NODES, place
 from solvers.options import FORMULATION, build_problem
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
@@ -172,6 +171,28 @@ def restrict_batch(problem: PlacementProblem, batch: int) -> PlacementProblem | 
     return attrs.evolve(problem, menus=tuple(menus))
 
 
+def batch_work_bounds(problem: PlacementProblem) -> dict[int, float]:
+    """Per batch size b: ``layer_work_bound`` of ``restrict_batch(problem, b)`` (0 where that is None),
+    computed from the menus at once without building the restricted problems."""
+    bs = np.unique(np.concatenate([np.asarray(m.b) for m in problem.menus]))
+    work = np.zeros(bs.size)
+    layers = np.zeros(bs.size, np.int64)
+    valid = np.ones(bs.size, bool)
+    limit = np.asarray(problem.lat_limit)[:, None] + 1e-12
+    for m in problem.menus:
+        idx = np.searchsorted(bs, np.asarray(m.b))
+        ok = np.all(np.asarray(m.lat) <= limit, axis=0)
+        w = np.full(bs.size, -np.inf)
+        k = np.full(bs.size, -1, np.int64)
+        np.maximum.at(w, idx[ok], (np.asarray(m.k) * np.asarray(m.cap))[ok])
+        np.maximum.at(k, idx[ok], np.asarray(m.k)[ok])
+        valid &= k > 0
+        work += np.where(k > 0, w, 0.0)
+        layers += np.maximum(k, 0)
+    valid &= layers >= problem.num_layers
+    return {int(b): float(x / problem.num_layers) if v else 0.0 for b, x, v in zip(bs, work, valid, strict=True)}
+
+
 def place_one_batch(
     problem: PlacementProblem, *, time_limit: float = 10.0, floor: float | None = None
 ) -> tuple[PlacementProblem, PlacementResult]:
@@ -190,20 +211,14 @@ def place_one_batch(
     t0 = time.perf_counter()
     if floor is not None and not (0 < floor < math.inf):
         raise ValueError(f"floor must be > 0 and finite (or None), got {floor!r}")
-    subs = []
-    for b in sorted({int(x) for m in problem.menus for x in m.b}):
-        sub = restrict_batch(problem, b)
-        if sub is not None:
-            ub = layer_work_bound(sub)
-            if ub > 0:
-                subs.append((ub, b, sub))
+    subs = [(ub, b) for b, ub in batch_work_bounds(problem).items() if ub > 0]
     subs.sort(key=lambda x: (-x[0], -x[1]))
     best: tuple[PlacementProblem, PlacementResult] | None = None
     bound = 0.0
     proven = True
     floored = 0.0  # the largest bound proven only as "at most the floor"
     searched = False  # whether a batch size needed more than a bound to get there
-    for ub, _b, sub in subs:
+    for ub, b in subs:
         value = best[1].value if best is not None else 0.0
         if ub <= value * (1.0 + 1e-9):
             bound = max(bound, ub)
@@ -212,6 +227,8 @@ def place_one_batch(
             floored = max(floored, ub)
             continue
         cut = max(value, floor or 0.0)
+        sub = restrict_batch(problem, b)
+        assert sub is not None  # every node has an option of batch b: its bound is > 0
         left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
         res = place(sub, time_limit=left, floor=cut if cut > 0 else None)
         if res.status == "infeasible":

@@ -8,7 +8,8 @@ import pytest
 from coral.perf import PerfModel
 from coral.workload import Slo, WorkloadShape
 from solvers.brute import brute_force_place
-from solvers.library import ProblemCache, place_one_batch, restrict_batch, solve_multiset
+from solvers.combos import layer_work_bound
+from solvers.library import ProblemCache, batch_work_bounds, place_one_batch, restrict_batch, solve_multiset
 from solvers.options import build_problem
 from solvers.placement import evaluate_placement
 
@@ -75,3 +76,14 @@ def test_problem_cache_equals_build_problem(perf: PerfModel) -> None:
             for x, y in zip(a.menus, b.menus, strict=True):
                 for f in ("k", "b", "cap", "lat", "mem"):
                     assert np.array_equal(getattr(x, f), getattr(y, f)), (mode, nodes, f)
+
+
+def test_batch_work_bounds_match_the_restricted_problems() -> None:
+    """``batch_work_bounds`` equals ``layer_work_bound`` of each restricted problem (0 where none)."""
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        p = random_tiny_problem(rng, max_options=int(rng.integers(1, 7)))
+        got = batch_work_bounds(p)
+        for b in sorted({int(x) for m in p.menus for x in m.b}):
+            sub = restrict_batch(p, b)
+            assert got[b] == (layer_work_bound(sub) if sub is not None else 0.0)
