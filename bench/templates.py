@@ -5,7 +5,8 @@ into a fresh store under /tmp, with a wall-clock budget. Models are built one af
 first); when the budget runs out the current model stops at the end of its level and the report says what
 was covered. Figures per model: multisets enumerated; outcomes (kept, infeasible, dominated, split, of
 which skipped by the upper bound without solving); solve paths ("reduce", "shapes", "dp-proven",
-"lp-proven", "milp"; "bound-infeasible" / "bound-pruned" settled before placement), in all and by size;
+"lp-proven", "milp"; "bound-infeasible" / "bound-pruned" settled by upper bounds before any search;
+"search-pruned": the placer proved it worth no more than its smaller templates), in all and by size;
 proven optimal; the gap distribution of the rest; time per solved multiset p50/p99 by size; wall time;
 multisets per second per core.
 """
