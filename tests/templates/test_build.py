@@ -15,6 +15,7 @@ from coral.store import TemplateStore
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, enumerate_multisets, splits, sub_multisets
 from solvers.fastplace import PLACER
+from solvers.library import solve_multiset
 
 NODES = ["g6e.xlarge", "g6.xlarge", "p5.4xlarge"]
 JOB = BuildJob("llama-3.1-8b", "aggregated", Slo(2.0, 0.1), WorkloadShape(1155, 211))
@@ -127,7 +128,34 @@ def test_build_four_nodes_by_shapes(tmp_path: Path, perf: PerfModel) -> None:
     assert rep.proven == rep.kept and not rep.gaps
     four = rep.paths_by_size.get(4, {})
     assert sum(four.values()) > 0
-    assert set(four) <= {"reduce", "dp-proven", "shapes"}
+    assert set(four) <= {"reduce", "dp-proven", "shapes", "search-pruned"}
     params: dict[str, object] = {"nmax": 4}
     assert _params(params, ("a", "b", "c")) == params
     assert _params(params, ("a", "a", "b", "c")) == {"nmax": 4, "placer": PLACER}
+
+
+def test_floor_pruning_is_lossless(tmp_path: Path, perf: PerfModel) -> None:
+    """Every multiset that the build dropped without its exact capacity (an upper bound or the placer's
+    proof reached its smaller templates) really is worth no more than they give: solved here without
+    a floor, its optimum is at most its best split; and every kept template has the capacity that the
+    solve without a floor finds (and every multiset reported infeasible is)."""
+    with TemplateStore(tmp_path / "lib.sqlite") as store:
+        rep = build_library(perf, store, [JOB], NODES, nmax=4, rho=12.0)
+        rows = store.db.execute("SELECT nodes, outcome, capacity FROM outcomes").fetchall()
+    assert rep.dominated + rep.split > 0
+    partition: dict[tuple[str, ...], float] = {}
+    checked = 0
+    for nodes, outcome, cap in sorted(rows, key=lambda r: (r[0].count(","), r[0])):
+        ms = tuple(nodes.split(","))
+        split = best_split(ms, partition)
+        partition[ms] = max(cap, split)
+        _, res, _ = solve_multiset(perf, JOB.model, ms, JOB.mode, JOB.slo, JOB.shape, key="k")
+        assert res.status in ("optimal", "infeasible")
+        if outcome == "infeasible":
+            assert res.status == "infeasible"
+        elif outcome in ("dominated", "split"):
+            assert res.value <= split * (1 + 1e-9)
+            checked += cap == 0.0
+        else:
+            assert res.value == pytest.approx(cap, rel=1e-9)
+    assert checked > 0  # some multisets were dropped on a bound, without their capacity
