@@ -32,9 +32,10 @@ limit? It uses four exact facts.
   never hurts a cut (for several metrics this needs the ordered latencies above; other nodes are fixed).
 
 Before a labelled shape is decided, cheap necessary tests run over all labellings of the shape at once
-(``_Family.candidates``): every path can cover the L layers within the limits (its cut nodes with options
-of capacity >= F only), every cut node has an option of capacity >= F that fits its paths, and every
-cut whose edges all carry less than F has enough node capacity.
+(``_prefilter``, then ``_Family.candidates``): every path can cover the L layers within the limits (its
+cut nodes with options of capacity >= F only, and every node with the options that pass the component's
+layer-work test at F only: sum_i k_i min(c_i, F) >= L F), every cut node has such an option of capacity
+>= F that fits its paths, and every cut whose edges all carry less than F has enough node capacity.
 
 The rest is enumerated with numpy: the remaining boundaries (all increasing tuples) times the options
 of the fixed nodes, and every row is checked against every path's latency (node latencies plus the
@@ -44,7 +45,8 @@ recomputed by an exact maximum flow.
 ``shape_search`` then finds the best partition (see its docstring): thresholds from an incumbent and
 from upper bounds skip most components, and each component's best value is raised by repeated decisions
 (a feasible decision at F returns a placement worth v >= F; the next decision asks for more than v)
-until none is feasible, which proves it. Everything is exact; the work is bounded by a deterministic
+until none is feasible, which proves it. A sub-multiset's first bound is the layer-work fixed point
+(``work_fixed_point``). With a ``floor`` the search only asks for placements above it. Everything is exact; the work is bounded by a deterministic
 budget of enumerated rows (``budget``); when it runs out the search returns its best placement, unproven,
 with an upper bound.
 """
