@@ -46,9 +46,9 @@ recomputed by an exact maximum flow.
 from upper bounds skip most components, and each component's best value is raised by repeated decisions
 (a feasible decision at F returns a placement worth v >= F; the next decision asks for more than v)
 until none is feasible, which proves it. A sub-multiset's first bound is the layer-work fixed point
-(``work_fixed_point``). With a ``floor`` the search only asks for placements above it. Everything is exact; the work is bounded by a deterministic
-budget of enumerated rows (``budget``); when it runs out the search returns its best placement, unproven,
-with an upper bound.
+(``work_fixed_point``). With a ``floor`` the search only asks for placements above it. Everything is
+exact; the work is bounded by a deterministic budget of enumerated rows (``budget``); when it runs out
+the search returns its best placement, unproven, with an upper bound.
 """
 
 from __future__ import annotations
@@ -280,6 +280,7 @@ class _Tables:
         self._useful: dict[tuple[int, float], np.ndarray] = {}
         self._cover_at: dict[tuple[int, int, float, int], np.ndarray] = {}
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
+        self._cover_work: dict[tuple[int, float], np.ndarray | None] = {}
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
         self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -363,6 +364,38 @@ class _Tables:
             self._cover_tab = tab[:, :, L].T.copy()  # (nm, 2^n)
             self._cover_full = tab
         return self._cover_tab[:, masks]
+
+    def cover_work(self, comp: int, F: float) -> np.ndarray | None:
+        """(metrics, 2^n): per set of nodes within bit mask ``comp``, the least latency with which they
+        (each holding >= 1 layer) cover L layers using only the options that pass ``work_ok`` of
+        ``comp`` at F; inf for the other sets. None when ``work_ok`` fails (cached)."""
+        key = (comp, F)
+        if key in self._cover_work:
+            return self._cover_work[key]
+        work = self.work_mask(comp, F)
+        out = None
+        if work is not None:
+            n, L = self.n, self.L
+            tab = np.full((1 << n, self.nm, L + 1), np.inf)
+            tab[0, :, 0] = 0.0
+            kk = np.arange(L + 1)
+            d = kk[:, None] - kk[None, :]
+            dd = np.clip(d, 0, L)
+            g = {}
+            for i, w in work.items():
+                g[i] = np.where(w[None], self.lat[i], np.inf).min(axis=2)
+                g[i][:, 0] = np.inf
+            for mask in range(1, 1 << n):
+                if mask & ~comp:
+                    continue
+                i = (mask & -mask).bit_length() - 1
+                cand = tab[mask & (mask - 1)][:, None, :] + g[i][:, dd]
+                tab[mask] = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
+            out = tab[:, :, L].T.copy()
+        if len(self._cover_work) > 1024:
+            self._cover_work.clear()
+        self._cover_work[key] = out
+        return out
 
     def work_mask(self, comp: int, F: float) -> dict[int, np.ndarray] | None:
         """``work_ok`` for the nodes of bit mask ``comp`` at F, per node (cached); None when it fails."""
@@ -638,26 +671,19 @@ class _Family:
 def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndarray:
     """The labellings (rows of ``labels``) worth building a ``_Family`` for at threshold F: each path's
     nodes can cover the L layers within the limits with the options that pass the component's
-    ``work_ok`` at F (capacity >= F on cut nodes); links left out, so a necessary test of
-    ``_Family.candidates``, and one that a larger F only makes stricter."""
+    ``work_ok`` at F (``_Tables.cover_work``); links and the cut nodes' capacities left out, so a
+    necessary test of ``_Family.candidates``, and one that a larger F only makes stricter."""
     if F <= 0 or labels.shape[0] == 0:
         return labels
-    n = tb.n
     comp = int(np.bitwise_or.reduce(1 << labels[0]))
-    if tb.work_mask(comp, F) is None:
+    tab = tb.cover_work(comp, F)
+    if tab is None:
         return labels[:0]
     bits = 1 << labels
     ok = np.ones(labels.shape[0], bool)
     for path in sh.sk.paths:
-        mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
-        cut = [x for x in path if sh.cutnode[x]]
-        cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(labels.shape[0], np.int64)
-        keys, inv = np.unique(mask * (1 << n) + cmask, return_inverse=True)
-        cov = np.stack([tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F, comp) for k in keys], axis=1)
-        fits = np.all((cov <= tb.budget[:, None]) & np.isfinite(cov), axis=0)
-        ok &= fits[inv.reshape(-1)]
-        if not ok.any():
-            break
+        cov = tab[:, np.bitwise_or.reduce(bits[:, list(path)], axis=1)]
+        ok &= np.all((cov <= tb.budget[:, None]) & np.isfinite(cov), axis=0)
     return labels[ok]
 
 
@@ -1044,21 +1070,38 @@ class _Classes:
     def labellings(self, sk: Skeleton, counts: tuple[int, ...]) -> np.ndarray:
         """Problem nodes for the shape's nodes (one row per labelling by the sub-multiset ``counts``),
         one labelling per orbit of the shape's automorphisms."""
-        classes = tuple(c for c, q in enumerate(counts) for _ in range(q))
-        perms = _multiset_perms(classes)  # (P, s) class labels
-        base = len(counts) + 1
-        weights = base ** np.arange(sk.s - 1, -1, -1, dtype=np.int64)
-        code = perms @ weights
-        canon = code.copy()
-        for a in sk.aut:
-            canon = np.minimum(canon, perms[:, list(a)] @ weights)
-        lab = perms[code == canon]
-        occ = np.zeros_like(lab)
-        for j in range(1, sk.s):
-            occ[:, j] = (lab[:, :j] == lab[:, j : j + 1]).sum(axis=1)
+        lab, occ = _class_labels(sk, counts)
         width = max(len(m) for m in self.members)
         table = np.array([m + [-1] * (width - len(m)) for m in self.members], dtype=np.int64)
         return table[lab, occ]
+
+
+_CLASS_LABELS: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _class_labels(sk: Skeleton, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For ``Classes.labellings``: the class of each shape node, one row per orbit of the shape's
+    automorphisms, and each node's occurrence index within its class (cached: no problem data)."""
+    key = (sk.m, sk.iv, sk.edges, counts)
+    got = _CLASS_LABELS.get(key)
+    if got is not None:
+        return got
+    classes = tuple(c for c, q in enumerate(counts) for _ in range(q))
+    perms = _multiset_perms(classes)  # (P, s) class labels
+    base = len(counts) + 1
+    weights = base ** np.arange(sk.s - 1, -1, -1, dtype=np.int64)
+    code = perms @ weights
+    canon = code.copy()
+    for a in sk.aut:
+        canon = np.minimum(canon, perms[:, list(a)] @ weights)
+    lab = perms[code == canon]
+    occ = np.zeros_like(lab)
+    for j in range(1, sk.s):
+        occ[:, j] = (lab[:, :j] == lab[:, j : j + 1]).sum(axis=1)
+    if len(_CLASS_LABELS) > 65536:
+        _CLASS_LABELS.clear()
+    _CLASS_LABELS[key] = (lab, occ)
+    return lab, occ
 
 
 @functools.cache
