@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -171,6 +171,19 @@ def restrict_batch(problem: PlacementProblem, batch: int) -> PlacementProblem | 
     return attrs.evolve(problem, menus=tuple(menus))
 
 
+def _menu_batch_work(menu: NodeMenu, limit: np.ndarray) -> dict[int, tuple[float, int]]:
+    """Per batch size of ``menu``: the largest k * cap and the largest k over its options within the
+    latency limits (-inf and -1 where none), as ``batch_work_bounds`` sums them."""
+    bs = np.unique(np.asarray(menu.b))
+    idx = np.searchsorted(bs, np.asarray(menu.b))
+    ok = np.all(np.asarray(menu.lat) <= limit[:, None] + 1e-12, axis=0)
+    w = np.full(bs.size, -np.inf)
+    k = np.full(bs.size, -1, np.int64)
+    np.maximum.at(w, idx[ok], (np.asarray(menu.k) * np.asarray(menu.cap))[ok])
+    np.maximum.at(k, idx[ok], np.asarray(menu.k)[ok])
+    return {int(b): (float(x), int(y)) for b, x, y in zip(bs, w, k, strict=True)}
+
+
 def batch_work_bounds(problem: PlacementProblem) -> dict[int, float]:
     """Per batch size b: ``layer_work_bound`` of ``restrict_batch(problem, b)`` (0 where that is None),
     computed from the menus at once without building the restricted problems."""
@@ -194,7 +207,11 @@ def batch_work_bounds(problem: PlacementProblem) -> dict[int, float]:
 
 
 def place_one_batch(
-    problem: PlacementProblem, *, time_limit: float = 10.0, floor: float | None = None
+    problem: PlacementProblem,
+    *,
+    time_limit: float = 10.0,
+    floor: float | None = None,
+    bounds: Mapping[int, float] | None = None,
 ) -> tuple[PlacementProblem, PlacementResult]:
     """The best placement in which every stage steps the same micro-batch (see the module docstring).
 
@@ -206,12 +223,13 @@ def place_one_batch(
     ``floor`` (> 0): the caller needs the optimum only if it is worth more than ``floor``; when every
     batch size is proven worth at most that, the result has status ``below``, value 0, ``bound`` the
     largest proven bound (<= ``floor``) and ``method`` "below-bound" when upper bounds (the layer work,
-    the reductions') proved it for every batch size, else "below-search".
+    the reductions') proved it for every batch size, else "below-search". ``bounds``: the problem's
+    ``batch_work_bounds`` when the caller has them already.
     """
     t0 = time.perf_counter()
     if floor is not None and not (0 < floor < math.inf):
         raise ValueError(f"floor must be > 0 and finite (or None), got {floor!r}")
-    subs = [(ub, b) for b, ub in batch_work_bounds(problem).items() if ub > 0]
+    subs = [(ub, b) for b, ub in (batch_work_bounds(problem) if bounds is None else bounds).items() if ub > 0]
     subs.sort(key=lambda x: (-x[0], -x[1]))
     best: tuple[PlacementProblem, PlacementResult] | None = None
     bound = 0.0
@@ -269,6 +287,7 @@ class ProblemCache:
         self._pairs: dict[tuple[str, str], tuple[np.ndarray, float]] = {}
         self._ends: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
         self._base: PlacementProblem | None = None
+        self._work: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}
 
     def _build(self, kinds: Sequence[str]) -> PlacementProblem:
         perf, model, mode, slo, shape = self._args
@@ -284,6 +303,50 @@ class ProblemCache:
             self._ends.setdefault(t, (ll[:, 2, i].copy(), ll[:, i, 2].copy(), float(lc[2, i]), float(lc[i, 2])))
         if self._base is None:
             self._base = p
+
+    def batch_bounds(self, nodes: Sequence[str]) -> dict[int, float]:
+        """``batch_work_bounds`` of the multiset's problem, from per-type parts (equal, tested)."""
+        kinds = tuple(sorted(nodes))
+        n = len(kinds)
+        parts = []
+        for t in kinds:
+            if (t, n) not in self._work:
+                self._work[(t, n)] = _menu_batch_work(self.menu(t, n), self.limit(t, n))
+            parts.append(self._work[(t, n)])
+        bs = sorted(set().union(*(p.keys() for p in parts)))
+        L = self.num_layers(kinds[0], n)
+        out = {}
+        for b in bs:
+            if not all(b in p and p[b][1] > 0 for p in parts):
+                out[b] = 0.0
+                continue
+            work = 0.0
+            layers = 0
+            for p in parts:
+                work += p[b][0]
+                layers += p[b][1]
+            out[b] = float(work / L) if layers >= L else 0.0
+        return out
+
+    def menu(self, t: str, n: int) -> NodeMenu:
+        """The menu of a node of type ``t`` in a multiset of ``n`` nodes."""
+        if (t, n) not in self._menus:
+            self._menus[(t, n)] = self._build((t,) * n).menus[0]
+        if self._base is None:
+            self._pair(t, t)
+        return self._menus[(t, n)]
+
+    def limit(self, t: str, n: int) -> np.ndarray:
+        """The latency limits (the same for every multiset)."""
+        self.menu(t, n)
+        assert self._base is not None
+        return np.asarray(self._base.lat_limit, dtype=np.float64)
+
+    def num_layers(self, t: str, n: int) -> int:
+        """The model's layer count."""
+        self.menu(t, n)
+        assert self._base is not None
+        return int(self._base.num_layers)
 
     def problem(self, nodes: Sequence[str]) -> PlacementProblem:
         """The placement problem of the multiset ``nodes``, equal to ``build_problem``'s."""
@@ -330,14 +393,16 @@ def solve_multiset(
     time_limit: float = 10.0,
     floor: float | None = None,
     problem: PlacementProblem | None = None,
+    bounds: Mapping[int, float] | None = None,
 ) -> tuple[Template | None, PlacementResult, float]:
     """Solve one multiset; returns the template (None when infeasible or below ``floor``), the raw result
     and wall seconds. ``floor`` is ``place_one_batch``'s; ``problem``, when given, is the multiset's
-    ``build_problem`` (so that a caller that built it already does not build it twice)."""
+    ``build_problem`` (so that a caller that built it already does not build it twice), ``bounds`` its
+    ``batch_work_bounds``."""
     t0 = time.perf_counter()
     if problem is None:
         problem = build_problem(perf, model, nodes, mode, slo, shape)
-    problem, result = place_one_batch(problem, time_limit=time_limit, floor=floor)
+    problem, result = place_one_batch(problem, time_limit=time_limit, floor=floor, bounds=bounds)
     tpl = None
     if result.status not in ("infeasible", "below") and result.value > 0:
         tpl = template_from_result(perf, problem, result, key=key, model=model, mode=mode, slo=slo, shape=shape)

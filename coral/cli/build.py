@@ -24,7 +24,7 @@ from coral.perf import PerfModel, load_profiles
 from coral.store import Outcome, TemplateStore, template_key
 from coral.templates import Template
 from coral.workload import Slo, WorkloadShape
-from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, layer_work_bound, prune_verdict
+from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, prune_verdict
 from solvers.fastplace import PLACER, SMALL_NODES
 from solvers.library import ProblemCache, solve_multiset
 from solvers.options import FORMULATION
@@ -99,15 +99,15 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float) -> So
     cache = _PROBLEMS.get(job)
     if cache is None:
         cache = _PROBLEMS[job] = ProblemCache(_PERF, job.model, job.mode, job.slo, job.shape)
-    problem = cache.problem(nodes)
-    ub = layer_work_bound(problem)
+    bounds = cache.batch_bounds(nodes)  # the layer-work bound per batch size (one batch per template)
+    ub = max(bounds.values(), default=0.0)
     if ub <= 0:
         return Solved(key, nodes, 0.0, 0.0, None, "bound-infeasible", "infeasible", 0.0, time.perf_counter() - t0)
     if threshold > 0 and ub <= threshold:
         return Solved(key, nodes, 0.0, ub, None, "bound-pruned", "pruned", 0.0, time.perf_counter() - t0)
     tpl, res, _ = solve_multiset(
         _PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT,
-        floor=threshold if threshold > 0 else None, problem=problem,
+        floor=threshold if threshold > 0 else None, problem=cache.problem(nodes), bounds=bounds,
     )  # fmt: skip
     if res.status == "below":  # proven worth at most what the smaller templates give
         path = "bound-pruned" if res.method == "below-bound" else "search-pruned"

@@ -61,7 +61,7 @@ def test_pipeline_stages_share_one_batch(perf: PerfModel) -> None:
 
 def test_problem_cache_equals_build_problem(perf: PerfModel) -> None:
     """The build's cached problems are exactly ``build_problem``'s, in every mode, for multisets of
-    1..6 nodes with repeated and mixed types (seeded)."""
+    1..6 nodes with repeated and mixed types (seeded); so are their per-batch layer-work bounds."""
     rng = np.random.default_rng(11)
     slo, shape = Slo(2.0, 0.1, 0.9), WorkloadShape(1155, 211)
     types = sorted(perf.catalog.nodes)[:8]
@@ -76,6 +76,7 @@ def test_problem_cache_equals_build_problem(perf: PerfModel) -> None:
             for x, y in zip(a.menus, b.menus, strict=True):
                 for f in ("k", "b", "cap", "lat", "mem"):
                     assert np.array_equal(getattr(x, f), getattr(y, f)), (mode, nodes, f)
+            assert cache.batch_bounds(nodes) == batch_work_bounds(a)
 
 
 def test_batch_work_bounds_match_the_restricted_problems() -> None:
