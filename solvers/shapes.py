@@ -281,6 +281,7 @@ class _Tables:
         self._cover_at: dict[tuple[int, int, float, int], np.ndarray] = {}
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
         self._cover_work: dict[tuple[int, float], np.ndarray | None] = {}
+        self.collapsed: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
         self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -693,6 +694,7 @@ class _Labelled:
     def __init__(self, fam: _Family, row: int) -> None:
         sh, tb = fam.sh, fam.tb
         self._work: dict[int, np.ndarray] = {}
+        self._comp = 0
         self.sh, self.tb = sh, tb
         self.sk = sh.sk
         self.nodes = tuple(int(x) for x in fam.labels[row])
@@ -718,7 +720,7 @@ class _Labelled:
         work = self._work
         L, nm = tb.L, tb.nm
         first = self.nodes[seg[0]]
-        lat0, _ = _collapsed(tb, first, F, work.get(first))
+        lat0, _ = _collapsed(tb, first, F, work.get(first), self._comp)
         front = np.where(lat0 <= tb.budget[:, None, None], lat0, np.inf)
         front = np.where(np.all(np.isfinite(front), axis=0)[None], front, np.inf)
         backs: list[tuple[np.ndarray, int, int]] = []
@@ -729,7 +731,7 @@ class _Labelled:
         for j in range(1, len(seg)):
             node = self.nodes[seg[j]]
             pu, pv = self.pedge[(seg[j - 1], seg[j])]
-            opts, _ = _collapsed(tb, node, F, work.get(node))
+            opts, _ = _collapsed(tb, node, F, work.get(node), self._comp)
             A, B = front.shape[2], opts.shape[2]
             cand = (
                 front[:, None, :, :, None] + opts[:, dd][:, :, :, None, :] + tb.ll[:, pu, pv][:, None, None, None, None]
@@ -802,12 +804,15 @@ class _Labelled:
         ne = len(self.elements)
         nseg = len(self.segments)
         work: dict[int, np.ndarray] = {}
+        comp = 0
         if F > 0:
-            wk = tb.work_ok(self.nodes, F)
-            if wk is None:
+            comp = sum(1 << i for i in set(self.nodes))
+            got = tb.work_mask(comp, F)
+            if got is None:
                 return None
-            work = dict(zip(self.nodes, wk, strict=True))
+            work = got
         self._work = work
+        self._comp = comp
         el_lat: list[np.ndarray] = []  # (nm, L+1, W)
         el_cap: list[np.ndarray] = []  # (L+1, W), clipped at F
         el_ok: list[np.ndarray] = []  # (L+1, W)
@@ -952,7 +957,7 @@ class _Labelled:
         for q, e in enumerate(self.elements):
             pos = int(Bk[self.elem_iv[q][0]])
             if q < len(self.segments):
-                F_slots = [_collapsed(tb, self.nodes[x], F, self._work.get(self.nodes[x]))[1] for x in e]
+                F_slots = [_collapsed(tb, self.nodes[x], F, self._work.get(self.nodes[x]), self._comp)[1] for x in e]
                 K, idx = int(kr[q]), int(slot[q])
                 parts: list[tuple[int, int]] = []
                 for j in range(len(e) - 1, 0, -1):
@@ -977,10 +982,25 @@ class _Labelled:
         return _Witness(option, start, tuple(self.pedge[x] for x in self.edges_sk))
 
 
-def _collapsed(tb: _Tables, i: int, F: float, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _collapsed(
+    tb: _Tables, i: int, F: float, extra: np.ndarray | None = None, comp: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """The options of node i with capacity >= F whose latencies no other such option beats (and that
     ``extra`` allows), compacted per k: latencies (metrics, L + 1, B), inf where padded, and their
-    slots (L + 1, B), -1 padded."""
+    slots (L + 1, B), -1 padded. Cached when ``extra`` is the ``work_mask`` of the nodes ``comp`` at F
+    (or None, with ``comp`` 0)."""
+    key = (i, F, comp if extra is not None else -1)
+    got = tb.collapsed.get(key)
+    if got is not None:
+        return got
+    out = _collapse(tb, i, F, extra)
+    if len(tb.collapsed) > 4096:
+        tb.collapsed.clear()
+    tb.collapsed[key] = out
+    return out
+
+
+def _collapse(tb: _Tables, i: int, F: float, extra: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     okm = tb.useful(i, F) & (tb.cap[i] >= F)
     if extra is not None:
         okm = okm & extra
