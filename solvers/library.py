@@ -184,26 +184,28 @@ def _menu_batch_work(menu: NodeMenu, limit: np.ndarray) -> dict[int, tuple[float
     return {int(b): (float(x), int(y)) for b, x, y in zip(bs, w, k, strict=True)}
 
 
+def _sum_batch_work(parts: Sequence[Mapping[int, tuple[float, int]]], num_layers: int) -> dict[int, float]:
+    """Per batch size: the nodes' summed work over L when every node has an option of that size within
+    the limits and their largest k add up to at least L, else 0 (as ``layer_work_bound`` computes it)."""
+    out = {}
+    for b in sorted(set().union(*parts)):
+        if not all(b in p and p[b][1] > 0 for p in parts):
+            out[b] = 0.0
+            continue
+        work = 0.0
+        layers = 0
+        for p in parts:
+            work += p[b][0]
+            layers += p[b][1]
+        out[b] = work / num_layers if layers >= num_layers else 0.0
+    return out
+
+
 def batch_work_bounds(problem: PlacementProblem) -> dict[int, float]:
     """Per batch size b: ``layer_work_bound`` of ``restrict_batch(problem, b)`` (0 where that is None),
     computed from the menus at once without building the restricted problems."""
-    bs = np.unique(np.concatenate([np.asarray(m.b) for m in problem.menus]))
-    work = np.zeros(bs.size)
-    layers = np.zeros(bs.size, np.int64)
-    valid = np.ones(bs.size, bool)
-    limit = np.asarray(problem.lat_limit)[:, None] + 1e-12
-    for m in problem.menus:
-        idx = np.searchsorted(bs, np.asarray(m.b))
-        ok = np.all(np.asarray(m.lat) <= limit, axis=0)
-        w = np.full(bs.size, -np.inf)
-        k = np.full(bs.size, -1, np.int64)
-        np.maximum.at(w, idx[ok], (np.asarray(m.k) * np.asarray(m.cap))[ok])
-        np.maximum.at(k, idx[ok], np.asarray(m.k)[ok])
-        valid &= k > 0
-        work += np.where(k > 0, w, 0.0)
-        layers += np.maximum(k, 0)
-    valid &= layers >= problem.num_layers
-    return {int(b): float(x / problem.num_layers) if v else 0.0 for b, x, v in zip(bs, work, valid, strict=True)}
+    limit = np.asarray(problem.lat_limit, dtype=np.float64)
+    return _sum_batch_work([_menu_batch_work(m, limit) for m in problem.menus], int(problem.num_layers))
 
 
 def place_one_batch(
@@ -304,6 +306,13 @@ class ProblemCache:
         if self._base is None:
             self._base = p
 
+    def _menu(self, t: str, n: int) -> NodeMenu:
+        if (t, n) not in self._menus:
+            self._menus[(t, n)] = self._build((t,) * n).menus[0]
+        if (t, t) not in self._pairs:
+            self._pair(t, t)
+        return self._menus[(t, n)]
+
     def batch_bounds(self, nodes: Sequence[str]) -> dict[int, float]:
         """``batch_work_bounds`` of the multiset's problem, from per-type parts (equal, tested)."""
         kinds = tuple(sorted(nodes))
@@ -311,42 +320,12 @@ class ProblemCache:
         parts = []
         for t in kinds:
             if (t, n) not in self._work:
-                self._work[(t, n)] = _menu_batch_work(self.menu(t, n), self.limit(t, n))
+                menu = self._menu(t, n)
+                assert self._base is not None
+                self._work[(t, n)] = _menu_batch_work(menu, np.asarray(self._base.lat_limit, dtype=np.float64))
             parts.append(self._work[(t, n)])
-        bs = sorted(set().union(*(p.keys() for p in parts)))
-        L = self.num_layers(kinds[0], n)
-        out = {}
-        for b in bs:
-            if not all(b in p and p[b][1] > 0 for p in parts):
-                out[b] = 0.0
-                continue
-            work = 0.0
-            layers = 0
-            for p in parts:
-                work += p[b][0]
-                layers += p[b][1]
-            out[b] = float(work / L) if layers >= L else 0.0
-        return out
-
-    def menu(self, t: str, n: int) -> NodeMenu:
-        """The menu of a node of type ``t`` in a multiset of ``n`` nodes."""
-        if (t, n) not in self._menus:
-            self._menus[(t, n)] = self._build((t,) * n).menus[0]
-        if self._base is None:
-            self._pair(t, t)
-        return self._menus[(t, n)]
-
-    def limit(self, t: str, n: int) -> np.ndarray:
-        """The latency limits (the same for every multiset)."""
-        self.menu(t, n)
         assert self._base is not None
-        return np.asarray(self._base.lat_limit, dtype=np.float64)
-
-    def num_layers(self, t: str, n: int) -> int:
-        """The model's layer count."""
-        self.menu(t, n)
-        assert self._base is not None
-        return int(self._base.num_layers)
+        return _sum_batch_work(parts, int(self._base.num_layers))
 
     def problem(self, nodes: Sequence[str]) -> PlacementProblem:
         """The placement problem of the multiset ``nodes``, equal to ``build_problem``'s."""
@@ -354,10 +333,7 @@ class ProblemCache:
         n = len(kinds)
         types = sorted(set(kinds))
         for t in types:
-            if (t, n) not in self._menus:
-                self._menus[(t, n)] = self._build((t,) * n).menus[0]
-            if (t, t) not in self._pairs:
-                self._pair(t, t)
+            self._menu(t, n)
         for a, b in itertools.combinations(types, 2):
             if (a, b) not in self._pairs:
                 self._pair(a, b)

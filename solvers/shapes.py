@@ -804,15 +804,15 @@ class _Labelled:
         ne = len(self.elements)
         nseg = len(self.segments)
         work: dict[int, np.ndarray] = {}
-        comp = 0
+        nodes_mask = 0
         if F > 0:
-            comp = sum(1 << i for i in set(self.nodes))
-            got = tb.work_mask(comp, F)
+            nodes_mask = sum(1 << i for i in set(self.nodes))
+            got = tb.work_mask(nodes_mask, F)
             if got is None:
                 return None
             work = got
         self._work = work
-        self._comp = comp
+        self._comp = nodes_mask
         el_lat: list[np.ndarray] = []  # (nm, L+1, W)
         el_cap: list[np.ndarray] = []  # (L+1, W), clipped at F
         el_ok: list[np.ndarray] = []  # (L+1, W)
