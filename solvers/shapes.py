@@ -1240,7 +1240,12 @@ def work_fixed_point(ks: Sequence[np.ndarray], caps: Sequence[np.ndarray], L: in
     1e-9 of the gap between the two capacities around it (a valid bound, nearly exact)."""
     if any(k.size == 0 for k in ks):
         return 0.0
-    pts = np.unique(np.concatenate([np.asarray(c, dtype=np.float64) for c in caps]))
+    fronts = [
+        _work_front(np.asarray(k, dtype=np.float64), np.asarray(c, dtype=np.float64))
+        for k, c in zip(ks, caps, strict=True)
+    ]
+    ks, caps = [f[0] for f in fronts], [f[1] for f in fronts]
+    pts = np.unique(np.concatenate(caps))
     pts = pts[pts > 0]
     if pts.size == 0:
         return 0.0
@@ -1267,6 +1272,16 @@ def work_fixed_point(ks: Sequence[np.ndarray], caps: Sequence[np.ndarray], L: in
         t = int(good[-1])
         lo, hi = float(grid[t]), float(grid[min(t + 1, 64)])
     return hi
+
+
+def _work_front(k: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The options (k, c) that no other option matches in both k and c: only they can attain
+    max_o k_o min(c_o, F) for some F."""
+    order = np.lexsort((-c, -k))
+    ks, cs = k[order], c[order]
+    best = np.maximum.accumulate(np.r_[-np.inf, cs[:-1]])
+    keep = cs > best
+    return ks[keep], cs[keep]
 
 
 def _bound(tb: _Tables, nodes: Sequence[int]) -> float:
