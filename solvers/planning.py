@@ -209,21 +209,21 @@ class Planner:
         if self.policy != "coral":
             res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
             return to_plan(self, req, prob, index, res, seq=seq)
-        # A portfolio start: the homogeneous-replica restriction (a few hundred columns) solves to optimality
-        # in a fraction of the deadline, and every plan it gives is also a Coral plan. Coral's own solve
-        # takes the rest of the deadline; the better plan wins, judged against Coral's bound.
-        sub = [j for j, (_d, t) in enumerate(index) if policy_admits("homo", t)]
-        base: Plan | None = None
-        left = self.deadline_s
-        if sub:
-            sprob = _restrict(prob, sub)
-            sres = solve_allocation(sprob, deadline_s=HOMO_SHARE * self.deadline_s, columns=self.columns)
-            base = to_plan(self, req, sprob, [index[j] for j in sub], sres, seq=seq)
-            left = max(self.deadline_s - sres.solve_s, 0.05 * self.deadline_s)
-        res = solve_allocation(prob, deadline_s=left, effort=effort, columns=self.columns)
+        # A portfolio: Coral's own solve first, in most of the deadline; when it does not prove its plan
+        # optimal, the homogeneous-replica restriction (a few hundred columns, optimal in a fraction of the
+        # deadline) runs in the rest. Every plan it gives is also a Coral plan; the better plan wins,
+        # judged against Coral's bound.
+        res = solve_allocation(prob, deadline_s=(1 - HOMO_SHARE) * self.deadline_s, effort=effort, columns=self.columns)
         plan = to_plan(self, req, prob, index, res, seq=seq)
-        if base is None or not _plan_better(base, plan):
-            return attrs.evolve(plan, solve_s=plan.solve_s + (base.solve_s if base else 0.0))
+        sub = [j for j, (_d, t) in enumerate(index) if policy_admits("homo", t)]
+        if res.status == "optimal" or not sub:
+            return plan
+        sprob = _restrict(prob, sub)
+        left = max(self.deadline_s - res.solve_s, HOMO_SHARE * self.deadline_s)
+        sres = solve_allocation(sprob, deadline_s=left, columns=self.columns)
+        base = to_plan(self, req, sprob, [index[j] for j in sub], sres, seq=seq)
+        if not _plan_better(base, plan):
+            return attrs.evolve(plan, solve_s=plan.solve_s + base.solve_s)
         objective = base.cost_per_hour + base.churn_cost
         gap = max(0.0, (objective - res.bound) / objective) if objective > 0 and res.bound > 0 else base.gap
         return attrs.evolve(
@@ -233,7 +233,7 @@ class Planner:
 
 
 HOMO_SHARE = 0.25
-"""Share of the deadline the homogeneous start may use (it needs far less at the measured sizes)."""
+"""Share of the deadline kept for the homogeneous restriction when Coral's solve is not proven optimal."""
 
 
 def _restrict(prob: AllocationProblem, cols: Sequence[int]) -> AllocationProblem:
@@ -289,7 +289,7 @@ def to_plan(
         DeploymentServing(d.name, d.model, float(prob.demand_rps[m]), cap[d.name], float(res.unmet_rps[m]))
         for m, d in enumerate(planner.scenario.deployments)
     )
-    effort = {k: v for k, v in attrs.asdict(res.effort).items() if v is not None}
+    effort = res.effort.as_mapping()
     return Plan(
         seq=seq,
         at=req.at,
