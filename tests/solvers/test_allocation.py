@@ -425,14 +425,14 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
         ],
         churn_factor=0.0,
     )  # fmt: skip
-    res = solve_allocation(p, deadline_s=30, mip_gap=0.0)
+    res = solve_allocation(p, deadline_s=30, mip_gap=0.0, decompose=True)
     assert res.status == "optimal"
     assert res.split_groups == 3  # a, b, then {a, b}
     assert res.cost_per_hour == pytest.approx(4.0)
     assert node_use(p, dict(res.counts)).tolist() == [[1, 1]]
     # the joint MIP stopped at its first solution: the full MIP finishes, with the models' bounds as cuts
     stopped = SolverEffort(split=[(0b11, 1)])
-    cut = solve_allocation(p, effort=stopped, mip_gap=0.0)
+    cut = solve_allocation(p, effort=stopped, mip_gap=0.0, decompose=True)
     assert cut.effort == stopped
     assert cut.status == "optimal"
     assert cut.cost_per_hour == pytest.approx(4.0)
@@ -444,7 +444,7 @@ def test_decomposition_agrees_with_the_full_mip() -> None:
     merged = 0
     for scarcity, load, seed in itertools.product((1.5, 2.0), (0.15, 0.2), (0, 3, 4, 7)):
         p = generate("core", 12, seed=seed, scarcity=scarcity, load=load)
-        a = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all")
+        a = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=True)
         b = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=False)
         check_plan(p, a)
         assert a.status == b.status == "optimal"
@@ -469,8 +469,8 @@ def test_same_effort_gives_the_same_plan() -> None:
     # each model's own MIP stopped at its first solution: the decomposition proves nothing, and the
     # full MIP then stops at its second
     fixed = SolverEffort(cost=2, split=[(1 << m, 1) for m in range(p.num_models) if p.demand_rps[m] > 0])
-    a = solve_allocation(p, effort=fixed)
-    b = solve_allocation(p, effort=fixed)
+    a = solve_allocation(p, effort=fixed, decompose=True)
+    b = solve_allocation(p, effort=fixed, decompose=True)
     assert a.counts == b.counts
     assert a.effort == b.effort == fixed
     assert a.status != "optimal"
