@@ -1675,6 +1675,7 @@ def _split_phase(
             cols = cols[mat.cost_obj[cols] <= incumbent * (1 + 1e-9) + 1e-9]
             limit = limits.get(masks[g])
             jobs.append((g, cols, _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo)))
+        jobs.sort(key=lambda job: -len(job[1]))  # largest first: the workers finish closer together
         _run_all([job for _g, _cols, job in jobs], SPLIT_WORKERS, deadline_at)
         out.groups += len(jobs)
         complete = True
