@@ -27,7 +27,7 @@ from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibi
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import layer_work_bound
 from solvers.fastplace import PLACER, SMALL_NODES, place
-from solvers.options import FORMULATION, build_problem
+from solvers.options import FORMULATION, build_problem, prefill_bubble
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
 
 FLOW_EPS = 1e-9
@@ -124,7 +124,8 @@ def _pure_capacities(
     """Prefill-only and decode-only token rates (P, D) of an aggregated template carrying ``flow`` req/s.
 
     The allocator prices a shape (in, out) as 1 / (in / P + out / D) req/s, which must give ``flow`` at
-    the reference shape. Each stage spends, per request, ``pre_b / b`` on prompts and ``out * tau / b`` on
+    the reference shape. Each stage spends, per request, ``g * pre_b / b`` on prompts (g: the pipeline
+    prefill bubble of ``solvers.options``) and ``out * tau / b`` on
     decoding; the flow-weighted prefill share s of that time splits the capacity:
     P = flow * in / s and D = flow * out / (1 - s).
     """
@@ -132,7 +133,8 @@ def _pure_capacities(
     for r in routes:
         if r.dst != SINK:
             inflow[r.dst] += r.flow
-    t_pre = sum(inflow[s.index] * s.prefill_s / s.batch for s in stages)
+    n = len(stages)
+    t_pre = sum(inflow[s.index] * prefill_bubble(n, s.batch, shape.mean_out) * s.prefill_s / s.batch for s in stages)
     t_dec = sum(inflow[s.index] * shape.mean_out * s.decode_step_s / s.batch for s in stages)
     share = t_pre / (t_pre + t_dec)
     return flow * shape.mean_in / share, flow * shape.mean_out / (1.0 - share)
