@@ -1658,6 +1658,7 @@ def _split_phase(
     bound_of = {int(m): 0.0 for m in mat.dem_models}  # group -> a proven lower bound on its cost
     plan_of: dict[int, IntArray] = {}  # group -> the x part of its own optimum (or best found)
     proven_of: dict[int, bool] = {}
+    found: list[tuple[frozenset[int], IntArray, float]] = []  # finished groups: models, variables, bound
     while True:
         vector = _plan_vector(c, mat, start)
         masks = {g: sum(1 << m for m in ms) for g, ms in groups.items()}
@@ -1672,9 +1673,20 @@ def _split_phase(
             cols = np.sort(np.concatenate([variables[m] for m in ms]))
             cols = cols[cols < first_u]  # every demand is served: no unmet variables
             incumbent = float(mat.cost_obj[cols] @ vector[cols])
-            cols = cols[mat.cost_obj[cols] <= incumbent * (1 + 1e-9) + 1e-9]
+            # one unit of a variable of part k costs at most the incumbent less the other parts' bounds;
+            # the parts: the largest finished groups inside this one (groups only merge, so disjoint)
+            inside = [(members, bound) for members, _v, bound in found if members <= set(ms)]
+            parts = [(a, bound) for a, bound in inside if not any(a < b for b, _bound in inside)]
+            slack = np.full(mat.num_cols, incumbent)
+            for members, bound in parts:
+                for members2, _bound2 in parts:
+                    if not members2 & members:
+                        slack[np.concatenate([variables[m] for m in members2])] -= bound
+            cols = cols[mat.cost_obj[cols] <= slack[cols] * (1 + 1e-9) + 1e-9]
+            cuts = [(v, bound) for members, v, bound in found if members <= set(ms)]
             limit = limits.get(masks[g])
-            jobs.append((g, cols, _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo)))
+            job = _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo, cuts=cuts)
+            jobs.append((g, cols, job))
         jobs.sort(key=lambda job: -len(job[1]))  # largest first: the workers finish closer together
         _run_all([job for _g, _cols, job in jobs], SPLIT_WORKERS, deadline_at)
         out.groups += len(jobs)
@@ -1693,7 +1705,9 @@ def _split_phase(
                 complete = False
             elif math.isfinite(run.dual_bound):  # a stopped run's bound depends on the clock: not used
                 bound_of[g] = max(bound_of[g], run.dual_bound)
-                out.cuts.append((np.concatenate([variables[m] for m in groups[g]]), run.dual_bound))
+                v = np.concatenate([variables[m] for m in groups[g]])
+                out.cuts.append((v, run.dual_bound))
+                found.append((frozenset(groups[g]), v, run.dual_bound))
         x = np.zeros(c.J, dtype=np.int64)
         for g, ms in groups.items():
             x[np.concatenate([c.by_model[m] for m in ms])] = plan_of[g]
