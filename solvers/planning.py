@@ -8,15 +8,22 @@ Policies, on the same allocation program, prices, availability and demand:
 
 Queueing headroom: a template's TTFT estimate is that of an idle instance, but at the planned utilisation
 requests queue. Each template is modelled as an M/M/c queue (Erlang C) and loaded to at most the largest
-utilisation u whose TTFT at the SLO's attainment quantile q still meets the target:
+utilisation u whose TTFT at the quantile q = 1 - (1 - attainment) / 2 still meets the target (the other
+half of the miss budget goes to long prompts, which the template's TTFT counts: ``solvers.options``):
 
     own + W_q(u) <= TTFT target,  W_q(u) = ln(C(c, c u) / (1 - q)) / (c mu (1 - u))  (0 when C <= 1 - q)
 
 where C is the Erlang C probability of waiting. A prefill template is one server of its prompts
-(c = 1, service 1 / mu = pre_b / b, own = pre_b = ttft / 2: a prompt waits for the batch in progress);
-an aggregated one has c = p * b request slots (p micro-batches of b on its longest path) each held for
-own + out * tpot (own = its ttft). ``safe_utilisation`` finds that u; the column's capacity is scaled by
-min(1, u / utilisation), so that the allocator's utilisation target applies to what is left.
+(c = 1, service 1 / mu = in / prefill capacity, which is pre_b / b for one stage; own = its ttft less the
+batch in progress, sum of pre_b on its longest chain, which the queue wait stands for);
+an aggregated one has c = p * b request slots (p micro-batches of b on its longest path), own = its ttft,
+and each slot held for c / capacity (Little's law at the template's capacity in req/s at the deployment's
+shape: a slot turns over once per c / capacity seconds when every slot is busy), so that u is the same
+utilisation, demand / capacity, that the allocator applies. (Before, the hold was own + out * tpot,
+which is longer than c / capacity, so u counted slots busier than the allocator's utilisation and the
+scale below let a single 70B instance run at 0.85 of its slots where 0.79 was safe.) ``safe_utilisation``
+finds that u; the column's capacity is scaled by min(1, u / utilisation), so that the allocator's
+utilisation target applies to what is left.
 
 Pure: the caller reads the template store and passes the templates in.
 """
@@ -37,6 +44,7 @@ from coral.plan import DeploymentServing, Plan, PlannedInstances, PlanRequest
 from coral.scenario import Deployment, Scenario
 from coral.templates import SINK, SOURCE, Template
 from solvers.allocation import AllocationProblem, AllocationResult, AllocTemplate, SolverEffort, solve_allocation
+from solvers.options import ttft_share
 
 POLICIES = ("coral", "homo", "pd-homo")
 START_UP_S = 60.0
@@ -93,12 +101,18 @@ def queueing_utilisation(t: Template, d: Deployment, upto: float = 1.0 - 1e-6) -
     templates: they add no TTFT)."""
     batch = min(s.batch for s in t.stages)
     if t.mode == "prefill":
-        own = t.ttft_s / 2.0
-        return safe_utilisation(own, own / batch, 1, d.slo.ttft_s, d.slo.attainment, upto)
+        rate = t.prefill_tok_s / d.shape.mean_in
+        if rate <= 0:
+            return 0.0
+        in_progress = max(sum(t.stages[i].prefill_s for i in chain) for chain in template_chains(t))
+        own = max(t.ttft_s - in_progress, 0.0)
+        return safe_utilisation(own, 1.0 / rate, 1, d.slo.ttft_s, ttft_share(d.slo.attainment), upto)
     if t.mode == "aggregated":
-        depth = max(len(p) for p in template_chains(t))
-        hold = t.ttft_s + d.shape.mean_out * t.tpot_s
-        return safe_utilisation(t.ttft_s, hold, depth * batch, d.slo.ttft_s, d.slo.attainment, upto)
+        slots = max(len(p) for p in template_chains(t)) * batch
+        rate = t.requests_per_s(d.shape.mean_in, d.shape.mean_out)
+        if rate <= 0:
+            return 0.0
+        return safe_utilisation(t.ttft_s, slots / rate, slots, d.slo.ttft_s, ttft_share(d.slo.attainment), upto)
     return upto
 
 
