@@ -248,7 +248,6 @@ class Planner:
             solve_s=base.solve_s + plan.solve_s, effort=plan.effort,
         )  # fmt: skip
 
-
     def helix_plan(
         self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None
     ) -> tuple[Plan, dict[str, Template]]:

@@ -26,7 +26,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", default="default", help="scenario NAME (bundled) or FILE (default: default)")
     p.add_argument(
         "--policy", default="coral", choices=PLAN_POLICIES,
-        help="coral, a baseline (homo, pd-homo), or helix: one Helix placement over Coral's nodes per deployment and region",
+        help="coral, a baseline (homo, pd-homo), or helix: one Helix placement over Coral's nodes per cluster",
     )  # fmt: skip
     p.add_argument("--at", type=float, default=0.0, help="scenario time in seconds (demand and market then)")
     p.add_argument("--deadline", type=float, default=None, help="solver deadline in seconds (default: scenario)")
@@ -94,9 +94,10 @@ def print_plan(plan: Plan, con: Console) -> None:
     for c in ("region", "deployment", "mode", "n", "nodes per instance", "$/h", "req/s", "template"):
         t.add_column(c, justify="right" if c in ("n", "$/h", "req/s") else "left", no_wrap=c != "nodes per instance")
     for i in sorted(plan.instances, key=lambda i: (i.region, i.deployment, i.mode)):
+        short = i.template_id[: 14 if i.template_id.startswith("helix-") else 8]
         nodes = " + ".join(f"{i.nodes.count(n)}x{n}" for n in sorted(set(i.nodes)))
         t.add_row(i.region, i.deployment, i.mode[:4], str(i.count), nodes, f"{i.cost_per_hour:,.2f}",
-                  f"{i.capacity_rps:,.2f}", i.template_id[:8])  # fmt: skip
+                  f"{i.capacity_rps:,.2f}", short)  # fmt: skip
     con.print(t)
     s = Table(title="capacity vs demand")
     for c in ("deployment", "model", "demand req/s", "capacity req/s", "unmet req/s"):

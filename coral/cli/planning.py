@@ -15,7 +15,15 @@ from coral.templates import Template
 from solvers.library import is_current
 from solvers.planning import PLAN_POLICIES, POLICIES, Planner, policy_admits, request_at
 
-__all__ = ["PLAN_POLICIES", "POLICIES", "PlanFn", "check_coverage", "deployment_templates", "make_planner", "request_at"]
+__all__ = [
+    "PLAN_POLICIES",
+    "POLICIES",
+    "PlanFn",
+    "check_coverage",
+    "deployment_templates",
+    "make_planner",
+    "request_at",
+]
 
 PlanFn = Callable[[PlanRequest], Plan]
 
