@@ -252,9 +252,13 @@ class Planner:
         self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None
     ) -> tuple[Plan, dict[str, Template]]:
         """The ``helix`` plan (see the module docstring) and the Helix placements it uses, keyed by id."""
+        coral = attrs.evolve(self, policy="coral")(req, seq=seq, effort=effort)
+        return self.helix_over(coral, req)
+
+    def helix_over(self, coral: Plan, req: PlanRequest) -> tuple[Plan, dict[str, Template]]:
+        """Helix on the clusters of the Coral plan ``coral`` made for ``req``, and its placements by id."""
         from solvers.helix import helix_template
 
-        coral = attrs.evolve(self, policy="coral")(req, seq=seq, effort=effort)
         clusters: dict[tuple[str, str], list[str]] = {}
         for inst in coral.instances:
             clusters.setdefault((inst.deployment, inst.region), []).extend(list(inst.nodes) * inst.count)
@@ -289,11 +293,12 @@ class Planner:
             demand = float(req.demand.get(d.name, 0.0))
             serving.append(DeploymentServing(d.name, d.model, demand, cap[d.name], max(0.0, demand - usable[d.name])))
         worst = max(statuses, key=PLACEMENT_STATUS_ORDER.index, default="optimal")
+        status = "optimal" if worst == "infeasible" else worst  # a proven infeasible cluster serves 0: proven
         cost_h = sum(i.cost_per_hour for i in insts)
         plan = Plan(
-            seq=seq, at=req.at, policy="helix", trigger=req.trigger, instances=tuple(insts), serving=tuple(serving),
-            cost_per_hour=cost_h, churn_cost=0.0, status="optimal" if worst == "infeasible" else worst,
-            gap=worst_gap, bound=cost_h, solve_s=solve_s, effort=coral.effort,
+            seq=coral.seq, at=req.at, policy="helix", trigger=req.trigger, instances=tuple(insts),
+            serving=tuple(serving), cost_per_hour=cost_h, churn_cost=0.0, status=status, gap=worst_gap,
+            bound=cost_h, solve_s=solve_s, effort=coral.effort,
         )  # fmt: skip
         return plan, made
 

@@ -37,6 +37,10 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument("--resolves", type=int, default=20, help="re-solves with perturbed demand per policy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, default=None, help="solver deadline in seconds (default: scenario's)")
+    p.add_argument(
+        "--helix-limit", type=float, default=None,
+        help="helix: time limit in seconds of each cluster's placement MILP (default: the deadline)",
+    )  # fmt: skip
     p.add_argument("--store", type=Path, default=None)
     p.add_argument("--no-build", action="store_true")
     p.add_argument("--json", action="store_true")
@@ -62,7 +66,9 @@ def run_bench(args: argparse.Namespace) -> int:
                 ensure_templates(sc, cat, perf, store, args, quiet=args.json)
             base = request_at(sc, cat, 0.0, trigger="bench")
             for policy in POLICIES:
-                plan_fn, _ = make_planner(policy, sc, cat, perf, store, deadline_s=args.deadline)
+                plan_fn, _ = make_planner(
+                    policy, sc, cat, perf, store, deadline_s=args.deadline, helix_limit_s=args.helix_limit
+                )
                 first = plan_fn(base)
                 rng = np.random.default_rng(args.seed)
                 times, gaps = [first.solve_s], [first.gap]

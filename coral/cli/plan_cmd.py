@@ -30,6 +30,10 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--at", type=float, default=0.0, help="scenario time in seconds (demand and market then)")
     p.add_argument("--deadline", type=float, default=None, help="solver deadline in seconds (default: scenario)")
+    p.add_argument(
+        "--helix-limit", type=float, default=None,
+        help="helix: time limit in seconds of each cluster's placement MILP (default: the deadline)",
+    )  # fmt: skip
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing templates")
     p.add_argument(
@@ -74,7 +78,14 @@ def run_plan(args: argparse.Namespace) -> int:
         if not args.no_build:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         plan_fn, templates = make_planner(
-            args.policy, sc, cat, perf, store, deadline_s=args.deadline, vllm_only=args.vllm_only
+            args.policy,
+            sc,
+            cat,
+            perf,
+            store,
+            deadline_s=args.deadline,
+            vllm_only=args.vllm_only,
+            helix_limit_s=args.helix_limit,
         )
         plan = plan_fn(request_at(sc, cat, args.at))
     if args.json:

@@ -88,13 +88,17 @@ def make_planner(
     *,
     deadline_s: float | None = None,
     vllm_only: bool = False,
+    helix_limit_s: float | None = None,
 ) -> tuple[PlanFn, dict[str, Template]]:
     """A plan function for ``policy`` and the templates it may use, keyed by id (``vllm_only``: only the
     templates vLLM can run as they are). Under ``helix`` the plans use Helix placements made as they are
-    solved: each plan adds those it uses to the returned dict."""
+    solved: each plan adds those it uses to the returned dict; ``helix_limit_s`` is each placement MILP's time
+    limit (default: the deadline)."""
     tpls = deployment_templates(store, sc, policy, exclude_vllm_incompatible=vllm_only, perf_version=perf.version)
     check_coverage(sc, tpls, policy, str(store.path), vllm_only=vllm_only)
-    planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s)
+    if helix_limit_s is not None and not helix_limit_s > 0:
+        raise CoralError(f"--helix-limit must be positive, got {helix_limit_s}")
+    planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s, helix_limit_s=helix_limit_s)
     counter = itertools.count(1)
     by_id = {t.id: t for ts in tpls.values() for t in ts}
 

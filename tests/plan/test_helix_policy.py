@@ -225,3 +225,11 @@ def test_helix_rejects_negative_demand_and_unknown_policies(env: Env) -> None:
         planner(bad)
     with pytest.raises(CoralError, match=r"unknown policy 'helics'.*helix"):
         policy_admits("helics", tpls["tiny"][0])
+
+
+@pytest.mark.parametrize("verb", ["plan", "bench"])
+def test_helix_limit_must_be_positive(env: Env, capsys: pytest.CaptureFixture[str], verb: str) -> None:
+    sc, store = env
+    where = ["--scenario", str(sc), "--policy", "helix"] if verb == "plan" else ["--scenarios", str(sc)]
+    assert main([verb, *where, "--store", str(store), "--no-build", "--helix-limit", "0"]) == 2
+    assert "--helix-limit must be positive, got 0" in capsys.readouterr().err
