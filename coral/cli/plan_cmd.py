@@ -105,10 +105,9 @@ def print_plan(plan: Plan, con: Console) -> None:
     for c in ("region", "deployment", "mode", "n", "nodes per instance", "$/h", "req/s", "template"):
         t.add_column(c, justify="right" if c in ("n", "$/h", "req/s") else "left", no_wrap=c != "nodes per instance")
     for i in sorted(plan.instances, key=lambda i: (i.region, i.deployment, i.mode)):
-        short = i.template_id[: 14 if i.template_id.startswith("helix-") else 8]
         nodes = " + ".join(f"{i.nodes.count(n)}x{n}" for n in sorted(set(i.nodes)))
         t.add_row(i.region, i.deployment, i.mode[:4], str(i.count), nodes, f"{i.cost_per_hour:,.2f}",
-                  f"{i.capacity_rps:,.2f}", short)  # fmt: skip
+                  f"{i.capacity_rps:,.2f}", i.template_id[:8])  # fmt: skip
     con.print(t)
     s = Table(title="capacity vs demand")
     for c in ("deployment", "model", "demand req/s", "capacity req/s", "unmet req/s"):
