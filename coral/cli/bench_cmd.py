@@ -7,7 +7,8 @@ gives the solve-time percentiles and the gap distribution.
 ``helix`` places one Helix MILP over each cluster of Coral's plan (see ``solvers.planning``): its cost is
 Coral's by construction, so it is compared with Coral on capacity and service, and it is not a candidate
 for the "best baseline" that the ratios refer to (the cost-minimising baselines ``homo`` and ``pd-homo``).
-Its solve times are those of its placement MILPs.
+Its solve times are those of its placement MILPs. Its re-solves do not warm-start Coral's plan inside it
+(a helix plan's instances are not Coral templates), so its clusters come from Coral plans solved cold.
 """
 
 from __future__ import annotations

@@ -132,6 +132,8 @@ def test_helix_places_every_node_of_corals_clusters(env: Env, capsys: pytest.Cap
     assert {(i["deployment"], i["region"]): sorted(i["nodes"]) for i in helix["instances"]} == nodes
     for i in helix["instances"]:
         assert i["mode"] == "aggregated" and i["count"] == 1 and i["template_id"].startswith("helix-")
+        # Not a theorem (Coral minimises cost, not capacity; on `core` one cluster measured Helix at 1.14x
+        # Coral's), but in this case Coral's 3 separate replicas beat one placement over all 3 nodes.
         assert 0 < i["capacity_rps"] <= cap[(i["deployment"], i["region"])] * (1 + 1e-9)
         tpl = helix["templates"][i["template_id"]]
         assert sorted(s["node"] for s in tpl["stages"]) == sorted(i["nodes"])  # every node is used
