@@ -11,8 +11,9 @@ Policies, on the same allocation program, prices, availability and demand:
   placement MILP uses every node (``solvers.helix.helix_template``). Cost is those nodes' price (so equal
   to Coral's); capacity is Helix's req/s at the deployment's shape; it serves at most that capacity times
   min(utilisation, the queueing-safe utilisation below), as a Coral column does, and unmet demand is
-  reported. Status and gap are the worst of the placement MILPs; solve time is theirs alone (the cluster
-  is Helix's input).
+  reported. Status and gap are the worst of the placement MILPs (each time-limited: ``helix_limit_s``);
+  solve time is that of the placements alone (the cluster is Helix's input, so Coral's solve is not
+  counted); churn is not modelled (0).
 
 Queueing headroom: a template's TTFT estimate is that of an idle instance, but at the planned utilisation
 requests queue. Each template is modelled as an M/M/c queue (Erlang C) and loaded to at most the largest
