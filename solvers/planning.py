@@ -11,7 +11,8 @@ Policies, on the same allocation program, prices, availability and demand:
   placement MILP uses every node (``solvers.helix.helix_template``). Cost is those nodes' price (so equal
   to Coral's); capacity is Helix's req/s at the deployment's shape; it serves at most that capacity times
   min(utilisation, the queueing-safe utilisation below), as a Coral column does, and unmet demand is
-  reported. Status and gap are the worst of the placement MILPs (each time-limited: ``helix_limit_s``);
+  reported. Status and gap are the worst of the placement MILPs (each time-limited by ``helix_limit_s``,
+  and killed at ``HELIX_HARD`` times it: then ``unknown``, capacity 0);
   solve time is that of the placements alone (the cluster is Helix's input, so Coral's solve is not
   counted); churn is not modelled (0).
 
@@ -278,7 +279,9 @@ class Planner:
             d = deps[name]
             cluster = tuple(sorted(nodes))
             t0 = time.perf_counter()
-            tpl, res = helix_template(self.perf, d.model, cluster, d.slo, d.shape, time_limit=limit)
+            tpl, res = helix_template(
+                self.perf, d.model, cluster, d.slo, d.shape, time_limit=limit, hard_limit=HELIX_HARD * limit + 0.5
+            )
             solve_s += time.perf_counter() - t0  # reported only: menus, MILPs and the template
             statuses.append(res.status)
             worst_gap = max(worst_gap, res.gap)
@@ -305,6 +308,9 @@ class Planner:
         )  # fmt: skip
         return plan, made
 
+
+HELIX_HARD = 2.0
+"""A Helix placement is killed after this many times its time limit (plus 0.5 s): HiGHS overruns its own."""
 
 HOMO_SHARE = 0.25
 """Share of the deadline the homogeneous start may use (it needs far less at the measured sizes)."""

@@ -7,6 +7,7 @@ instances in one region and Helix's one placement over all their nodes is small 
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from coral.scenario import load_scenario
 from coral.store import TemplateStore
 from coral.workload import Slo, WorkloadShape
 from solvers.brute import brute_force_place
+from solvers.helix import helix_template, run_bounded
 from solvers.library import place_one_batch, restrict_batch
 from solvers.options import build_problem
 from solvers.placement import milp_place
@@ -235,3 +237,31 @@ def test_helix_limit_must_be_positive(env: Env, capsys: pytest.CaptureFixture[st
     where = ["--scenario", str(sc), "--policy", "helix"] if verb == "plan" else ["--scenarios", str(sc)]
     assert main([verb, *where, "--store", str(store), "--no-build", "--helix-limit", "0"]) == 2
     assert "--helix-limit must be positive, got 0" in capsys.readouterr().err
+
+
+def _slow() -> int:
+    time.sleep(30.0)
+    return 1
+
+
+def _fails() -> int:
+    raise ValueError("boom")
+
+
+def test_run_bounded_returns_kills_and_reports_failures() -> None:
+    assert run_bounded(lambda: {"x": 1.5}, 30.0) == {"x": 1.5}
+    assert run_bounded(_slow, 0.2) is None  # killed long before its sleep ends
+    with pytest.raises(RuntimeError, match="ValueError\\('boom'\\)"):
+        run_bounded(_fails, 30.0)
+    with pytest.raises(ValueError, match="hard_s must be > 0"):
+        run_bounded(_fails, 0.0)
+
+
+def test_helix_template_in_a_child_matches_in_process(env: Env) -> None:
+    perf = PerfModel(load_catalog([env[0].parent / "cat.toml"]))
+    args = (perf, "tiny-llama", ("cpu-local", "cpu-slow", "cpu-slow"), Slo(5.0, 0.5, 0.9), WorkloadShape(512, 64))
+    here, res = helix_template(*args, time_limit=30.0)
+    there, res2 = helix_template(*args, time_limit=30.0, hard_limit=60.0)
+    assert here is not None and there is not None and res.status == res2.status == "optimal"
+    assert there.requests_per_s(512, 64) == pytest.approx(here.requests_per_s(512, 64), rel=1e-12)
+    assert there.stages == here.stages and there.id == here.id
