@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -29,7 +29,7 @@ from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
 from solvers.fastplace import PLACER, SMALL_NODES, place
-from solvers.options import FORMULATION, build_problem
+from solvers.options import FORMULATION, build_problem, prefill_bubble
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
 
 FLOW_EPS = 1e-9
@@ -126,7 +126,8 @@ def _pure_capacities(
     """Prefill-only and decode-only token rates (P, D) of an aggregated template carrying ``flow`` req/s.
 
     The allocator prices a shape (in, out) as 1 / (in / P + out / D) req/s, which must give ``flow`` at
-    the reference shape. Each stage spends, per request, ``pre_b / b`` on prompts and ``out * tau / b`` on
+    the reference shape. Each stage spends, per request, ``g * pre_b / b`` on prompts (g: the pipeline
+    prefill bubble of ``solvers.options``) and ``out * tau / b`` on
     decoding; the flow-weighted prefill share s of that time splits the capacity:
     P = flow * in / s and D = flow * out / (1 - s).
     """
@@ -134,7 +135,8 @@ def _pure_capacities(
     for r in routes:
         if r.dst != SINK:
             inflow[r.dst] += r.flow
-    t_pre = sum(inflow[s.index] * s.prefill_s / s.batch for s in stages)
+    n = len(stages)
+    t_pre = sum(inflow[s.index] * prefill_bubble(n, s.batch, shape.mean_out) * s.prefill_s / s.batch for s in stages)
     t_dec = sum(inflow[s.index] * shape.mean_out * s.decode_step_s / s.batch for s in stages)
     share = t_pre / (t_pre + t_dec)
     return flow * shape.mean_in / share, flow * shape.mean_out / (1.0 - share)
@@ -214,6 +216,7 @@ def place_one_batch(
     time_limit: float = 10.0,
     floor: float | None = None,
     bounds: Mapping[int, float] | None = None,
+    placer: Callable[..., PlacementResult] = place,
 ) -> tuple[PlacementProblem, PlacementResult]:
     """The best placement in which every stage steps the same micro-batch (see the module docstring).
 
@@ -226,7 +229,9 @@ def place_one_batch(
     batch size is proven worth at most that, the result has status ``below``, value 0, ``bound`` the
     largest proven bound (<= ``floor``) and ``method`` "below-bound" when upper bounds (the layer work,
     the reductions') proved it for every batch size, else "below-search". ``bounds``: the problem's
-    ``batch_work_bounds`` when the caller has them already.
+    ``batch_work_bounds`` when the caller has them already. ``placer`` solves each restricted problem
+    (``solvers.fastplace.place`` by default; the Helix baseline passes the placement MILP), called as
+    ``placer(problem, time_limit=s)``; only ``place`` is given the floors.
     """
     t0 = time.perf_counter()
     if floor is not None and not (0 < floor < math.inf):
@@ -250,7 +255,10 @@ def place_one_batch(
         sub = restrict_batch(problem, b)
         assert sub is not None  # every node has an option of batch b: its bound is > 0
         left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
-        res = place(sub, time_limit=left, floor=cut if cut > 0 else None)
+        if placer is place:
+            res = place(sub, time_limit=left, floor=cut if cut > 0 else None)
+        else:
+            res = placer(sub, time_limit=left)
         if res.status == "infeasible":
             continue
         if res.status == "below":

@@ -11,16 +11,18 @@ shorter paths. For each option the perf model gives:
 - ``tau``: decode step time of the stage at batch b and the mean context;
 - ``pre_1`` / ``pre_b``: prompt time of the stage for one prompt / for b prompts batched together;
 - capacity in flow units/s: aggregated = requests/s at the reference shape: b requests take the node
-  ``pre_b + out * tau`` seconds (prompts batched as chunked prefill does, then ``out`` decode steps at
-  batch b), so ``b / (pre_b + out * tau)``; prefill = prompt tokens/s, ``b * in / pre_b``; decode =
-  tokens/s, ``b / tau``.
+  ``g * pre_b + out * tau`` seconds (prompts batched as chunked prefill does, then ``out`` decode steps at
+  batch b; g: the pipeline prefill bubble below), so ``b / (g * pre_b + out * tau)``; prefill = prompt
+  tokens/s, ``b * in / pre_b``; decode = tokens/s, ``b / tau``.
 
-Latency metrics: aggregated has TPOT (sum of ``tau + pre_b / out``: prompts are time-shared with decode
-steps, so each output token also waits for its share of the batch's prompt work) and TTFT (sum of
-``pre_1 + tau``: a request's own prompt plus one decode step of the batch it joins); prefill has TTFT
-(sum of ``2 pre_b``: a request waits for the batch in progress, then runs in the next); decode has TPOT,
-plus, on the source edge, the KV-cache transfer of the mean prompt over the decode node's NIC spread over
-the mean output (the second token waits for it).
+Latency metrics: aggregated has TPOT (sum of ``tau + x_q * pre_b / b``: prompts are time-shared with
+decode steps, so each output token also waits for the prompts that join its batch, x_q per step, below)
+and TTFT (sum of ``pre_1(in_q) + tau``: a request's own prompt plus one decode step of the batch it
+joins); prefill has TTFT (sum of ``2 pre_b + pre_1(in_q) - pre_1(in)``: a request waits for the batch in
+progress, then runs in the next, with its own prompt at in_q); in_q is the prompt length at the
+attainment quantile (below);
+decode has TPOT, plus, on the source edge, the KV-cache transfer of the mean prompt spread over the
+decode steps of the request at the attainment quantile (below).
 
 The TPOT of a loaded pipeline: vLLM keeps p micro-batches in flight on a path of p stages, and each of
 them visits the slowest stage once per token, so a token takes p * max_i t_i (t_i: the stage's per-token
@@ -30,12 +32,42 @@ keeps the sum (with the links); in addition every TPOT option must satisfy n * t
 bounds p * max_i t_i for every path (p <= n): exact for chains through all n nodes, conservative for
 shorter paths, as the memory check.
 
+Pipeline prefill bubble (g). The micro-batches of a pipeline are not alike: one carries a prompt chunk, the
+others only decode steps. Micro-batch j loops through every stage once per token, so a round of the p
+micro-batches takes at least the heaviest one's loop, sum_i (tau_i + K_max pre_1,i), where K_max is the
+largest prompt count among them, not the mean K (vLLM schedules each micro-batch (virtual engine / batch
+queue entry) on its own; the simulator does the same and served 2-stage pipelines at 0.83-0.94 of the
+options-6 capacity). Each micro-batch admits about m = b / out prompts per step (as many as finish), a
+Poisson count, so a stage's prompt work per round is g = E[max of p Poisson(m)] / m times its mean
+(``prefill_bubble``: 1 for one stage, near p for sparse prompts, towards 1 for many): exact for balanced
+chains, conservative for unbalanced ones (their lighter stages idle anyway).
+
+Tail margins at the SLO's attainment quantile q. TTFT grows with the request's own prompt, so TTFT counts
+the prompt in_q at the quantile 1 - (1 - q) / 2, prompts taken exponential with the shape's mean
+(``long_prompt``: 3.0 times the mean at q = 0.9; the Azure conversation trace's 95th percentile is 3.5 times
+its mean, with 8% of its prompts near 4,100 tokens); the other half of the miss budget is the queue's
+(``ttft_share``; the planner holds the wait to the same quantile). At the mean prompt, options-6 let every
+prompt above about twice the mean miss a 2 s target (12% of that trace), before any queueing. A template's
+TPOT must hold for q of the requests, not on average: a request's TPOT is its mean step time over its own o'
+= out - 1 steps, and the prompts that land in those steps (or, in a pipeline, the heaviest micro-batch's)
+vary. The shape gives only the mean output, so o' is taken geometric with that mean (the maximum-entropy
+law; it has more short requests than the Azure traces, CV 0.77, so it errs safe), and the prompt count over
+o' steps Poisson(mu o'), mu = E[max] over the p micro-batches (the request's own holds b - 1 others).
+``prefill_tail`` gives x_q: the prompts per step that at most 1 - q of the requests exceed; the aggregated
+TPOT counts ``x_q * pre_b / b`` (0 for b = 1, about 1.1-1.4 times the mean m for one stage). A decode
+template's KV transfer is a fixed delay per request, so it is spread over o'_q steps, the (1 - q) quantile
+of o' (``short_output_steps``: 22 steps for the conversation shape at q = 0.9, not 211); and it crosses the
+slower of the two NICs (the simulator's rule), where the sending prefill instance is not known when the
+template is built: the slowest NIC of the catalog stands for it, so that the estimate holds for any pairing.
+
 Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
 at most NIC bandwidth / activation bytes per flow unit.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,16 +78,143 @@ from coral.workload import MODES, Slo, WorkloadShape
 from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-6"
+FORMULATION = "options-8"
 """Bumped whenever menus or metrics change meaning; part of every template's content key."""
 
 
+def _poisson_cdf(k: int, lam: float) -> float:
+    """P(N <= k) for N ~ Poisson(lam) (exact up to lam = 50, normal with continuity correction above)."""
+    if k < 0:
+        return 0.0
+    if lam <= 0.0:
+        return 1.0
+    if lam > 50.0:
+        return 0.5 * math.erfc(-(k + 0.5 - lam) / math.sqrt(2.0 * lam))
+    term = total = math.exp(-lam)
+    for i in range(1, k + 1):
+        term *= lam / i
+        total += term
+    return min(total, 1.0)
+
+
+_ERFC = np.vectorize(math.erfc, otypes=[float])
+
+
+def _poisson_sf(k: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """P(N > k) elementwise for N ~ Poisson(lam) (as ``_poisson_cdf``)."""
+    out = np.empty_like(lam)
+    big = lam > 50.0
+    if big.any():
+        out[big] = 0.5 * _ERFC((k[big] + 0.5 - lam[big]) / np.sqrt(2.0 * lam[big]))
+    small = ~big
+    if small.any():
+        ks, ls = k[small], lam[small]
+        top = int(ks.max()) if ks.size else 0
+        j = np.arange(top + 1)
+        logpmf = -ls[:, None] + j[None, :] * np.log(ls[:, None]) - np.array([math.lgamma(i + 1.0) for i in j])[None, :]
+        pmf = np.where(j[None, :] <= ks[:, None], np.exp(logpmf), 0.0)
+        out[small] = np.clip(1.0 - pmf.sum(axis=1), 0.0, 1.0)
+    return out
+
+
+def _heaviest_mean(n: int, own: float, other: float) -> float:
+    """E[max] of one Poisson(own) and n - 1 Poisson(other) prompt counts: the prefill count of a round's
+    heaviest micro-batch."""
+    total, k = 0.0, 0
+    while True:
+        f = _poisson_cdf(k, own) * _poisson_cdf(k, other) ** (n - 1)
+        if 1.0 - f < 1e-12 or k > 10_000:
+            return total
+        total += 1.0 - f
+        k += 1
+
+
+@functools.lru_cache(maxsize=4096)
+def prefill_bubble(n: int, batch: int, mean_out: float) -> float:
+    """Factor g >= 1 on a stage's prompt work in a pipeline of n stages with n full micro-batches of
+    ``batch`` (see the module docstring): E[max of n Poisson(m)] / m, m = batch / mean_out; 1 for n = 1."""
+    if n <= 1:
+        return 1.0
+    m = batch / mean_out
+    return _heaviest_mean(n, m, m) / m
+
+
+def output_geometric(mean_out: float) -> tuple[float, int]:
+    """The assumed distribution of a request's decode steps o' = out - 1 >= 1: geometric with mean
+    max(mean_out - 1, 1); returns (its success probability, a support bound holding all but ~e^-12)."""
+    mean = max(mean_out - 1.0, 1.0)
+    p = 1.0 / mean
+    return p, max(1, math.ceil(12.0 * mean))
+
+
+@functools.lru_cache(maxsize=4096)
+def prefill_tail(n: int, batch: int, mean_out: float, attainment: float) -> float:
+    """Prompts per decode step that a request sees at the SLO's attainment quantile (see the module
+    docstring): the smallest x such that at most 1 - attainment of the requests (o' geometric, the
+    round count over o' steps Poisson(mu o'), mu = E[max] over the n micro-batches, one of which holds
+    the request and batch - 1 others) see more than x prompts per step. 0 for a batch of one."""
+    own = (batch - 1) / mean_out
+    if own <= 0.0:
+        return 0.0
+    mu = _heaviest_mean(n, own, batch / mean_out)
+    p, top = output_geometric(mean_out)
+    steps = np.arange(1, top + 1)
+    w = p * (1.0 - p) ** (steps - 1)
+    w /= w.sum()
+    miss_budget = 1.0 - attainment
+    lam = mu * steps
+
+    def miss(x: float) -> float:
+        return float(np.dot(w, _poisson_sf(np.floor(x * steps), lam)))
+
+    lo, hi = mu, mu
+    while miss(hi) > miss_budget:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if miss(mid) <= miss_budget else (mid, hi)
+    return hi
+
+
+def ttft_share(attainment: float) -> float:
+    """The quantile each of a request's two TTFT risks is held to: its own prompt's length (here) and its
+    wait in the instance's queue (``solvers.planning``) each get half of the miss budget 1 - attainment,
+    so that by the union bound at most 1 - attainment of the requests miss TTFT."""
+    return 1.0 - (1.0 - attainment) / 2.0
+
+
+def long_prompt(mean_in: float, attainment: float) -> float:
+    """The prompt length at the ``ttft_share`` quantile, prompts taken exponential with mean ``mean_in``:
+    mean_in * ln(1 / (1 - share)) (3.0 times the mean at attainment 0.9; the Azure conversation trace's
+    95th percentile is 3.5 times its mean). At least one token."""
+    return max(1.0, mean_in * math.log(1.0 / max(1.0 - ttft_share(attainment), 1e-9)))
+
+
+def short_output_steps(mean_out: float, attainment: float) -> float:
+    """Decode steps o'_q of the request at the attainment quantile from the short end: P(o' <= o'_q) =
+    1 - attainment under ``output_geometric`` (a fixed per-request delay, such as a KV transfer, spread
+    over fewer steps than this misses TPOT for at most 1 - attainment of the requests)."""
+    p, _top = output_geometric(mean_out)
+    if p >= 1.0:
+        return 1.0
+    return max(1.0, math.log(attainment) / math.log(1.0 - p))
+
+
 def node_menu(
-    perf: PerfModel, model: str, node: str, mode: str, shape: WorkloadShape, *, inflight: int = 1
+    perf: PerfModel,
+    model: str,
+    node: str,
+    mode: str,
+    shape: WorkloadShape,
+    *,
+    inflight: int = 1,
+    attainment: float = 0.5,
 ) -> NodeMenu:
     """Every memory-feasible (k, b) option of one node, with its capacity and latencies.
 
-    ``inflight`` micro-batches of b sequences share the node's KV cache (the number of pipeline stages).
+    ``inflight`` micro-batches of b sequences share the node's KV cache (the number of pipeline stages);
+    ``attainment`` is the SLO's quantile at which TTFT counts the prompt length and an aggregated option's
+    TPOT its prompt share.
     """
     ks: list[np.ndarray] = []
     bs: list[np.ndarray] = []
@@ -70,16 +229,22 @@ def node_menu(
     k = np.concatenate(ks)
     b = np.concatenate(bs)
     mem = perf.stage_bytes(model, layers=k, batch=b * inflight, context=shape.max_context)
+    long_in = long_prompt(shape.mean_in, attainment)
     if mode == "prefill":
         pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
-        return NodeMenu(k, b, b * shape.mean_in / pre_b, 2.0 * pre_b[None, :], mem)
+        extra = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in) - perf.prefill_s(
+            model, node, layers=k, batch=1, prompt=shape.mean_in
+        )
+        return NodeMenu(k, b, b * shape.mean_in / pre_b, (2.0 * pre_b + extra)[None, :], mem)
     tau = perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)
     if mode == "decode":
         return NodeMenu(k, b, b / tau, tau[None, :], mem)
-    pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=shape.mean_in)
+    pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in)
     pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
-    cap = b / (pre_b + shape.mean_out * tau)
-    return NodeMenu(k, b, cap, np.vstack([tau + pre_b / shape.mean_out, pre1 + tau]), mem)
+    bubble = np.array([prefill_bubble(inflight, int(x), shape.mean_out) for x in b])
+    tail = np.array([prefill_tail(inflight, int(x), shape.mean_out, attainment) for x in b])
+    cap = b / (bubble * pre_b + shape.mean_out * tau)
+    return NodeMenu(k, b, cap, np.vstack([tau + tail * pre_b / b, pre1 + tau]), mem)
 
 
 def _pipeline_tpot(menu: NodeMenu, n: int, tpot_s: float, mode: str) -> NodeMenu:
@@ -104,7 +269,10 @@ def build_problem(
     kinds = tuple(sorted(nodes))
     n = len(kinds)
     menus = tuple(
-        _pipeline_tpot(node_menu(perf, model, nd, mode, shape, inflight=n), n, slo.tpot_s, mode) for nd in kinds
+        _pipeline_tpot(
+            node_menu(perf, model, nd, mode, shape, inflight=n, attainment=slo.attainment), n, slo.tpot_s, mode
+        )
+        for nd in kinds
     )
     m = perf.catalog.models[model]
     act = activation_bytes_per_token(m)
@@ -117,8 +285,10 @@ def build_problem(
     nodes_cat = perf.catalog.nodes
     if mode == "decode":
         kv_bytes = shape.mean_in * m.kv_bytes_per_token
+        sender = min(nt.nic_bytes_per_s for nt in nodes_cat.values())
+        steps = short_output_steps(shape.mean_out, slo.attainment)
         for i, a in enumerate(kinds):
-            link_lat[0, n, i] = kv_bytes / nodes_cat[a].nic_bytes_per_s / shape.mean_out
+            link_lat[0, n, i] = kv_bytes / min(nodes_cat[a].nic_bytes_per_s, sender) / steps
     for i, a in enumerate(kinds):
         for j, bnode in enumerate(kinds):
             if i == j:

@@ -62,11 +62,17 @@ def test_plan_meets_demand_and_lists_stages(env: tuple[Path, Path], capsys: pyte
 
 
 def test_coral_is_never_costlier_than_baselines(env: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    coral = plan(env, capsys)["cost_per_hour"]
+    """Coral serves at least as much as each baseline, and for no more when both serve as much (a baseline
+    that leaves demand unmet, as pd-homo does for the code shape here, may be cheaper for it)."""
+    coral = plan(env, capsys)
+    unmet = sum(s["unmet_rps"] for s in coral["serving"])
     for policy in ("homo", "pd-homo"):
         base = plan(env, capsys, "--policy", policy)
         assert base["policy"] == policy
-        assert coral <= base["cost_per_hour"] * (1 + 1e-3)
+        base_unmet = sum(s["unmet_rps"] for s in base["serving"])
+        assert unmet <= base_unmet + 1e-6
+        if base_unmet <= unmet + 1e-6:
+            assert coral["cost_per_hour"] <= base["cost_per_hour"] * (1 + 1e-3)
 
 
 def test_unmet_demand_is_reported_not_dropped(
