@@ -206,6 +206,17 @@ def test_bench_has_a_helix_row(env: Env, capsys: pytest.CaptureFixture[str]) -> 
         assert c["cost_ratio_vs_best_baseline"] == pytest.approx(min(full) / c["cost_per_hour"])
 
 
+def test_bench_runs_the_policies_asked_for(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    sc, store = env
+    base = ["bench", "--scenarios", str(sc), "--store", str(store), "--no-build", "--resolves", "1", "--json"]
+    capsys.readouterr()
+    assert main([*base, "--policies", "homo"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["coral", "homo"]  # coral always runs: the ratios need it
+    assert main([*base, "--policies", "homo,helics"]) == 2
+    assert "--policies: unknown policy 'helics'" in capsys.readouterr().err
+
+
 def test_helix_without_templates_names_the_build_command(
     env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
