@@ -80,7 +80,7 @@ def meets(t: Template, slo: Slo) -> bool:
 
 def effort_of(plan: Plan) -> SolverEffort:
     """The solver effort a plan recorded, as ``solve_allocation`` takes it back."""
-    return SolverEffort(**{k: int(v) for k, v in plan.effort.items()})
+    return SolverEffort.from_mapping(plan.effort)
 
 
 class Allocator(TickActor):

@@ -17,7 +17,7 @@ solved b gives its placer's bound, a skipped one the layer-work bound), so the r
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -171,12 +171,15 @@ def restrict_batch(problem: PlacementProblem, batch: int) -> PlacementProblem | 
     return attrs.evolve(problem, menus=tuple(menus))
 
 
-def place_one_batch(problem: PlacementProblem, *, time_limit: float = 10.0) -> tuple[PlacementProblem, PlacementResult]:
+def place_one_batch(
+    problem: PlacementProblem, *, time_limit: float = 10.0, placer: Callable[..., PlacementResult] = place
+) -> tuple[PlacementProblem, PlacementResult]:
     """The best placement in which every stage steps the same micro-batch (see the module docstring).
 
     Returns the restricted problem the placement refers to (its option indices index those menus) and
     the combined result: its status is ``optimal`` only if every batch size was solved to optimality or
-    skipped by its bound.
+    skipped by its bound. ``placer`` solves each restricted problem (``solvers.fastplace.place`` by
+    default; the Helix baseline passes the placement MILP), called as ``placer(problem, time_limit=s)``.
     """
     t0 = time.perf_counter()
     subs = []
@@ -196,7 +199,7 @@ def place_one_batch(problem: PlacementProblem, *, time_limit: float = 10.0) -> t
             bound = max(bound, ub)
             continue
         left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
-        res = place(sub, time_limit=left)
+        res = placer(sub, time_limit=left)
         if res.status == "infeasible":
             continue
         bound = max(bound, res.bound if res.bound > 0 else ub)

@@ -78,7 +78,7 @@ from coral.workload import MODES, Slo, WorkloadShape
 from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-7"
+FORMULATION = "options-8"
 """Bumped whenever menus or metrics change meaning; part of every template's content key."""
 
 

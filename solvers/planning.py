@@ -4,7 +4,17 @@ Policies, on the same allocation program, prices, availability and demand:
 
 - ``coral``: every template (aggregated, and prefill + decode pairs), heterogeneous ones included;
 - ``homo``: aggregated templates whose nodes are all of one node type (homogeneous replicas);
-- ``pd-homo``: homogeneous prefill and homogeneous decode instances, paired per region.
+- ``pd-homo``: homogeneous prefill and homogeneous decode instances, paired per region;
+- ``helix`` (plan and bench only, not a fleet policy): Helix in single-model mode on the clusters Coral
+  chose. Coral's plan is solved first; for each (deployment, region), the nodes it uses there (every
+  instance, prefill and decode ones included) are Helix's fixed cluster, over which one aggregated
+  placement MILP uses every node (``solvers.helix.helix_template``). Cost is those nodes' price (so equal
+  to Coral's); capacity is Helix's req/s at the deployment's shape; it serves at most that capacity times
+  min(utilisation, the queueing-safe utilisation below), as a Coral column does, and unmet demand is
+  reported. Status and gap are the worst of the placement MILPs (each time-limited by ``helix_limit_s``,
+  and killed at ``HELIX_HARD`` times it: then ``unknown``, capacity 0);
+  solve time is that of the placements alone (the cluster is Helix's input, so Coral's solve is not
+  counted); churn is not modelled (0).
 
 Queueing headroom: a template's TTFT estimate is that of an idle instance, but at the planned utilisation
 requests queue. Each template is modelled as an M/M/c queue (Erlang C) and loaded to at most the largest
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -47,19 +58,24 @@ from solvers.allocation import AllocationProblem, AllocationResult, AllocTemplat
 from solvers.options import ttft_share
 
 POLICIES = ("coral", "homo", "pd-homo")
+"""The fleet policies: those a run (``coral up``, ``coral simulate``) may plan with."""
+PLAN_POLICIES = (*POLICIES, "helix")
+"""Policies ``coral plan`` and ``coral bench`` accept: the fleet policies and the fixed-cluster Helix baseline."""
 START_UP_S = 60.0
+PLACEMENT_STATUS_ORDER = ("optimal", "infeasible", "feasible", "unknown")
+"""Placement statuses from best to worst (``infeasible`` is proven: Helix cannot use every node)."""
 
 
 def policy_admits(policy: str, t: Template) -> bool:
     """Whether a policy may use a template."""
     homogeneous = len(set(t.nodes)) == 1
-    if policy == "coral":
+    if policy in ("coral", "helix"):
         return True
     if policy == "homo":
         return homogeneous and t.mode == "aggregated"
     if policy == "pd-homo":
         return homogeneous and t.mode in ("prefill", "decode")
-    raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(PLAN_POLICIES)}")
 
 
 def erlang_c(servers: int, load: float) -> float:
@@ -152,6 +168,8 @@ class Planner:
     deadline_s: float
     columns: str = "all"
     """``all``: the MIP over every column (exact); ``auto``: column generation at large sizes (LP bound only)."""
+    helix_limit_s: float | None = None
+    """``helix``: time limit of each cluster's placement MILP (default: ``deadline_s``); HiGHS may overrun it."""
 
     def problem(self, req: PlanRequest) -> tuple[AllocationProblem, list[tuple[Deployment, Template]]]:
         sc, cat = self.scenario, self.catalog
@@ -219,25 +237,27 @@ class Planner:
         return prob, index
 
     def __call__(self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None) -> Plan:
+        if self.policy == "helix":
+            return self.helix_plan(req, seq=seq, effort=effort)[0]
         prob, index = self.problem(req)
         if self.policy != "coral":
             res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
             return to_plan(self, req, prob, index, res, seq=seq)
-        # A portfolio start: the homogeneous-replica restriction (a few hundred columns) solves to optimality
-        # in a fraction of the deadline, and every plan it gives is also a Coral plan. Coral's own solve
-        # takes the rest of the deadline; the better plan wins, judged against Coral's bound.
-        sub = [j for j, (_d, t) in enumerate(index) if policy_admits("homo", t)]
-        base: Plan | None = None
-        left = self.deadline_s
-        if sub:
-            sprob = _restrict(prob, sub)
-            sres = solve_allocation(sprob, deadline_s=HOMO_SHARE * self.deadline_s, columns=self.columns)
-            base = to_plan(self, req, sprob, [index[j] for j in sub], sres, seq=seq)
-            left = max(self.deadline_s - sres.solve_s, 0.05 * self.deadline_s)
-        res = solve_allocation(prob, deadline_s=left, effort=effort, columns=self.columns)
+        # A portfolio: Coral's own solve first, in most of the deadline; when it does not prove its plan
+        # optimal, the homogeneous-replica restriction (a few hundred columns, optimal in a fraction of the
+        # deadline) runs in the rest. Every plan it gives is also a Coral plan; the better plan wins,
+        # judged against Coral's bound.
+        res = solve_allocation(prob, deadline_s=(1 - HOMO_SHARE) * self.deadline_s, effort=effort, columns=self.columns)
         plan = to_plan(self, req, prob, index, res, seq=seq)
-        if base is None or not _plan_better(base, plan):
-            return attrs.evolve(plan, solve_s=plan.solve_s + (base.solve_s if base else 0.0))
+        sub = [j for j, (_d, t) in enumerate(index) if policy_admits("homo", t)]
+        if res.status == "optimal" or not sub:
+            return plan
+        sprob = _restrict(prob, sub)
+        left = max(self.deadline_s - res.solve_s, HOMO_SHARE * self.deadline_s)
+        sres = solve_allocation(sprob, deadline_s=left, columns=self.columns)
+        base = to_plan(self, req, sprob, [index[j] for j in sub], sres, seq=seq)
+        if not _plan_better(base, plan):
+            return attrs.evolve(plan, solve_s=plan.solve_s + base.solve_s)
         objective = base.cost_per_hour + base.churn_cost
         gap = max(0.0, (objective - res.bound) / objective) if objective > 0 and res.bound > 0 else base.gap
         return attrs.evolve(
@@ -245,9 +265,69 @@ class Planner:
             solve_s=base.solve_s + plan.solve_s, effort=plan.effort,
         )  # fmt: skip
 
+    def helix_plan(
+        self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None
+    ) -> tuple[Plan, dict[str, Template]]:
+        """The ``helix`` plan (see the module docstring) and the Helix placements it uses, keyed by id."""
+        coral = attrs.evolve(self, policy="coral")(req, seq=seq, effort=effort)
+        return self.helix_over(coral, req)
+
+    def helix_over(self, coral: Plan, req: PlanRequest) -> tuple[Plan, dict[str, Template]]:
+        """Helix on the clusters of the Coral plan ``coral`` made for ``req``, and its placements by id."""
+        from solvers.helix import helix_template
+
+        clusters: dict[tuple[str, str], list[str]] = {}
+        for inst in coral.instances:
+            clusters.setdefault((inst.deployment, inst.region), []).extend(list(inst.nodes) * inst.count)
+        deps = {d.name: d for d in self.scenario.deployments}
+        util = self.scenario.planner.utilisation
+        limit = self.helix_limit_s if self.helix_limit_s is not None else self.deadline_s
+        usable = dict.fromkeys(deps, 0.0)
+        cap = dict.fromkeys(deps, 0.0)
+        insts: list[PlannedInstances] = []
+        made: dict[str, Template] = {}
+        statuses: list[str] = []
+        worst_gap = 0.0
+        solve_s = 0.0
+        for (name, region), nodes in sorted(clusters.items()):
+            d = deps[name]
+            cluster = tuple(sorted(nodes))
+            t0 = time.perf_counter()
+            tpl, res = helix_template(
+                self.perf, d.model, cluster, d.slo, d.shape, time_limit=limit, hard_limit=HELIX_HARD * limit + 0.5
+            )
+            solve_s += time.perf_counter() - t0  # reported only: menus, MILPs and the template
+            statuses.append(res.status)
+            worst_gap = max(worst_gap, res.gap)
+            cost = sum(float(req.prices[(region, n)]) for n in cluster)
+            rps = 0.0
+            if tpl is not None:
+                made[tpl.id] = tpl
+                rps = tpl.requests_per_s(d.shape.mean_in, d.shape.mean_out)
+                usable[name] += rps * min(util, queueing_utilisation(tpl, d, util))
+            cap[name] += rps
+            tid = tpl.id if tpl is not None else f"{res.status}:{'+'.join(cluster)}"
+            insts.append(PlannedInstances(name, tid, region, 1, cluster, "aggregated", cost, rps))
+        serving = []
+        for d in self.scenario.deployments:
+            demand = float(req.demand.get(d.name, 0.0))
+            serving.append(DeploymentServing(d.name, d.model, demand, cap[d.name], max(0.0, demand - usable[d.name])))
+        worst = max(statuses, key=PLACEMENT_STATUS_ORDER.index, default="optimal")
+        status = "optimal" if worst == "infeasible" else worst  # a proven infeasible cluster serves 0: proven
+        cost_h = sum(i.cost_per_hour for i in insts)
+        plan = Plan(
+            seq=coral.seq, at=req.at, policy="helix", trigger=req.trigger, instances=tuple(insts),
+            serving=tuple(serving), cost_per_hour=cost_h, churn_cost=0.0, status=status, gap=worst_gap,
+            bound=cost_h, solve_s=solve_s, effort=coral.effort,
+        )  # fmt: skip
+        return plan, made
+
+
+HELIX_HARD = 2.0
+"""A Helix placement is killed after this many times its time limit (plus 0.5 s): HiGHS overruns its own."""
 
 HOMO_SHARE = 0.25
-"""Share of the deadline the homogeneous start may use (it needs far less at the measured sizes)."""
+"""Share of the deadline kept for the homogeneous restriction when Coral's solve is not proven optimal."""
 
 
 def _restrict(prob: AllocationProblem, cols: Sequence[int]) -> AllocationProblem:
@@ -303,7 +383,7 @@ def to_plan(
         DeploymentServing(d.name, d.model, float(prob.demand_rps[m]), cap[d.name], float(res.unmet_rps[m]))
         for m, d in enumerate(planner.scenario.deployments)
     )
-    effort = {k: v for k, v in attrs.asdict(res.effort).items() if v is not None}
+    effort = res.effort.as_mapping()
     return Plan(
         seq=seq,
         at=req.at,

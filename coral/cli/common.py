@@ -34,11 +34,18 @@ def parent_parser() -> argparse.ArgumentParser:
 
 
 def catalog_files(args: argparse.Namespace) -> list[Path]:
-    """The extra catalog files of a command: those its scenario names (``catalog = [...]``), then ``--catalog``."""
+    """The extra catalog files of a command: those its scenario names (``catalog = [...]``; every one of a
+    comma-separated ``--scenarios``), then ``--catalog``."""
     from coral.scenario import scenario_catalogs
 
     scenario = getattr(args, "scenario", None)
-    extra = scenario_catalogs(scenario) if isinstance(scenario, str) else []
+    names = [scenario] if isinstance(scenario, str) else []
+    many = getattr(args, "scenarios", None)
+    if isinstance(many, str):
+        names += [s.strip() for s in many.split(",") if s.strip()]
+    extra: list[Path] = []
+    for name in names:
+        extra += [f for f in scenario_catalogs(name) if f not in extra]
     return [*extra, *args.catalog]
 
 

@@ -17,13 +17,23 @@ from coral.plan import Plan
 from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
 
+PLAN_POLICIES = ("coral", "homo", "pd-homo", "helix")
+"""``solvers.planning.PLAN_POLICIES``, repeated so that the parser does not import the solvers."""
+
 
 def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p = sub.add_parser("plan", parents=[parent], help="plan instances per region for a scenario")
     p.add_argument("--scenario", default="default", help="scenario NAME (bundled) or FILE (default: default)")
-    p.add_argument("--policy", default="coral", choices=("coral", "homo", "pd-homo"))
+    p.add_argument(
+        "--policy", default="coral", choices=PLAN_POLICIES,
+        help="coral, a baseline (homo, pd-homo), or helix: one Helix placement over Coral's nodes per cluster",
+    )  # fmt: skip
     p.add_argument("--at", type=float, default=0.0, help="scenario time in seconds (demand and market then)")
     p.add_argument("--deadline", type=float, default=None, help="solver deadline in seconds (default: scenario)")
+    p.add_argument(
+        "--helix-limit", type=float, default=None,
+        help="helix: time limit in seconds of each cluster's placement MILP (default: the deadline)",
+    )  # fmt: skip
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing templates")
     p.add_argument(
@@ -68,12 +78,20 @@ def run_plan(args: argparse.Namespace) -> int:
         if not args.no_build:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         plan_fn, templates = make_planner(
-            args.policy, sc, cat, perf, store, deadline_s=args.deadline, vllm_only=args.vllm_only
+            args.policy,
+            sc,
+            cat,
+            perf,
+            store,
+            deadline_s=args.deadline,
+            vllm_only=args.vllm_only,
+            helix_limit_s=args.helix_limit,
         )
         plan = plan_fn(request_at(sc, cat, args.at))
     if args.json:
         out = plan.to_json()
-        out["templates"] = {i.template_id: templates[i.template_id].to_json() for i in plan.instances}
+        out["templates"] = {i.template_id: templates[i.template_id].to_json() for i in plan.instances
+                            if i.template_id in templates}  # a helix cluster with no placement has none  # fmt: skip
         print_json(out)
         return 0
     print_plan(plan, Console())

@@ -13,9 +13,17 @@ from coral.scenario import Scenario
 from coral.store import TemplateStore
 from coral.templates import Template
 from solvers.library import is_current
-from solvers.planning import POLICIES, Planner, policy_admits, request_at
+from solvers.planning import PLAN_POLICIES, POLICIES, Planner, policy_admits, request_at
 
-__all__ = ["POLICIES", "PlanFn", "check_coverage", "deployment_templates", "make_planner", "request_at"]
+__all__ = [
+    "PLAN_POLICIES",
+    "POLICIES",
+    "PlanFn",
+    "check_coverage",
+    "deployment_templates",
+    "make_planner",
+    "request_at",
+]
 
 PlanFn = Callable[[PlanRequest], Plan]
 
@@ -30,8 +38,8 @@ def deployment_templates(
 ) -> dict[str, list[Template]]:
     """Templates usable by each deployment under a policy (matching model, SLO, shape and node types, made
     by the current formulation and, when given, perf model: stale ones from an older build are left out)."""
-    if policy not in POLICIES:
-        raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if policy not in PLAN_POLICIES:
+        raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(PLAN_POLICIES)}")
     allowed = set(sc.node_types)
     out: dict[str, list[Template]] = {}
     for d in sc.deployments:
@@ -52,17 +60,18 @@ def check_coverage(
     sc: Scenario, tpls: Mapping[str, Sequence[Template]], policy: str, store_path: str, *, vllm_only: bool = False
 ) -> None:
     """Every deployment needs templates that can serve it (aggregated, or prefill and decode); otherwise
-    name the build command, or the SLO that no node combination meets. Baselines may leave demand unmet."""
+    name the build command, or the SLO that no node combination meets. Baselines may leave demand unmet
+    (``helix`` needs what ``coral`` needs: it takes Coral's plan as its clusters)."""
     for d in sc.deployments:
         modes = {t.mode for t in tpls[d.name]}
         if "aggregated" in modes or {"prefill", "decode"} <= modes:
             continue
-        if vllm_only and policy == "coral":
+        if vllm_only and policy in ("coral", "helix"):
             raise CoralError(
                 f"deployment {d.name!r} (model {d.model}) has no templates in {store_path} that vLLM can run as "
                 "they are (see `coral templates show ID` for the reason of each); drop --vllm-only to plan with all"
             )
-        if policy == "coral":
+        if policy in ("coral", "helix"):
             raise CoralError(
                 f"deployment {d.name!r} (model {d.model}) has no templates in {store_path}; run "
                 f"`coral templates build --scenario {sc.path}` (if it has run, no node combination within "
@@ -79,15 +88,25 @@ def make_planner(
     *,
     deadline_s: float | None = None,
     vllm_only: bool = False,
+    helix_limit_s: float | None = None,
 ) -> tuple[PlanFn, dict[str, Template]]:
     """A plan function for ``policy`` and the templates it may use, keyed by id (``vllm_only``: only the
-    templates vLLM can run as they are)."""
+    templates vLLM can run as they are). Under ``helix`` the plans use Helix placements made as they are
+    solved: each plan adds those it uses to the returned dict; ``helix_limit_s`` is each placement MILP's time
+    limit (default: the deadline)."""
     tpls = deployment_templates(store, sc, policy, exclude_vllm_incompatible=vllm_only, perf_version=perf.version)
     check_coverage(sc, tpls, policy, str(store.path), vllm_only=vllm_only)
-    planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s)
+    if helix_limit_s is not None and not helix_limit_s > 0:
+        raise CoralError(f"--helix-limit must be positive, got {helix_limit_s}")
+    planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s, helix_limit_s=helix_limit_s)
     counter = itertools.count(1)
+    by_id = {t.id: t for ts in tpls.values() for t in ts}
 
     def plan_fn(req: PlanRequest) -> Plan:
+        if policy == "helix":
+            plan, made = planner.helix_plan(req, seq=next(counter))
+            by_id.update(made)
+            return plan
         return planner(req, seq=next(counter))
 
-    return plan_fn, {t.id: t for ts in tpls.values() for t in ts}
+    return plan_fn, by_id

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 import highspy
 import numpy as np
@@ -404,6 +406,55 @@ def test_auto_generates_columns_at_the_extended_size() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# Decomposition by model
+
+
+def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
+    """Alone, each model takes the one cheap node; together they cannot, so the two are solved jointly."""
+    one = np.array([1, 0])
+    other = np.array([0, 1])
+    p = AllocationProblem(
+        models=("a", "b"), demand_rps=[1.0, 1.0], mean_in=[100.0, 100.0], mean_out=[10.0, 10.0],
+        kv_bytes_per_token=[0.0, 0.0], node_types=("cheap", "dear"), nic_bytes_s=[1e9, 1e9], regions=("r",),
+        price=[[1.0, 3.0]], avail=[[1, 5]],
+        templates=[
+            AllocTemplate(0, "aggregated", one, 1e4, 1e3, 0.0, "a-cheap"),
+            AllocTemplate(0, "aggregated", other, 1e4, 1e3, 0.0, "a-dear"),
+            AllocTemplate(1, "aggregated", one, 1e4, 1e3, 0.0, "b-cheap"),
+            AllocTemplate(1, "aggregated", other, 1e4, 1e3, 0.0, "b-dear"),
+        ],
+        churn_factor=0.0,
+    )  # fmt: skip
+    res = solve_allocation(p, deadline_s=30, mip_gap=0.0, decompose=True)
+    assert res.status == "optimal"
+    assert res.split_groups == 3  # a, b, then {a, b}
+    assert res.cost_per_hour == pytest.approx(4.0)
+    assert node_use(p, dict(res.counts)).tolist() == [[1, 1]]
+    # the joint MIP stopped at its first solution: the full MIP finishes, with the models' bounds as cuts
+    stopped = SolverEffort(split=[(0b11, 1)])
+    cut = solve_allocation(p, effort=stopped, mip_gap=0.0, decompose=True)
+    assert cut.effort == stopped
+    assert cut.status == "optimal"
+    assert cut.cost_per_hour == pytest.approx(4.0)
+
+
+def test_decomposition_agrees_with_the_full_mip() -> None:
+    """Generated instances where models compete for nodes (in some, not every demand can be served): the
+    same optimum with and without the decomposition, which had to merge models in several of them."""
+    merged = 0
+    for scarcity, load, seed in itertools.product((1.5, 2.0), (0.15, 0.2), (0, 3, 4, 7)):
+        p = generate("core", 12, seed=seed, scarcity=scarcity, load=load)
+        a = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=True)
+        b = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=False)
+        check_plan(p, a)
+        assert a.status == b.status == "optimal"
+        assert a.total_unmet_rps == pytest.approx(b.total_unmet_rps, abs=1e-6)
+        assert a.objective == pytest.approx(b.objective, rel=1e-7)
+        merged += a.split_groups > p.num_models
+    assert merged >= 3
+
+
+# --------------------------------------------------------------------------------------------------
 # Deadline and deterministic replay
 
 
@@ -415,11 +466,15 @@ def test_same_effort_gives_the_same_plan() -> None:
     assert replay.counts == first.counts
     assert replay.objective == first.objective
 
-    fixed = SolverEffort(cost=2)
-    a = solve_allocation(p, effort=fixed)
-    b = solve_allocation(p, effort=fixed)
+    # each model's own MIP stopped at its first solution: the decomposition proves nothing, and the
+    # full MIP then stops at its second
+    fixed = SolverEffort(cost=2, split=[(1 << m, 1) for m in range(p.num_models) if p.demand_rps[m] > 0])
+    a = solve_allocation(p, effort=fixed, decompose=True)
+    b = solve_allocation(p, effort=fixed, decompose=True)
     assert a.counts == b.counts
     assert a.effort == b.effort == fixed
+    assert a.status != "optimal"
+    assert SolverEffort.from_mapping(fixed.as_mapping()) == fixed
 
 
 def test_deadline_cuts_to_the_greedy_path() -> None:
