@@ -141,8 +141,11 @@ def test_helix_places_every_node_of_corals_clusters(env: Env, capsys: pytest.Cap
         assert sorted(s["node"] for s in tpl["stages"]) == sorted(i["nodes"])  # every node is used
         assert len({s["batch"] for s in tpl["stages"]}) == 1
         assert tpl["status"] == "optimal" and tpl["mode"] == "aggregated"
+    # Coral serves the whole demand; Helix, on the same nodes, at most as much (options-7 charges a
+    # placement over n nodes for n micro-batches in flight, so here it falls short)
+    assert all(s["unmet_rps"] == 0 for s in coral["serving"])
     for s in helix["serving"]:
-        assert s["unmet_rps"] == 0 and s["capacity_rps"] > s["demand_rps"]
+        assert 0 <= s["unmet_rps"] <= s["demand_rps"] and s["capacity_rps"] > 0
 
 
 def test_helix_throughput_is_the_brute_force_optimum(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
