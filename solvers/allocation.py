@@ -55,6 +55,8 @@ Solution path
    aggregated-first and disaggregated-first; drop up to three of its least efficient instances for the
    cheapest multiset of up to three that serves as much). The same from the current deployment cut to
    the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
+   When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
+   round up what fits, else bound the least fractional variable down, re-solve, until integral).
 4. Decomposition by model, when the LP serves every demand. Models share only the availability
    rows (the service row is then fixed at full service), so each group of models solves its own cost
    MIP over all its columns with the whole availability (every model alone at first, each in a
@@ -254,13 +256,16 @@ class SolverEffort:
     lp: int | None = None
     serve: int | None = None
     cost: int | None = None
+    dive: int | None = None
+    """LP solves the diving heuristic made, when it stopped early (None: ran to completion or not needed)."""
     split: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_pairs)
     """(group, improving solutions taken) of each MIP of the decomposition by model stopped early (group:
     the bitmask of its model indices); a group not listed ran to completion or was not needed."""
 
     def as_mapping(self) -> dict[str, int]:
         """Flat ``{phase: k}`` for a plan record (``split.M`` per model); phases run to completion left out."""
-        out = {k: v for k, v in (("lp", self.lp), ("serve", self.serve), ("cost", self.cost)) if v is not None}
+        phases = (("lp", self.lp), ("serve", self.serve), ("cost", self.cost), ("dive", self.dive))
+        out = {k: v for k, v in phases if v is not None}
         out.update({f"split.{m}": k for m, k in self.split})
         return out
 
@@ -1495,6 +1500,57 @@ def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, thread: 
     out.columns = np.nonzero(chosen)[0]
 
 
+@attrs.define
+class _DiveOutcome:
+    steps: int = 0
+    done: bool = False
+    plan: IntArray | None = None
+
+
+def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out: _DiveOutcome,
+              thread: _LpThread) -> None:  # fmt: skip
+    """LP diving for the most service: solve the min-unmet LP, round up (as a lower bound) the fractional
+    integer variables that fit the availability with the others at their floors (parts >= 0.5, largest
+    first, else the largest; when none fits, bound the least fractional one to its floor), and solve
+    again, until the LP is integral."""
+    n_int = c.J + len(mat.keep_cols)
+    col_of = np.concatenate([np.arange(c.J), mat.keep_cols])
+    h = _highs(mat, mat.serve_obj, math.inf, mip_gap, mip=False)
+    thread.attach(h)
+    lo = mat.col_lo[:n_int].copy()
+    hi = mat.col_hi[:n_int].copy()
+    idx = np.arange(n_int, dtype=np.int32)
+    while limit is None or out.steps < limit:
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return
+        out.steps += 1
+        v = np.asarray(h.getSolution().col_value, dtype=np.float64)[:n_int]
+        base = np.floor(v + 1e-6)
+        x = np.bincount(col_of, weights=base, minlength=c.J).round().astype(np.int64)
+        out.plan = x
+        frac = v - base
+        state = _State(c, x)
+        ups: list[int] = []
+        for i in np.argsort(-frac, kind="stable"):
+            if frac[i] <= 1e-6 or (ups and frac[i] < 0.5):
+                break
+            j = int(col_of[i])
+            if state.fits(j):
+                state.change(j, 1)
+                ups.append(int(i))
+        if not ups:
+            part = np.where(frac > 1e-6, frac, np.inf)
+            if not np.isfinite(part).any():
+                out.done = True
+                return
+            down = int(np.argmin(part))  # nothing fits once more: the least fractional one goes down
+            hi[down] = base[down]
+        else:
+            lo[ups] = base[ups] + 1
+        h.changeColsBounds(n_int, idx, lo, np.maximum(hi, lo))
+
+
 def _highs_solution(values: FloatArray) -> highspy.HighsSolution:
     sol = highspy.HighsSolution()
     sol.col_value = values.tolist()
@@ -1616,6 +1672,9 @@ class _Split:
     iterations: int = 0
     nodes: int = 0
 
+
+DIVE_SHARE = 0.3
+"""Share of the deadline after the LP that the diving heuristic may use."""
 
 SPLIT_MIN_COLUMNS = 300
 """Columns from which the decomposition runs: below, the full MIP was faster than starting a child
@@ -1779,7 +1838,7 @@ def solve_allocation(
     phase_s["build"] = t1 - t0
     svc_tol = 1e-7 * max(1.0, float(c.demand.sum()))
     iters = nodes = 0
-    used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None}
+    used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None}
 
     def out_of_time() -> bool:
         return deadline_at is not None and time.perf_counter() >= deadline_at
@@ -1824,6 +1883,18 @@ def solve_allocation(
             rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
             if not _better(c, best, rounded):
                 best = rounded
+    # LP diving when not every demand can be served (rounding loses most there)
+    if c.J > 0 and lp.done and lp.unmet > svc_tol and limits.dive != 0 and not out_of_time():
+        dive = _DiveOutcome()
+        thread = _LpThread()
+        share = None if deadline_at is None else t2 + DIVE_SHARE * (deadline_at - t2)
+        finished = thread.run(functools.partial(_dive_job, c, mat, mip_gap, limits.dive, dive, thread), share)
+        if not finished or (limits.dive is not None and not dive.done):
+            used["dive"] = dive.steps
+        if dive.plan is not None:
+            dived = _repair(c, _fit(c, dive.plan))
+            if _better(c, dived, best):
+                best = dived
     t3 = time.perf_counter()
     phase_s["heuristic"] = t3 - t2
 
@@ -1922,7 +1993,9 @@ def solve_allocation(
         service_proven=service_proven,
         solve_s=time.perf_counter() - t0,
         phase_s=phase_s,
-        effort=SolverEffort(lp=used["lp"], serve=used["serve"], cost=used["cost"], split=split.stopped.items()),
+        effort=SolverEffort(
+            lp=used["lp"], serve=used["serve"], cost=used["cost"], dive=used["dive"], split=split.stopped.items()
+        ),
         simplex_iterations=iters,
         mip_nodes=nodes,
         num_columns=mat.num_cols,
