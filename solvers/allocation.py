@@ -1702,9 +1702,9 @@ def _split_phase(
     Groups share only the availability rows (the service row is fixed at full service), so the sum of
     the group optima bounds the full program from below, and when the union of their plans fits the
     availability it is optimal. It ends there, at one group of all models, or at the deadline.
-    In each group's MIP, a variable whose one unit costs more than the group's part of ``start``
-    cannot be in a better plan, and is left out. ``limits``: solutions to take per group (key: the
-    bitmask of its models; a replay), else all.
+    In each group's MIP, when ``start`` serves the group's demand, a variable whose one unit costs more
+    than the group's part of ``start`` cannot be in a better plan, and is left out. ``limits``: solutions
+    to take per group (key: the bitmask of its models; a replay), else all.
     """
     out = _Split()
     variables = _model_vars(c, mat)
@@ -1720,6 +1720,7 @@ def _split_phase(
     found: list[tuple[frozenset[int], IntArray, float]] = []  # finished groups: models, variables, bound
     while True:
         vector = _plan_vector(c, mat, start)
+        short = _State(c, start).unmet() > _TOL * np.maximum(c.demand, 1.0)
         masks = {g: sum(1 << m for m in ms) for g, ms in groups.items()}
         jobs = []
         for g, ms in groups.items():
@@ -1731,7 +1732,8 @@ def _split_phase(
             lo[rows] = mat.row_lo[rows]
             cols = np.sort(np.concatenate([variables[m] for m in ms]))
             cols = cols[cols < first_u]  # every demand is served: no unmet variables
-            incumbent = float(mat.cost_obj[cols] @ vector[cols])
+            # start's part is an upper bound on the group's optimum only where it serves the group's demand
+            incumbent = math.inf if short[ms].any() else float(mat.cost_obj[cols] @ vector[cols])
             # one unit of a variable of part k costs at most the incumbent less the other parts' bounds;
             # the parts: the largest finished groups inside this one (groups only merge, so disjoint)
             inside = [(members, bound) for members, _v, bound in found if members <= set(ms)]

@@ -438,6 +438,30 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
     assert cut.cost_per_hour == pytest.approx(4.0)
 
 
+def test_decomposition_prunes_only_against_a_start_that_serves_the_demand() -> None:
+    """A start that under-serves a model costs less than its optimum: it must not prune the columns."""
+    from solvers.allocation import _columns, _matrix, _split_phase
+
+    def agg(key: str, rate: float) -> AllocTemplate:  # rate req/s at in 100 / out 10, utilisation 1
+        return AllocTemplate(0, "aggregated", np.array([1]) if key == "small" else np.array([3]), 200 * rate,
+                             20 * rate, 0.0, key)  # fmt: skip
+
+    p = AllocationProblem(
+        models=("a",), demand_rps=[1.0], mean_in=[100.0], mean_out=[10.0], kv_bytes_per_token=[0.0],
+        node_types=("n",), nic_bytes_s=[1e9], regions=("r",), price=[[1.0]], avail=[[10]],
+        templates=[agg("small", 0.3), agg("big", 1.0)], churn_factor=0.0, utilisation=1.0,
+    )  # fmt: skip
+    c = _columns(p)
+    mat = _matrix(c)
+    small = int(np.nonzero(c.nc[:, 0] == 1)[0][0])
+    start = np.zeros(c.J, dtype=np.int64)
+    start[small] = 1  # serves 0.3 of 1 req/s for $1; the optimum is one big instance for $3
+    split = _split_phase(c, mat, start, {}, None, 0.0)
+    assert split.plan is not None and split.proven and split.fits
+    assert split.bound == pytest.approx(3.0)
+    assert float(c.cost @ split.plan) == pytest.approx(3.0)
+
+
 def test_decomposition_agrees_with_the_full_mip() -> None:
     """Generated instances where models compete for nodes (in some, not every demand can be served): the
     same optimum with and without the decomposition, which had to merge models in several of them."""
