@@ -1194,13 +1194,9 @@ class _ForkedMip:
         self.iterations = 0
         self.status: highspy.HighsModelStatus | None = None
         self.finished = False
-        self.started = False
         self.fd = -1
         self.pid = -1
         self._buf = bytearray()
-
-    def run(self, build: Callable[[], highspy.Highs], num_int: int, deadline_at: float | None) -> None:
-        _run_all([(self, build, num_int)], 1, deadline_at)
 
     def start(self, build: Callable[[], highspy.Highs], num_int: int) -> None:
         read_fd, write_fd = os.pipe()
@@ -1216,7 +1212,7 @@ class _ForkedMip:
             finally:
                 os._exit(code)
         os.close(write_fd)
-        self.fd, self.pid, self.started = read_fd, pid, True
+        self.fd, self.pid = read_fd, pid
 
     def done(self) -> bool:
         """Finished, or took as many solutions as its limit allows."""
@@ -1502,6 +1498,8 @@ def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, thread: 
 
 @attrs.define
 class _DiveOutcome:
+    """How far an LP dive went (LP solves), whether it ended integral, and its last rounded-down plan."""
+
     steps: int = 0
     done: bool = False
     plan: IntArray | None = None
@@ -1767,12 +1765,12 @@ def _split_phase(
             elif math.isfinite(run.dual_bound):  # a stopped run's bound depends on the clock: not used
                 bound_of[g] = max(bound_of[g], run.dual_bound)
                 v = np.concatenate([variables[m] for m in groups[g]])
-                out.cuts.append((v, run.dual_bound))
                 found.append((frozenset(groups[g]), v, run.dual_bound))
         x = np.zeros(c.J, dtype=np.int64)
         for g, ms in groups.items():
             x[np.concatenate([c.by_model[m] for m in ms])] = plan_of[g]
         out.plan = x
+        out.cuts = [(v, bound) for _members, v, bound in found]
         out.bound = sum(bound_of.values())
         out.proven = all(proven_of.values())
         over = _State(c, x).used > c.avail

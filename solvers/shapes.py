@@ -350,21 +350,31 @@ class _Tables:
     def cover_masks(self, masks: np.ndarray) -> np.ndarray:
         """``cover`` for node sets given as bit masks: (metrics, len(masks))."""
         if self._cover_tab is None:
-            n, L = self.n, self.L
-            tab = np.full((1 << n, self.nm, L + 1), np.inf)
-            tab[0, :, 0] = 0.0
-            kk = np.arange(L + 1)
-            d = kk[:, None] - kk[None, :]
-            dd = np.clip(d, 0, L)
-            for mask in range(1, 1 << n):
-                i = (mask & -mask).bit_length() - 1
-                g = self.gmin[i].copy()
-                g[:, 0] = np.inf
-                cand = tab[mask & (mask - 1)][:, None, :] + g[:, dd]
-                tab[mask] = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
-            self._cover_tab = tab[:, :, L].T.copy()  # (nm, 2^n)
+            tab = self._subset_cover({i: self.gmin[i] for i in range(self.n)}, (1 << self.n) - 1)
+            self._cover_tab = tab[:, :, self.L].T.copy()  # (nm, 2^n)
             self._cover_full = tab
         return self._cover_tab[:, masks]
+
+    def _subset_cover(self, g: dict[int, np.ndarray], within: int) -> np.ndarray:
+        """(2^n, metrics, L+1): per node set inside bit mask ``within``, the least latency with which its
+        nodes, each holding >= 1 layer at latency ``g[i][:, k]`` for k layers, cover exactly j layers."""
+        n, L = self.n, self.L
+        tab = np.full((1 << n, self.nm, L + 1), np.inf)
+        tab[0, :, 0] = 0.0
+        kk = np.arange(L + 1)
+        d = kk[:, None] - kk[None, :]
+        dd = np.clip(d, 0, L)
+        held = {}
+        for i, gi in g.items():
+            held[i] = gi.copy()
+            held[i][:, 0] = np.inf
+        for mask in range(1, 1 << n):
+            if mask & ~within:
+                continue
+            i = (mask & -mask).bit_length() - 1
+            cand = tab[mask & (mask - 1)][:, None, :] + held[i][:, dd]
+            tab[mask] = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
+        return tab
 
     def cover_work(self, comp: int, F: float) -> np.ndarray | None:
         """(metrics, 2^n): per set of nodes within bit mask ``comp``, the least latency with which they
@@ -376,23 +386,8 @@ class _Tables:
         work = self.work_mask(comp, F)
         out = None
         if work is not None:
-            n, L = self.n, self.L
-            tab = np.full((1 << n, self.nm, L + 1), np.inf)
-            tab[0, :, 0] = 0.0
-            kk = np.arange(L + 1)
-            d = kk[:, None] - kk[None, :]
-            dd = np.clip(d, 0, L)
-            g = {}
-            for i, w in work.items():
-                g[i] = np.where(w[None], self.lat[i], np.inf).min(axis=2)
-                g[i][:, 0] = np.inf
-            for mask in range(1, 1 << n):
-                if mask & ~comp:
-                    continue
-                i = (mask & -mask).bit_length() - 1
-                cand = tab[mask & (mask - 1)][:, None, :] + g[i][:, dd]
-                tab[mask] = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
-            out = tab[:, :, L].T.copy()
+            g = {i: np.where(w[None], self.lat[i], np.inf).min(axis=2) for i, w in work.items()}
+            out = self._subset_cover(g, comp)[:, :, self.L].T.copy()
         if len(self._cover_work) > 1024:
             self._cover_work.clear()
         self._cover_work[key] = out
