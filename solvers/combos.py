@@ -110,17 +110,31 @@ def prune_verdict(cap: float, sub: float, split: float) -> str | None:
     return None
 
 
+def path_limit(problem: PlacementProblem) -> np.ndarray:
+    """The latency budget a path's nodes and inner links can use, per metric: the limit less the least
+    latency into any node from the source and the least out of any node to the sink. Every path starts
+    and ends with one such edge, so a node option whose own latency exceeds this carries no flow (a
+    decode template's KV-cache transfer sits on its source edges, and can exceed the limit alone)."""
+    n = problem.n
+    ll = np.asarray(problem.link_lat, dtype=np.float64)
+    limit = np.asarray(problem.lat_limit, dtype=np.float64)
+    ends = ll[:, n, :n].min(axis=1) + ll[:, :n, n].min(axis=1)
+    return limit - np.where(np.isposinf(limit), 0.0, ends)
+
+
 def layer_work_bound(problem: PlacementProblem) -> float:
     """Upper bound on a placement's flow: every unit crosses all L layers, so
-    L * F = sum_i k_i * inflow_i <= sum_i max over latency-feasible options of k * cap.
+    L * F = sum_i k_i * inflow_i <= sum_i max over latency-feasible options of k * cap, where an option
+    is latency-feasible when it fits ``path_limit``.
     0 (no placement) also when those options cannot hold L layers even all together: every path
     covers L layers on distinct nodes."""
+    limit = path_limit(problem)
     total = 0.0
     layers = 0
     for menu in problem.menus:
         if menu.size == 0:
             return 0.0
-        ok = np.all(menu.lat <= problem.lat_limit[:, None] + 1e-12, axis=0)
+        ok = np.all(menu.lat <= limit[:, None] + 1e-12, axis=0)
         if not ok.any():
             return 0.0
         total += float(np.max(menu.k[ok] * menu.cap[ok]))

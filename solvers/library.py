@@ -28,6 +28,7 @@ import numpy as np
 from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
+from solvers.combos import path_limit
 from solvers.fastplace import PLACER, SMALL_NODES, place
 from solvers.options import FORMULATION, build_problem, prefill_bubble
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
@@ -206,7 +207,7 @@ def _sum_batch_work(parts: Sequence[Mapping[int, tuple[float, int]]], num_layers
 def batch_work_bounds(problem: PlacementProblem) -> dict[int, float]:
     """Per batch size b: ``layer_work_bound`` of ``restrict_batch(problem, b)`` (0 where that is None),
     computed from the menus at once without building the restricted problems."""
-    limit = np.asarray(problem.lat_limit, dtype=np.float64)
+    limit = path_limit(problem)
     return _sum_batch_work([_menu_batch_work(m, limit) for m in problem.menus], int(problem.num_layers))
 
 
@@ -297,7 +298,7 @@ class ProblemCache:
         self._pairs: dict[tuple[str, str], tuple[np.ndarray, float]] = {}
         self._ends: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
         self._base: PlacementProblem | None = None
-        self._work: dict[tuple[str, int], dict[int, tuple[float, int]]] = {}
+        self._work: dict[tuple[str, int, bytes], dict[int, tuple[float, int]]] = {}
 
     def _build(self, kinds: Sequence[str]) -> PlacementProblem:
         perf, model, mode, slo, shape = self._args
@@ -325,14 +326,19 @@ class ProblemCache:
         """``batch_work_bounds`` of the multiset's problem, from per-type parts (equal, tested)."""
         kinds = tuple(sorted(nodes))
         n = len(kinds)
+        for t in kinds:
+            self._menu(t, n)
+        assert self._base is not None
+        ends = [self._ends[t] for t in kinds]
+        limit = np.asarray(self._base.lat_limit, dtype=np.float64)
+        ends_lat = np.min([e[0] for e in ends], axis=0) + np.min([e[1] for e in ends], axis=0)
+        limit = limit - np.where(np.isposinf(limit), 0.0, ends_lat)
+        key = limit.tobytes()
         parts = []
         for t in kinds:
-            if (t, n) not in self._work:
-                menu = self._menu(t, n)
-                assert self._base is not None
-                self._work[(t, n)] = _menu_batch_work(menu, np.asarray(self._base.lat_limit, dtype=np.float64))
-            parts.append(self._work[(t, n)])
-        assert self._base is not None
+            if (t, n, key) not in self._work:
+                self._work[(t, n, key)] = _menu_batch_work(self._menus[(t, n)], limit)
+            parts.append(self._work[(t, n, key)])
         return _sum_batch_work(parts, int(self._base.num_layers))
 
     def problem(self, nodes: Sequence[str]) -> PlacementProblem:

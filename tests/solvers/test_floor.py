@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
+from coral.perf import PerfModel
+from coral.workload import Slo, WorkloadShape
 from solvers.brute import brute_force_place
 from solvers.combos import layer_work_bound
 from solvers.fastplace import place
-from solvers.library import place_one_batch, restrict_batch
+from solvers.library import ProblemCache, place_one_batch, restrict_batch
 from solvers.placement import evaluate_placement
 from solvers.problem import PlacementProblem, PlacementResult
 from solvers.shapes import shape_search, work_fixed_point
@@ -143,3 +146,41 @@ def test_layer_work_bound_is_valid() -> None:
             assert ub == 0.0 and ref.status == "infeasible"
             zero += 1
     assert zero > 0
+
+
+def test_layer_work_bound_counts_the_end_edges() -> None:
+    """An option whose latency fits the limit but not with the cheapest source and sink edges added
+    carries no flow: the bound leaves it out (and is 0 when that leaves a node with nothing), and stays
+    valid against brute force on instances where the end edges take most of the limit."""
+    rng = np.random.default_rng(9600)
+    tighter = 0
+    for _ in range(150):
+        p = random_tiny_problem(rng, max_options=int(rng.integers(1, 5)))
+        n = p.n
+        ll = np.array(p.link_lat)
+        ll[:, n, :n] += rng.uniform(0.0, 1.0) * p.lat_limit[:, None]
+        p = attrs.evolve(p, link_lat=ll)
+        ref = brute_force_place(p)
+        ub = layer_work_bound(p)
+        if ref.status == "optimal":
+            assert ub >= ref.value * (1 - 1e-9)
+        plain = layer_work_bound(attrs.evolve(p, link_lat=np.zeros_like(ll)))
+        if ub < plain * (1 - 1e-9):
+            tighter += 1
+    assert tighter > 10
+
+
+def test_decode_with_a_kv_transfer_beyond_the_tpot_is_settled_by_the_bound(perf: PerfModel) -> None:
+    """qwen3-14b decode at the code shape: the KV cache of a 2,048-token prompt over the catalog's slowest
+    NIC, spread over the short-output quantile's steps, exceeds the 50 ms TPOT on the source edge alone.
+    Every batch size's bound is 0, so a build settles each multiset without placing it, and the placer,
+    asked anyway, agrees that nothing is feasible."""
+    slo, shape = Slo(1.0, 0.05, 0.9), WorkloadShape(2048, 28)
+    cache = ProblemCache(perf, "qwen3-14b", "decode", slo, shape)
+    for nodes in (["p5.48xlarge"], ["g6e.12xlarge", "p4d.24xlarge"], ["g5.12xlarge"] * 3):
+        p = cache.problem(nodes)
+        assert p.link_lat[0, p.n, 0] > p.lat_limit[0]
+        assert set(cache.batch_bounds(nodes).values()) == {0.0}
+        for b in sorted(set(p.menus[0].b.tolist())):
+            sub = restrict_batch(p, b)
+            assert sub is None or place(sub).status == "infeasible"
