@@ -792,6 +792,7 @@ def place(
     time_limit: float = 10.0,
     shape_budget: int = SHAPE_BUDGET,
     floor: float | None = None,
+    spanning: bool = False,
 ) -> PlacementResult:
     """The optimal placement of ``problem`` (see the module docstring for the method).
 
@@ -805,9 +806,15 @@ def place(
     as it proves that no placement is worth more: status ``below``, ``bound`` <= ``floor`` (that proof),
     value 0 and no placement; ``method`` names the step ("reduce": the reductions' upper bound). An
     optimum above ``floor`` is found and proven as without it.
+
+    ``spanning`` (with ``floor``): the caller guarantees that no placement with two or more components
+    (replicas side by side) is worth more than ``floor``, so the shape search decides only connected
+    placements of all the nodes (``shape_search``'s ``spanning``).
     """
     t0 = time.perf_counter()
     check_problem(problem)
+    if spanning and floor is None:
+        raise ValueError("spanning needs a floor")
     if time_limit <= 0 or math.isnan(time_limit):
         raise ValueError(f"time_limit must be > 0, got {time_limit}")
     if isinstance(shape_budget, bool) or not isinstance(shape_budget, int) or shape_budget < 0:
@@ -839,7 +846,7 @@ def place(
     inc = dp
     shape_bound = math.inf
     if shape_budget > 0:
-        found = shape_search(rp, incumbent=dp, budget=shape_budget, floor=floor)
+        found = shape_search(rp, incumbent=dp, budget=shape_budget, floor=floor, spanning=spanning)
         if found is not None and found.status == "infeasible":
             return attrs.evolve(found, solve_s=time.perf_counter() - t0)
         if found is not None and found.status == "below":

@@ -218,6 +218,7 @@ def place_one_batch(
     floor: float | None = None,
     bounds: Mapping[int, float] | None = None,
     placer: Callable[..., PlacementResult] = place,
+    spanning: bool = False,
 ) -> tuple[PlacementProblem, PlacementResult]:
     """The best placement in which every stage steps the same micro-batch (see the module docstring).
 
@@ -232,11 +233,15 @@ def place_one_batch(
     the reductions') proved it for every batch size, else "below-search". ``bounds``: the problem's
     ``batch_work_bounds`` when the caller has them already. ``placer`` solves each restricted problem
     (``solvers.fastplace.place`` by default; the Helix baseline passes the placement MILP), called as
-    ``placer(problem, time_limit=s)``; only ``place`` is given the floors.
+    ``placer(problem, time_limit=s)``; only ``place`` is given the floors. ``spanning`` (with ``floor``):
+    ``place``'s, for every batch size (a placement of several components, each at batch b, is worth no
+    more than the same components as separate templates).
     """
     t0 = time.perf_counter()
     if floor is not None and not (0 < floor < math.inf):
         raise ValueError(f"floor must be > 0 and finite (or None), got {floor!r}")
+    if spanning and floor is None:
+        raise ValueError("spanning needs a floor")
     subs = [(ub, b) for b, ub in (batch_work_bounds(problem) if bounds is None else bounds).items() if ub > 0]
     subs.sort(key=lambda x: (-x[0], -x[1]))
     best: tuple[PlacementProblem, PlacementResult] | None = None
@@ -257,7 +262,7 @@ def place_one_batch(
         assert sub is not None  # every node has an option of batch b: its bound is > 0
         left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
         if placer is place:
-            res = place(sub, time_limit=left, floor=cut if cut > 0 else None)
+            res = place(sub, time_limit=left, floor=cut if cut > 0 else None, spanning=spanning)
         else:
             res = placer(sub, time_limit=left)
         if res.status == "infeasible":
@@ -384,15 +389,16 @@ def solve_multiset(
     floor: float | None = None,
     problem: PlacementProblem | None = None,
     bounds: Mapping[int, float] | None = None,
+    spanning: bool = False,
 ) -> tuple[Template | None, PlacementResult, float]:
     """Solve one multiset; returns the template (None when infeasible or below ``floor``), the raw result
     and wall seconds. ``floor`` is ``place_one_batch``'s; ``problem``, when given, is the multiset's
     ``build_problem`` (so that a caller that built it already does not build it twice), ``bounds`` its
-    ``batch_work_bounds``."""
+    ``batch_work_bounds``; ``spanning`` is ``place_one_batch``'s."""
     t0 = time.perf_counter()
     if problem is None:
         problem = build_problem(perf, model, nodes, mode, slo, shape)
-    problem, result = place_one_batch(problem, time_limit=time_limit, floor=floor, bounds=bounds)
+    problem, result = place_one_batch(problem, time_limit=time_limit, floor=floor, bounds=bounds, spanning=spanning)
     tpl = None
     if result.status not in ("infeasible", "below") and result.value > 0:
         tpl = template_from_result(perf, problem, result, key=key, model=model, mode=mode, slo=slo, shape=shape)

@@ -1315,6 +1315,7 @@ def shape_search(
     incumbent: PlacementResult | None = None,
     budget: int = 20_000_000,
     floor: float | None = None,
+    spanning: bool = False,
 ) -> PlacementResult | None:
     """The proven optimum of ``problem`` (n <= 6) by shapes (status ``optimal`` or ``infeasible``).
 
@@ -1334,13 +1335,22 @@ def shape_search(
     decided at the threshold V - UP(rest): each placement found raises the threshold, and when none is
     left, up(S) drops to the threshold (or to the best placement found, which is then exact). The search
     ends when no S matters: no partition can beat V. ``budget`` bounds the rows enumerated.
+
+    ``spanning`` (with ``floor``): the caller knows that no placement with two or more components is
+    worth more than ``floor`` (a template build's floor is at least the best split into smaller
+    templates), so only connected placements of all the nodes are searched: every proper S starts with
+    up(S) = -inf.
     """
+    if spanning and floor is None:
+        raise ValueError("spanning needs a floor")
     tb = _Tables(problem)
     cl = _Classes(problem)
     subs = cl.subsets()
     zero = tuple(0 for _ in cl.full)
     rep = {c: tuple(m for cc, q in enumerate(c) for m in cl.members[cc][:q]) for c in subs}
-    up: dict[tuple[int, ...], float] = {c: _bound(tb, rep[c]) for c in subs}
+    up: dict[tuple[int, ...], float] = {
+        c: _bound(tb, rep[c]) if not spanning or c == cl.full else -math.inf for c in subs
+    }
     low: dict[tuple[int, ...], tuple[float, tuple[int, ...], _Witness] | None] = dict.fromkeys(subs)
     done: set[tuple[int, ...]] = set()
     bud = [budget]

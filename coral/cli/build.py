@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -30,6 +31,9 @@ from solvers.library import ProblemCache, solve_multiset
 from solvers.options import FORMULATION
 
 Multiset = tuple[str, ...]
+UNPROVEN = "(unproven)"
+"""Marks the detail of an outcome whose capacity is not proven optimal (a template with a gap, or
+"infeasible" because nothing was found in time)."""
 
 
 @attrs.frozen
@@ -93,7 +97,7 @@ def _init_worker(catalog_files: Sequence[Path], profile_files: Sequence[Path], t
     _PROBLEMS.clear()
 
 
-def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float) -> Solved:
+def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float, spanning: bool = False) -> Solved:
     assert _PERF is not None
     t0 = time.perf_counter()
     cache = _PROBLEMS.get(job)
@@ -108,6 +112,7 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float) -> So
     tpl, res, _ = solve_multiset(
         _PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT,
         floor=threshold if threshold > 0 else None, problem=cache.problem(nodes), bounds=bounds,
+        spanning=spanning and threshold > 0,
     )  # fmt: skip
     if res.status == "below":  # proven worth at most what the smaller templates give
         path = "bound-pruned" if res.method == "below-bound" else "search-pruned"
@@ -157,8 +162,9 @@ def build_library(
     _PROBLEMS.clear()
     try:
         partition: dict[BuildJob, dict[Multiset, float]] = {j: {} for j in jobs}
+        unsure: dict[BuildJob, list[Counter[str]]] = {j: [] for j in jobs}
         for size in range(1, nmax + 1):
-            pending: list[tuple[BuildJob, Multiset, str, float, float]] = []
+            pending: list[tuple[BuildJob, Multiset, str, float, float, bool]] = []
             for job in jobs:
                 level = levels[job][size]
                 keys = [
@@ -174,10 +180,12 @@ def build_library(
                     sub = best_sub(s, P)
                     if key in known:
                         P[s] = max(known[key].capacity, split)
+                        if UNPROVEN in known[key].detail:
+                            unsure[job].append(Counter(s))
                         report.reused += 1
                         done += 1
                         continue
-                    pending.append((job, s, key, split, sub))
+                    pending.append((job, s, key, split, sub, _spanning(s, unsure[job])))
             if progress:
                 progress(done, total)
             if pool is None and workers > 1 and len(pending) > 1:
@@ -192,9 +200,11 @@ def build_library(
             batch_outcomes: list[Outcome] = []
             batch_templates: list[Template] = []
             handled = 0
-            for (job, s, key, split, sub), res in zip(pending, results, strict=False):
+            for (job, s, key, split, sub, _), res in zip(pending, results, strict=False):
                 handled += 1
                 out = _record(report, job, s, key, split, sub, res, size)
+                if UNPROVEN in out.detail:
+                    unsure[job].append(Counter(s))
                 partition[job][s] = max(out.capacity, split)
                 batch_outcomes.append(out)
                 if out.outcome == "template" and res.template is not None:
@@ -216,18 +226,30 @@ def build_library(
     return report
 
 
+def _spanning(s: Multiset, unsure: Sequence[Counter[str]]) -> bool:
+    """Whether the placer may search only connected placements of all of ``s``'s nodes (``place``'s
+    ``spanning``). The build's floor is max(best split, best sub-multiset) of the partition values P,
+    and a placement of several components is worth at most the best split if every P below ``s`` is
+    exact (by induction on size: a component's value is at most its multiset's P, or else at most a
+    smaller multiset's). An unproven template or an unproven "infeasible" below ``s`` breaks that."""
+    have = Counter(s)
+    return not any(all(have[t] >= q for t, q in u.items()) for u in unsure)
+
+
 def _run(
-    pool: ProcessPoolExecutor | None, pending: list[tuple[BuildJob, Multiset, str, float, float]], stop_at: float | None
+    pool: ProcessPoolExecutor | None,
+    pending: list[tuple[BuildJob, Multiset, str, float, float, bool]],
+    stop_at: float | None,
 ) -> Any:
     """Yield results in submission order, solving in the pool when there is one, until ``stop_at``."""
     if pool is None:
-        for job, s, key, split, sub in pending:
+        for job, s, key, split, sub, span in pending:
             if stop_at is not None and time.perf_counter() > stop_at:
                 return
-            yield _solve_one(job, s, key, max(split, sub))
+            yield _solve_one(job, s, key, max(split, sub), span)
         return
     futures: list[Future[Solved]] = [
-        pool.submit(_solve_one, job, s, key, max(split, sub)) for job, s, key, split, sub in pending
+        pool.submit(_solve_one, job, s, key, max(split, sub), span) for job, s, key, split, sub, span in pending
     ]
     for f in futures:
         if stop_at is not None and time.perf_counter() > stop_at:
@@ -270,7 +292,8 @@ def _record(
         if res.path != "bound-infeasible":
             report.solved += 1
             _count_path(report, size, res.path)
-        return Outcome(key, job.model, job.mode, slo_key, s, "infeasible", None, 0.0, res.path)
+        detail = res.path if res.status == "infeasible" else f"{res.path} {UNPROVEN}"
+        return Outcome(key, job.model, job.mode, slo_key, s, "infeasible", None, 0.0, detail)
     report.solved += 1
     _count_path(report, size, res.path)
     verdict = prune_verdict(res.bound, sub, split)
@@ -282,7 +305,8 @@ def _record(
         report.proven += 1
     else:
         report.gaps.append(res.gap)
-    return Outcome(key, job.model, job.mode, slo_key, s, "template", key, res.capacity, res.path)
+    detail = res.path if res.status == "optimal" else f"{res.path} {UNPROVEN}"
+    return Outcome(key, job.model, job.mode, slo_key, s, "template", key, res.capacity, detail)
 
 
 def default_workers() -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import attrs
 import numpy as np
 import pytest
@@ -184,3 +187,60 @@ def test_decode_with_a_kv_transfer_beyond_the_tpot_is_settled_by_the_bound(perf:
         for b in sorted(set(p.menus[0].b.tolist())):
             sub = restrict_batch(p, b)
             assert sub is None or place(sub).status == "infeasible"
+
+
+def _nodes_only(p: PlacementProblem, keep: tuple[int, ...]) -> PlacementProblem:
+    """``p`` restricted to the nodes ``keep`` (the source and sink stay the last index)."""
+    idx = [*keep, p.n]
+    ll, lc = np.asarray(p.link_lat), np.asarray(p.link_cap)
+    return attrs.evolve(
+        p,
+        kinds=tuple(p.kinds[i] for i in keep),
+        menus=tuple(p.menus[i] for i in keep),
+        link_lat=ll[:, idx][:, :, idx],
+        link_cap=lc[idx][:, idx],
+    )
+
+
+def _best_split(p: PlacementProblem) -> float:
+    """The best placement with two or more components: max over splits A + B of OPT(A) + OPT(B) (each
+    brute-forced, 0 when infeasible: a split whose part cannot be placed is no placement)."""
+    opt: dict[tuple[int, ...], float] = {}
+    for r in range(1, p.n):
+        for keep in itertools.combinations(range(p.n), r):
+            ref = brute_force_place(_nodes_only(p, keep))
+            opt[keep] = ref.value if ref.status == "optimal" else -math.inf
+    best = 0.0
+    for keep, v in opt.items():
+        rest = tuple(i for i in range(p.n) if i not in keep)
+        best = max(best, v + opt[rest])
+    return best
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_spanning_search_above_the_best_split(seed: int) -> None:
+    """``spanning``: with a floor at least the best placement of several components (as a template
+    build's floor is), searching only connected placements of all the nodes is still exact above the
+    floor and ``below`` otherwise, against brute force. Four-node instances (the shape search's size),
+    kept until 8 of them have a connected optimum above their best split."""
+    rng = np.random.default_rng(9700 + seed)
+    seen: set[str] = set()
+    connected = 0
+    for _ in range(300):
+        p = random_tiny_problem(rng, n=4, num_layers=int(rng.integers(3, 7)), max_options=int(rng.integers(1, 4)))
+        ref = brute_force_place(p)
+        split = _best_split(p)
+        best = ref.value if ref.status == "optimal" else 0.0
+        connected += best > split * (1 + 1e-6)
+        floors = {f for f in (*_floors(best if best > 0 else 1.0), split, split * 1.001) if f >= split and f > 0}
+        for floor in sorted(floors):
+            for kw in ({}, {"shape_budget": 30}):
+                seen.add(_check(p, ref, place(p, floor=floor, spanning=True, **kw), floor))
+        if connected >= 8:
+            break
+    assert connected >= 8 and seen == {"below", "exact"}
+    p = random_tiny_problem(rng)
+    with pytest.raises(ValueError, match="spanning"):
+        place(p, spanning=True)
+    with pytest.raises(ValueError, match="spanning"):
+        place_one_batch(p, spanning=True)
