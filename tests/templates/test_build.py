@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from coral.catalog import Catalog
 from coral.cli import main
-from coral.cli.build import BuildJob, _params, build_library
+from coral.cli.build import UNPROVEN, BuildJob, BuildReport, Solved, _params, _record, _spanning, build_library
 from coral.perf import PerfModel
 from coral.store import TemplateStore
 from coral.workload import Slo, WorkloadShape
@@ -162,3 +163,23 @@ def test_floor_pruning_is_lossless(tmp_path: Path, perf: PerfModel) -> None:
         else:
             assert res.value == pytest.approx(cap, rel=1e-9)
     assert checked > 0  # some multisets were dropped on a bound, without their capacity
+
+
+def test_unproven_outcomes_turn_off_the_spanning_search() -> None:
+    """An outcome that is not proven (a template with a gap, or "infeasible" because nothing was found in
+    time) is marked in its detail, and a multiset above it is not searched by connected placements
+    only: its floor might not cover the placements of several components."""
+    report = BuildReport()
+
+    def solved(status: str, cap: float) -> Solved:
+        return Solved("k", ("a", "b"), cap, cap * 1.1, None, "milp", status, 0.05, 0.1)
+
+    s = ("a", "b")
+    assert UNPROVEN in _record(report, JOB, s, "k", 0.0, 0.0, solved("feasible", 2.0), 2).detail
+    assert UNPROVEN in _record(report, JOB, s, "k", 0.0, 0.0, solved("unknown", 0.0), 2).detail
+    assert UNPROVEN not in _record(report, JOB, s, "k", 0.0, 0.0, solved("optimal", 2.0), 2).detail
+    assert UNPROVEN not in _record(report, JOB, s, "k", 0.0, 0.0, solved("infeasible", 0.0), 2).detail
+    unsure = [Counter({"a": 1, "b": 1})]
+    assert not _spanning(("a", "b", "b"), unsure)
+    assert _spanning(("a", "c", "c"), unsure)
+    assert _spanning(("a", "a", "b"), [])
