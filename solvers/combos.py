@@ -117,9 +117,14 @@ def path_limit(problem: PlacementProblem) -> np.ndarray:
     decode template's KV-cache transfer sits on its source edges, and can exceed the limit alone)."""
     n = problem.n
     ll = np.asarray(problem.link_lat, dtype=np.float64)
-    limit = np.asarray(problem.lat_limit, dtype=np.float64)
-    ends = ll[:, n, :n].min(axis=1) + ll[:, :n, n].min(axis=1)
-    return limit - np.where(np.isposinf(limit), 0.0, ends)
+    return limit_less_ends(problem.lat_limit, ll[:, n, :n].min(axis=1), ll[:, :n, n].min(axis=1))
+
+
+def limit_less_ends(lat_limit: np.ndarray, source: np.ndarray, sink: np.ndarray) -> np.ndarray:
+    """``path_limit`` from its parts: the limits less the least source and sink edge latencies (per
+    metric); an unlimited metric stays unlimited."""
+    limit = np.asarray(lat_limit, dtype=np.float64)
+    return limit - np.where(np.isposinf(limit), 0.0, np.asarray(source) + np.asarray(sink))
 
 
 def layer_work_bound(problem: PlacementProblem) -> float:

@@ -28,7 +28,7 @@ import numpy as np
 from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
-from solvers.combos import path_limit
+from solvers.combos import limit_less_ends, path_limit
 from solvers.fastplace import PLACER, SMALL_NODES, place
 from solvers.options import FORMULATION, build_problem, prefill_bubble
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
@@ -335,9 +335,9 @@ class ProblemCache:
             self._menu(t, n)
         assert self._base is not None
         ends = [self._ends[t] for t in kinds]
-        limit = np.asarray(self._base.lat_limit, dtype=np.float64)
-        ends_lat = np.min([e[0] for e in ends], axis=0) + np.min([e[1] for e in ends], axis=0)
-        limit = limit - np.where(np.isposinf(limit), 0.0, ends_lat)
+        limit = limit_less_ends(
+            self._base.lat_limit, np.min([e[0] for e in ends], axis=0), np.min([e[1] for e in ends], axis=0)
+        )
         key = limit.tobytes()
         parts = []
         for t in kinds:
