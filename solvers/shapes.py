@@ -37,9 +37,14 @@ cut nodes with options of capacity >= F only, and every node with the options th
 layer-work test at F only: sum_i k_i min(c_i, F) >= L F), every cut node has such an option of capacity
 >= F that fits its paths, and every cut whose edges all carry less than F has enough node capacity.
 
-The rest is enumerated with numpy: the remaining boundaries (all increasing tuples) times the options
-of the fixed nodes, and every row is checked against every path's latency (node latencies plus the
-labelled links) and every kept cut. A feasible row is a placement of the component; its value is
+Shapes with the same intervals differ only in their edges; if the shape with every such edge and every
+latency set to zero cannot reach F for a labelling, none of them can (``_EdgeRelaxation``), so one
+decision rules out a labelling for all of them.
+
+The rest is enumerated with numpy: the remaining boundaries (all increasing tuples, each prefix kept only
+while every kept cut can still carry F with the capacities its nodes may have at their lengths so far)
+times the options of the fixed nodes, and every row is checked against every path's latency (node
+latencies plus the labelled links) and every kept cut. A feasible row is a placement of the component; its value is
 recomputed by an exact maximum flow.
 
 ``shape_search`` then finds the best partition (see its docstring): thresholds from an incumbent and
@@ -741,15 +746,26 @@ class _Labelled:
         return front, backs
 
     def _rows(
-        self, allowed: list[np.ndarray], lb_lat: list[np.ndarray], base: np.ndarray, budget: list[int]
+        self,
+        allowed: list[np.ndarray],
+        lb_lat: list[np.ndarray],
+        base: np.ndarray,
+        budget: list[int],
+        cuts: Sequence[tuple[list[int], float]] = (),
+        ub_cap: Sequence[np.ndarray] = (),
+        F: float = 0.0,
     ) -> np.ndarray:
         """Every kept-boundary position vector 0 = B_0 < ... < B_r = L in which each element's length
-        has an allowed option and no path's latency lower bound exceeds the limits, built boundary by
-        boundary. ``lb_lat[q]`` (metrics, L + 1) is element q's least latency per length; ``base``
-        (metrics, paths) the path's links plus the least latency of its elements at any length."""
+        has an allowed option, no path's latency lower bound exceeds the limits and every cut of
+        ``cuts`` (elements, capacity of its edges) can carry F, built boundary by boundary. ``lb_lat[q]``
+        (metrics, L + 1) is element q's least latency per length; ``base`` (metrics, paths) the path's
+        links plus the least latency of its elements at any length; ``ub_cap[q]`` (L + 1) the largest
+        capacity of element q per length. An element not yet ended holds at least its layers so far plus
+        one per boundary left, so its capacity is at most the largest at that length or more."""
         tb = self.tb
         L = tb.L
         r = len(self.kept) - 1
+        sufmax = [np.maximum.accumulate(u[::-1])[::-1] for u in ub_cap] if cuts else []
         by_end: dict[int, list[int]] = {}
         for q, (_, b) in enumerate(self.elem_iv):
             by_end.setdefault(b, []).append(q)
@@ -785,6 +801,18 @@ class _Labelled:
                         add = np.where(ok[None], lb_lat[q][:, k] - floor[q][:, None], 0.0)  # (nm, R)
                     acc[:, :, on_path[q]] += add[:, :, None]
             ok &= np.all(acc <= tb.budget[:, None, None], axis=(0, 2))
+            if cuts:
+                rows, acc, ok = rows[ok], acc[:, ok], np.ones(int(ok.sum()), bool)
+                most = []
+                for q, (a, b) in enumerate(self.elem_iv):
+                    if b <= t:
+                        most.append(ub_cap[q][rows[:, b] - rows[:, a]])
+                    elif a <= t:
+                        most.append(sufmax[q][np.minimum(rows[:, t] - rows[:, a] + (b - t), L)])
+                    else:
+                        most.append(np.full(rows.shape[0], sufmax[q][min(b - a, L)]))
+                for els, es in cuts:
+                    ok &= sum((most[q] for q in els), np.full(rows.shape[0], es)) >= F
             rows, acc = rows[ok], acc[:, ok]
             if rows.shape[0] == 0:
                 break
@@ -838,7 +866,9 @@ class _Labelled:
                 base[:, pi] += fin.min(axis=1) if fin.size else np.inf
         if np.any(base > tb.budget[:, None]):
             return None
-        rowsB = self._rows(allowed, lb_lat, base, budget)
+        # per element and k: largest (clipped) capacity over its usable options
+        ub_cap = [np.where(el_ok[q], el_cap[q], -np.inf).max(axis=1) for q in range(ne)]  # (L+1,)
+        rowsB = self._rows(allowed, lb_lat, base, budget, kept_cuts, ub_cap, F)
         if rowsB.shape[0] == 0:
             return None
         cand = [q for q in range(nseg, ne) if not (self.need[q] and F > 0)]
@@ -846,8 +876,6 @@ class _Labelled:
         free = _free_set(cand, [els for els, _ in kept_cuts], [el_lat[q].shape[2] for q in range(ne)])
         fixed = [q for q in range(ne) if q not in free]
         ks = np.stack([rowsB[:, b] - rowsB[:, a] for a, b in self.elem_iv], axis=1)
-        # per element and k: largest (clipped) capacity over its usable options
-        ub_cap = [np.where(el_ok[q], el_cap[q], -np.inf).max(axis=1) for q in range(ne)]  # (L+1,)
         # level-by-level expansion over the fixed elements, pruned by latency lower bounds on every
         # path and capacity upper bounds on every kept cut
         rows = np.arange(rowsB.shape[0])
@@ -1124,6 +1152,84 @@ def _multiset_perms(classes: tuple[int, ...]) -> np.ndarray:
     return np.array(sorted(set(itertools.permutations(classes))), dtype=np.int64).reshape(-1, len(classes))
 
 
+@functools.cache
+def _variants(s: int) -> dict[tuple[int, tuple[tuple[int, int], ...]], int]:
+    """Per interval pattern (m, iv) of the connected shapes of ``s`` nodes: how many shapes have it."""
+    out: dict[tuple[int, tuple[tuple[int, int], ...]], int] = {}
+    for sk in skeletons(s):
+        out[(sk.m, sk.iv)] = out.get((sk.m, sk.iv), 0) + 1
+    return out
+
+
+@functools.cache
+def _full_shape(m: int, iv: tuple[tuple[int, int], ...]) -> tuple[Skeleton, np.ndarray]:
+    """The shape with intervals ``iv`` and every possible edge (each node ending at a boundary feeds each
+    node starting there), and its automorphisms (every permutation that keeps the intervals) as rows."""
+    s = len(iv)
+    edges = tuple((i, j) for i in range(s) for j in range(s) if iv[i][1] == iv[j][0])
+    aut = tuple(_perms_within(iv))
+    return Skeleton(m, iv, edges, aut), np.array(aut, dtype=np.int64).reshape(-1, s)
+
+
+class _EdgeRelaxation:
+    """Rules out labelled shapes many at a time, exactly.
+
+    Shapes that share their intervals differ only in their edges, and each has a subset of the edges of
+    the *full* shape with those intervals. Adding edges never lowers a maximum flow, never adds a cut
+    node, and never makes an option unusable but through latency. So if the full shape with every
+    latency set to zero (the same problem otherwise) has no placement of flow >= F for a labelling, no
+    shape with those intervals has one for it. A labelling is identified up to the full shape's
+    automorphisms and interchangeable nodes; the smallest F at which each was ruled out is kept (a larger
+    F is ruled out too)."""
+
+    def __init__(self, problem: PlacementProblem, cl: _Classes) -> None:
+        free = tuple(attrs.evolve(m, lat=np.zeros_like(np.asarray(m.lat, dtype=np.float64))) for m in problem.menus)
+        self.tb = _Tables(attrs.evolve(problem, menus=free, link_lat=np.zeros_like(problem.link_lat)))
+        self.cl = cl
+        self.cls = np.zeros(problem.n, np.int64)
+        for c, mem in enumerate(cl.members):
+            self.cls[mem] = c
+        self.base = len(cl.members) + 1
+        self.fams: dict[tuple[object, ...], tuple[_Family, dict[int, int]]] = {}
+        self.out: dict[tuple[object, ...], float] = {}
+        self.cand: dict[tuple[object, ...], set[int]] = {}
+
+    def _code(self, iv: tuple[tuple[int, int], ...], perms: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        weights = self.base ** np.arange(len(iv) - 1, -1, -1, dtype=np.int64)
+        pat = self.cls[labels]  # (R, s)
+        return (pat[:, perms] @ weights).min(axis=1)  # (R,)
+
+    def codes(self, sk: Skeleton, labels: np.ndarray) -> np.ndarray | None:
+        """Per labelling (row of ``labels``), its identity for ``rules_out``; None when ``sk`` is the only
+        shape with its intervals (nothing to share)."""
+        if _variants(sk.s)[(sk.m, sk.iv)] < 2:
+            return None
+        return self._code(sk.iv, _full_shape(sk.m, sk.iv)[1], labels)
+
+    def rules_out(self, sk: Skeleton, counts: tuple[int, ...], code: int, F: float, budget: list[int]) -> bool:
+        """Whether no shape with ``sk``'s intervals, labelled as ``code`` says, has flow >= F (F > 0)."""
+        if F <= 0:
+            return False
+        key = (sk.m, sk.iv, code)
+        if self.out.get(key, math.inf) <= F:
+            return True
+        fk = (sk.m, sk.iv, counts)
+        if fk not in self.fams:
+            full, perms = _full_shape(sk.m, sk.iv)
+            labs = self.cl.labellings(full, counts)
+            fam = _Family(_shape(full), labs, self.tb)
+            self.fams[fk] = (fam, {int(x): r for r, x in enumerate(self._code(sk.iv, perms, labs))})
+        fam, rows = self.fams[fk]
+        row = rows[code]
+        ck = (fk, F)
+        if ck not in self.cand:
+            self.cand = {ck: set(fam.candidates(F).tolist())}
+        if row in self.cand[ck] and fam.labelled(row).decide(F, budget) is not None:
+            return False
+        self.out[key] = min(self.out.get(key, math.inf), F)
+        return True
+
+
 def _component_value(tb: _Tables, nodes: Sequence[int], w: _Witness) -> float:
     """The exact maximum flow of one component placement (on the sub-problem of its nodes)."""
     p = tb.p
@@ -1345,6 +1451,7 @@ def shape_search(
         raise ValueError("spanning needs a floor")
     tb = _Tables(problem)
     cl = _Classes(problem)
+    relax = _EdgeRelaxation(problem, cl)
     subs = cl.subsets()
     zero = tuple(0 for _ in cl.full)
     rep = {c: tuple(m for cc, q in enumerate(c) for m in cl.members[cc][:q]) for c in subs}
@@ -1415,10 +1522,13 @@ def shape_search(
                 if labels.shape[0] == 0:
                     continue
                 fam = _Family(sh, labels, tb)
+                codes = relax.codes(sk, fam.labels)
                 for row in fam.candidates(F):
-                    lab = fam.labelled(int(row))
                     F = max(tau, cur[0] if cur is not None else -math.inf)
                     F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
+                    if codes is not None and relax.rules_out(sk, c, int(codes[row]), F, bud):
+                        continue
+                    lab = fam.labelled(int(row))
                     while (w := lab.decide(F, bud)) is not None:
                         v = _component_value(tb, lab.nodes, w)
                         feasible = True
