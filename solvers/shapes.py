@@ -290,6 +290,7 @@ class _Tables:
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
         self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._fit: tuple[np.ndarray, np.ndarray] | None = None
         self.fronts: dict[
             tuple[tuple[int, ...], float, tuple[int, ...]], tuple[np.ndarray, list[tuple[np.ndarray, int, int]]]
         ] = {}
@@ -351,6 +352,29 @@ class _Tables:
             ok = self.opt[i] >= 0
             self._slack[key] = (tot[:, ok], self.cap[i][ok])
         return self._slack[key]
+
+    def fit_cap(self, keys: np.ndarray, inv: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """One metric only: for row r, node ``keys[inv[r]] >> n`` on a path with the other nodes
+        ``keys[inv[r]] & (2^n - 1)``, the largest capacity of its options whose ``slack`` is at most
+        ``room[r]`` (-inf when none is)."""
+        if self._fit is None:
+            n = self.n
+            tabs = [self.slack(u >> n, u & ((1 << n) - 1)) for u in range(n << n)]
+            width = max(1, max(c.size for _, c in tabs))
+            T = np.full((n << n, width), np.inf)
+            C = np.full((n << n, width + 1), -np.inf)
+            for u, (tot, cap) in enumerate(tabs):
+                if cap.size:
+                    order = np.argsort(tot[0], kind="stable")
+                    T[u, : cap.size] = tot[0][order]
+                    C[u, 1 : cap.size + 1] = np.maximum.accumulate(cap[order])
+                    C[u, cap.size + 1 :] = C[u, cap.size]  # padding counted as fitting (infinite room) adds nothing
+            self._fit = (T, C)
+        T, C = self._fit
+        room = room + 1e-12 * np.maximum(np.abs(room), 1.0)  # never stricter than tot + links <= budget
+        rows = keys[inv]
+        cnt = (T[rows] <= room[:, None]).sum(axis=1)  # sorted rows: the options that fit come first
+        return C[rows, cnt]
 
     def cover_masks(self, masks: np.ndarray) -> np.ndarray:
         """``cover`` for node sets given as bit masks: (metrics, len(masks))."""
@@ -571,6 +595,7 @@ class _Family:
     def __init__(self, sh: _Shape, labels: np.ndarray, tb: _Tables) -> None:
         self.sh, self.tb = sh, tb
         n, s = tb.n, sh.sk.s
+        labels = labels[_covers(sh, labels, tb)]  # the rest is never viable
         self.labels = labels  # (NL, s) problem nodes
         ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
         eu = np.array([u for u, _ in sh.edges], dtype=np.int64)
@@ -590,8 +615,6 @@ class _Family:
         self.path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for pi, path in enumerate(sh.sk.paths):
             mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
-            tot = full[:, :, pi] + tb.cover_masks(mask)
-            viable &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
             cut = [x for x in path if sh.cutnode[x]]
             cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(nl, np.int64)
             keys, inv = np.unique(mask * (1 << n) + cmask, return_inverse=True)
@@ -609,13 +632,17 @@ class _Family:
         self.cut_es = np.where(inc[live][None], self.ecap[:, None, :], 0.0).sum(axis=2)
         # kappa: per shape node, the largest capacity of an option that fits every path through it
         kap = np.full((nl, s), np.inf)
-        for pi, path in enumerate(sh.sk.paths):
+        for pi, path in enumerate(sh.sk.paths if nl else ()):
             lk = full[:, :, pi]  # (nm, NL)
             for j in path:
                 others = [x for x in path if x != j]
                 rest = np.bitwise_or.reduce(bits[:, others], axis=1) if others else np.zeros(nl, np.int64)
                 keys = labels[:, j] * (1 << n) + rest
                 uniq, inv = np.unique(keys, return_inverse=True)
+                inv = inv.reshape(-1)
+                if tb.nm == 1:
+                    kap[:, j] = np.minimum(kap[:, j], tb.fit_cap(uniq, inv, tb.budget[0] - lk[0]))
+                    continue
                 tabs = [tb.slack(int(u) >> n, int(u) & ((1 << n) - 1)) for u in uniq]
                 width = max(t[1].size for t in tabs)
                 tot = np.full((len(tabs), tb.nm, width), np.inf)
@@ -623,7 +650,6 @@ class _Family:
                 for u, (tt, cc) in enumerate(tabs):
                     tot[u, :, : cc.size] = tt
                     cap[u, : cc.size] = cc
-                inv = inv.reshape(-1)
                 fits = np.all(tot[inv].transpose(1, 0, 2) + lk[:, :, None] <= tb.budget[:, None, None], axis=0)
                 kap[:, j] = np.minimum(kap[:, j], np.where(fits, cap[inv], -np.inf).max(axis=1))
         self.kappa = kap
@@ -667,6 +693,23 @@ class _Family:
 
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
+
+
+def _covers(sh: _Shape, labels: np.ndarray, tb: _Tables) -> np.ndarray:
+    """Per labelling, whether each path's nodes can cover the L layers within the limits with its links
+    (``_Family``'s viability test, without the capacities)."""
+    n = tb.n
+    ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
+    U = ext[:, [u for u, _ in sh.edges]]
+    V = ext[:, [v for _, v in sh.edges]]
+    elat = tb.ll[:, U, V]  # (nm, NL, E)
+    bits = 1 << labels
+    ok = np.ones(labels.shape[0], bool)
+    for pi, path in enumerate(sh.sk.paths):
+        mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
+        tot = elat[:, :, list(sh.path_all[pi])].sum(axis=2) + tb.cover_masks(mask)
+        ok &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
+    return ok
 
 
 def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndarray:
@@ -1218,9 +1261,9 @@ class _EdgeRelaxation:
             full, perms = _full_shape(sk.m, sk.iv)
             labs = self.cl.labellings(full, counts)
             fam = _Family(_shape(full), labs, self.tb)
-            self.fams[fk] = (fam, {int(x): r for r, x in enumerate(self._code(sk.iv, perms, labs))})
+            self.fams[fk] = (fam, {int(x): r for r, x in enumerate(self._code(sk.iv, perms, fam.labels))})
         fam, rows = self.fams[fk]
-        row = rows[code]
+        row = rows.get(code, -1)  # -1: no path of the full shape can cover the layers
         ck = (fk, F)
         if ck not in self.cand:
             self.cand = {ck: set(fam.candidates(F).tolist())}

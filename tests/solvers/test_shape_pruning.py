@@ -3,6 +3,7 @@ feasible labelled shape, and they do rule things out."""
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -64,7 +65,7 @@ def test_cut_test_on_boundaries_keeps_every_feasible_placement(seed: int, monkey
         return plain(self, allowed, lb_lat, base, budget)
 
     checked = 0
-    for t in range(8):
+    for t in range(14):
         n = 3 + t % 3
         p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(3, 9)), max_options=4)
         tb, cl = _Tables(p), _Classes(p)
@@ -88,4 +89,33 @@ def test_cut_test_on_boundaries_keeps_every_feasible_placement(seed: int, monkey
                     assert (with_cuts is None) == (without is None), (sk, fam.labels[row], F)
                     removed += sum(-x for x in got)
                     checked += 1
-    assert checked > 200 and removed > 0, (checked, removed)
+    assert checked > 150 and removed > 0, (checked, removed)
+
+
+def test_one_metric_kappa_matches_the_general_rule() -> None:
+    """``_Tables.fit_cap`` (the one-metric shortcut for a shape node's largest usable capacity) gives the
+    same per-node capacities as the general rule, which the same problem with a second, idle metric
+    takes."""
+    rng = np.random.default_rng(7300)
+    compared = finite = 0
+    for t in range(12):
+        n = 2 + t % 4
+        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(3, 9)), max_options=5, num_metrics=1)
+        if t % 3 == 0:  # no latency limit at all
+            p = attrs.evolve(p, lat_limit=np.array([np.inf]))
+        menus = tuple(attrs.evolve(m, lat=np.vstack([m.lat, np.zeros_like(m.lat)])) for m in p.menus)
+        two = attrs.evolve(
+            p,
+            menus=menus,
+            link_lat=np.concatenate([p.link_lat, np.zeros_like(p.link_lat)]),
+            lat_limit=np.array([p.lat_limit[0], np.inf]),
+        )
+        tb1, tb2, cl = _Tables(p), _Tables(two), _Classes(p)
+        for sk in skeletons(n):
+            labels = cl.labellings(sk, cl.full)
+            f1, f2 = _Family(_shape(sk), labels, tb1), _Family(_shape(sk), labels, tb2)
+            np.testing.assert_array_equal(f1.labels, f2.labels)
+            np.testing.assert_array_equal(f1.kappa, f2.kappa)
+            compared += f1.kappa.size
+            finite += int(np.isfinite(f1.kappa).sum())
+    assert compared > 500 and finite > 100, (compared, finite)
