@@ -44,8 +44,8 @@ decision rules out a labelling for all of them.
 The rest is enumerated with numpy: the remaining boundaries (all increasing tuples, each prefix kept only
 while every kept cut can still carry F with the capacities its nodes may have at their lengths so far)
 times the options of the fixed nodes, and every row is checked against every path's latency (node
-latencies plus the labelled links) and every kept cut. A feasible row is a placement of the component; its value is
-recomputed by an exact maximum flow.
+latencies plus the labelled links) and every kept cut. A feasible row is a placement of the component;
+its value is recomputed by an exact maximum flow.
 
 ``shape_search`` then finds the best partition (see its docstring): thresholds from an incumbent and
 from upper bounds skip most components, and each component's best value is raised by repeated decisions
@@ -359,16 +359,18 @@ class _Tables:
         ``room[r]`` (-inf when none is)."""
         if self._fit is None:
             n = self.n
-            tabs = [self.slack(u >> n, u & ((1 << n) - 1)) for u in range(n << n)]
-            width = max(1, max(c.size for _, c in tabs))
+            tabs = {  # a node is never in its own rest
+                u: self.slack(u >> n, u & ((1 << n) - 1)) for u in range(n << n) if not (u >> (u >> n)) & 1
+            }
+            width = max(1, max(c.size for _, c in tabs.values()))
             T = np.full((n << n, width), np.inf)
             C = np.full((n << n, width + 1), -np.inf)
-            for u, (tot, cap) in enumerate(tabs):
+            for u, (tot, cap) in tabs.items():
                 if cap.size:
                     order = np.argsort(tot[0], kind="stable")
                     T[u, : cap.size] = tot[0][order]
                     C[u, 1 : cap.size + 1] = np.maximum.accumulate(cap[order])
-                    C[u, cap.size + 1 :] = C[u, cap.size]  # padding counted as fitting (infinite room) adds nothing
+                    C[u, cap.size + 1 :] = C[u, cap.size]  # padding that fits (infinite room) adds nothing
             self._fit = (T, C)
         T, C = self._fit
         room = room + 1e-12 * np.maximum(np.abs(room), 1.0)  # never stricter than tot + links <= budget
@@ -595,31 +597,35 @@ class _Family:
     def __init__(self, sh: _Shape, labels: np.ndarray, tb: _Tables) -> None:
         self.sh, self.tb = sh, tb
         n, s = tb.n, sh.sk.s
-        labels = labels[_covers(sh, labels, tb)]  # the rest is never viable
-        self.labels = labels  # (NL, s) problem nodes
         ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
         eu = np.array([u for u, _ in sh.edges], dtype=np.int64)
         ev = np.array([v for _, v in sh.edges], dtype=np.int64)
         U, V = ext[:, eu], ext[:, ev]  # (NL, E); index s maps to n (source / sink)
-        self.elat = tb.ll[:, U, V]  # (nm, NL, E)
+        elat = tb.ll[:, U, V]  # (nm, NL, E)
+        full = np.stack([elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_all], axis=2).reshape(
+            tb.nm, labels.shape[0], len(sh.path_all)
+        )
+        masks = [np.bitwise_or.reduce((1 << labels)[:, list(path)], axis=1) for path in sh.sk.paths]
+        covers = np.ones(labels.shape[0], bool)  # each path's nodes can cover the layers within the limits
+        for pi, mask in enumerate(masks):
+            tot = full[:, :, pi] + tb.cover_masks(mask)
+            covers &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
+        labels, U, V, elat, full = labels[covers], U[covers], V[covers], elat[:, covers], full[:, covers]
+        masks = [m[covers] for m in masks]
+        self.labels = labels  # (NL, s) problem nodes
+        self.elat = elat
         self.ecap = tb.lc[U, V]  # (NL, E)
         nl = labels.shape[0]
         self.plink = np.stack([self.elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_edges], axis=2).reshape(
             tb.nm, nl, len(sh.path_edges)
         )
-        full = np.stack([self.elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_all], axis=2).reshape(
-            tb.nm, nl, len(sh.path_all)
-        )
         bits = 1 << labels  # (NL, s)
-        viable = np.ones(nl, bool)
         self.path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for pi, path in enumerate(sh.sk.paths):
-            mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
             cut = [x for x in path if sh.cutnode[x]]
             cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(nl, np.int64)
-            keys, inv = np.unique(mask * (1 << n) + cmask, return_inverse=True)
+            keys, inv = np.unique(masks[pi] * (1 << n) + cmask, return_inverse=True)
             self.path_keys.append((keys, inv.reshape(-1), full[:, :, pi]))
-        self.viable = viable
         # per cut: sum and largest of its edge capacities; per element: the largest capacity of its nodes
         E = len(sh.edges)
         inc = np.zeros((len(sh.cuts), E), bool)
@@ -653,7 +659,7 @@ class _Family:
                 fits = np.all(tot[inv].transpose(1, 0, 2) + lk[:, :, None] <= tb.budget[:, None, None], axis=0)
                 kap[:, j] = np.minimum(kap[:, j], np.where(fits, cap[inv], -np.inf).max(axis=1))
         self.kappa = kap
-        self.viable &= np.all(kap > -np.inf, axis=1)
+        self.viable = np.all(kap > -np.inf, axis=1)
         self.el_maxcap = np.stack([kap[:, list(e)].min(axis=1) for e in sh.elements], axis=1)
 
     def candidates(self, F: float) -> np.ndarray:
@@ -693,23 +699,6 @@ class _Family:
 
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
-
-
-def _covers(sh: _Shape, labels: np.ndarray, tb: _Tables) -> np.ndarray:
-    """Per labelling, whether each path's nodes can cover the L layers within the limits with its links
-    (``_Family``'s viability test, without the capacities)."""
-    n = tb.n
-    ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
-    U = ext[:, [u for u, _ in sh.edges]]
-    V = ext[:, [v for _, v in sh.edges]]
-    elat = tb.ll[:, U, V]  # (nm, NL, E)
-    bits = 1 << labels
-    ok = np.ones(labels.shape[0], bool)
-    for pi, path in enumerate(sh.sk.paths):
-        mask = np.bitwise_or.reduce(bits[:, list(path)], axis=1)
-        tot = elat[:, :, list(sh.path_all[pi])].sum(axis=2) + tb.cover_masks(mask)
-        ok &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
-    return ok
 
 
 def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndarray:
