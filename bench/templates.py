@@ -9,6 +9,11 @@ which skipped by the upper bound without solving); solve paths ("reduce", "shape
 "search-pruned": the placer proved it worth no more than its smaller templates), in all and by size;
 proven optimal; the gap distribution of the rest; time per solved multiset p50/p99 by size; wall time;
 multisets per second per core.
+
+``--catalog``: the default catalog instead of a scenario: every model and every node type of the built-in
+catalog, each model under the scenario's SLO and shape where the scenario deploys it, else the "chat"
+class (TTFT 2 s, TPOT 100 ms, 1155/211 tokens). It first prints how many multisets each model enumerates
+per size (46 node types give tens of millions at N_max 6), then builds within the budget.
 """
 
 from __future__ import annotations
@@ -28,12 +33,18 @@ from coral.cli.build import BuildJob, build_library
 from coral.perf import PerfModel
 from coral.scenario import load_scenario
 from coral.store import TemplateStore
+from coral.workload import Slo, WorkloadShape
+from solvers.combos import enumerate_multisets
+
+CHAT_SLO = Slo(ttft_s=2.0, tpot_s=0.1, attainment=0.9)
+CHAT_SHAPE = WorkloadShape(mean_in=1155, mean_out=211)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="core")
     ap.add_argument("--models", default=None, help="comma-separated (default: the scenario's)")
+    ap.add_argument("--catalog", action="store_true", help="every model and node type of the built-in catalog")
     ap.add_argument("--modes", default="aggregated")
     ap.add_argument("--nmax", type=int, default=6)
     ap.add_argument("--rho", type=float, default=12.0)
@@ -45,25 +56,42 @@ def main() -> int:
     cat = load_catalog()
     perf = PerfModel(cat)
     sc = load_scenario(args.scenario, cat)
-    deps = {d.model: d for d in sc.deployments}
-    models = args.models.split(",") if args.models else sorted(deps, key=lambda m: cat.models[m].weight_bytes)
+    targets = {d.model: (d.slo, d.shape) for d in sc.deployments}
+    node_types = list(sc.node_types)
+    if args.catalog:
+        targets = {m: targets.get(m, (CHAT_SLO, CHAT_SHAPE)) for m in cat.models}
+        node_types = sorted(cat.nodes)
+    models = args.models.split(",") if args.models else sorted(targets, key=lambda m: cat.models[m].weight_bytes)
+    for m in models:
+        if m not in targets:
+            ap.error(f"--models: {m!r} is not deployed by scenario {args.scenario!r} (known: {', '.join(targets)})")
     store_path = args.store or Path(tempfile.mkdtemp(prefix="coral-bench-")) / "templates.sqlite"
     print(
         f"machine: {os.cpu_count()} cores; workers {args.workers}; N_max {args.nmax}; rho {args.rho}; "
-        f"{len(sc.node_types)} node types; store {store_path}"
+        f"{len(node_types)} node types; store {store_path}"
     )
+    if args.catalog:
+        total = 0
+        for model in models:
+            t0 = time.perf_counter()
+            lv = enumerate_multisets(perf, model, node_types, targets[model][1], nmax=args.nmax, rho=args.rho)
+            sizes = [len(v) for v in lv.values()]
+            total += sum(sizes)
+            took = time.perf_counter() - t0
+            print(f"   {model}: {sum(sizes):,} multisets (by size {sizes}; enumerated in {took:.1f} s)")
+        print(f"   all models: {total:,} multisets per mode")
     out = []
     t_all = time.perf_counter()
     with TemplateStore(store_path) as store:
         for model in models:
-            d = deps[model]
+            slo, shape = targets[model]
             for mode in args.modes.split(","):
                 left = args.budget - (time.perf_counter() - t_all)
                 if left <= 0:
                     print(f"budget spent: {model} {mode} not built")
                     continue
-                job = BuildJob(model, mode, d.slo, d.shape)
-                r = build_library(perf, store, [job], list(sc.node_types), nmax=args.nmax, rho=args.rho,
+                job = BuildJob(model, mode, slo, shape)
+                r = build_library(perf, store, [job], node_types, nmax=args.nmax, rho=args.rho,
                                   workers=args.workers, deadline_s=left)  # fmt: skip
                 row = _row(model, mode, r, args.workers)
                 out.append(row)
