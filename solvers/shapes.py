@@ -41,11 +41,15 @@ Shapes with the same intervals differ only in their edges; if the shape with eve
 latency set to zero cannot reach F for a labelling, none of them can (``_EdgeRelaxation``), so one
 decision rules out a labelling for all of them.
 
-The rest is enumerated with numpy: the remaining boundaries (all increasing tuples, each prefix kept only
-while every kept cut can still carry F with the capacities its nodes may have at their lengths so far)
-times the options of the fixed nodes, and every row is checked against every path's latency (node
-latencies plus the labelled links) and every kept cut. A feasible row is a placement of the component;
-its value is recomputed by an exact maximum flow.
+The rest is enumerated with numpy (``_enumerate``): the remaining boundaries, placed one at a time, each
+only at the positions that the lengths with a usable option allow (an element's length is checked as
+soon as it is known: at its end, or at its start when it ends at L), each prefix kept only while every
+path's latency bound and every kept cut (with the capacities its elements may have at their lengths so
+far) still allow F; then times the options of the fixed nodes, every row checked against every path's
+latency (node latencies plus the labelled links) and every kept cut. A feasible row is a placement of
+the component; its value is recomputed by an exact maximum flow. The labellings of one shape are
+screened in groups (``_Family.screen``): one enumeration of their boundaries together, so that only
+those with a boundary vector are decided one by one.
 
 ``shape_search`` then finds the best partition (see its docstring): thresholds from an incumbent and
 from upper bounds skip most components, and each component's best value is raised by repeated decisions
@@ -71,6 +75,9 @@ from solvers.problem import Edge, PlacementProblem, PlacementResult
 
 SEARCH_RTOL = 1e-9
 """A new placement must beat the best one by this much (relative) to count as better."""
+
+SCREEN = 64
+"""Labellings of one shape whose boundary vectors are enumerated together (``_Family.screen``)."""
 
 # ----------------------------------------------------------------------------------------------------
 # The catalogue of connected shapes
@@ -287,6 +294,7 @@ class _Tables:
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
         self._cover_work: dict[tuple[int, float], np.ndarray | None] = {}
         self.collapsed: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.elements: dict[tuple[tuple[int, ...], bool, float, int], _ElementAt] = {}
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
         self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -590,6 +598,90 @@ def _shape(sk: Skeleton) -> _Shape:
     )
 
 
+@attrs.frozen(eq=False)
+class _Step:
+    """What ``_enumerate`` does when it places kept boundary t at position p.
+
+    ``ends``: the elements whose length becomes known: those ending at t, and those ending at L that
+    start at t (at 1 for those that start at 0); ``tail`` marks the latter (their end is L), ``starts``
+    holds their start boundaries and ``onpath`` their paths ((ends, paths) 0/1, None when on none).
+    Every element's length is at least rows[:, cb] + db - rows[:, ca] - da, exactly once ``ended``.
+    The positions worth trying: p >= rows[:, lo_col] + kmin[lo_q] and p <= rows[:, hi_col] +
+    kmax[hi_q] - hi_off (columns of boundaries already placed), p >= L - kmax[cl_q] and
+    p <= L - kmin[cu_q] - cu_off, with kmin/kmax each element's least and largest allowed length."""
+
+    ends: np.ndarray
+    starts: np.ndarray
+    tail: np.ndarray
+    onpath: np.ndarray | None
+    cb: np.ndarray
+    db: np.ndarray
+    ca: np.ndarray
+    da: np.ndarray
+    ended: np.ndarray
+    lo_col: np.ndarray
+    lo_q: np.ndarray
+    hi_col: np.ndarray
+    hi_q: np.ndarray
+    hi_off: np.ndarray
+    cl_q: np.ndarray
+    cu_q: np.ndarray
+    cu_off: np.ndarray
+
+
+@attrs.frozen(eq=False)
+class _RowPlan:
+    """One ``_Step`` per kept boundary 1..r of a shape with L layers, and which elements each path holds
+    (elements, paths) 0/1."""
+
+    r: int
+    steps: tuple[_Step, ...]
+    onpath: np.ndarray
+
+
+@functools.cache
+def _row_plan(sh: _Shape, L: int) -> _RowPlan:
+    r = len(sh.kept) - 1
+    iv = np.array(sh.elem_iv, np.int64).reshape(-1, 2)
+    a, b = iv[:, 0], iv[:, 1]
+    tail = b == r
+    known = np.where(tail, np.maximum(a, 1), b)  # the step at which each element's length is known
+    onp = np.zeros((len(sh.elements), len(sh.paths_el)))
+    for pi, els in enumerate(sh.paths_el):
+        onp[list(els), pi] = 1.0
+    steps = []
+    for t in range(1, r + 1):
+        ends = np.flatnonzero(known == t)
+        op = onp[ends]
+        ended = known <= t
+        closing = np.flatnonzero((b == t) & (a < t))
+        opened = np.flatnonzero((a < t) & (t < b) & ~tail)
+        starting = np.flatnonzero((a == t) & ~tail)
+        tails = np.flatnonzero(tail & (a == t)) if t < r else np.zeros(0, np.int64)
+        steps.append(
+            _Step(
+                ends=ends,
+                starts=a[ends],
+                tail=tail[ends],
+                onpath=op if op.any() else None,
+                cb=np.where(ended & tail, 0, np.minimum(b, t)),
+                db=np.where(ended & tail, L, np.maximum(b - t, 0)),
+                ca=np.minimum(a, t),
+                da=np.maximum(a - t, 0),
+                ended=ended,
+                lo_col=a[closing],
+                lo_q=closing,
+                hi_col=np.concatenate([a[closing], a[opened]]),
+                hi_q=np.concatenate([closing, opened]),
+                hi_off=np.concatenate([np.zeros(closing.size, np.int64), b[opened] - t]),
+                cl_q=tails,
+                cu_q=np.concatenate([tails, starting]),
+                cu_off=np.concatenate([np.zeros(tails.size, np.int64), r - b[starting]]),
+            )
+        )
+    return _RowPlan(r, tuple(steps), onp)
+
+
 class _Family:
     """Every labelling of one shape by one sub-multiset, as arrays (one row per labelling), with the
     label-dependent data: link latencies per path, edge capacities per cut, and a coverage test."""
@@ -636,6 +728,10 @@ class _Family:
         self.cuts = [sh.cuts[c] for c in live]  # the cuts that some labelling can keep
         self.cut_emax = emax[:, live]
         self.cut_es = np.where(inc[live][None], self.ecap[:, None, :], 0.0).sum(axis=2)
+        self.cut_els = [list(els) for els, _ in self.cuts]
+        self.cut_mat = np.zeros((len(self.cuts), len(sh.elements)))  # (C, elements): how often a cut holds one
+        for c, els in enumerate(self.cut_els):
+            np.add.at(self.cut_mat[c], els, 1.0)
         # kappa: per shape node, the largest capacity of an option that fits every path through it
         kap = np.full((nl, s), np.inf)
         for pi, path in enumerate(sh.sk.paths if nl else ()):
@@ -700,6 +796,23 @@ class _Family:
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
 
+    def screen(self, rows: Sequence[int], F: float, budget: list[int]) -> list[tuple[_Labelled, _Prep]]:
+        """The labellings of ``rows`` (in order) for which the row enumeration at F finds a boundary
+        vector, each with its ``prep``; one enumeration for all of them. Those left out have no placement
+        with flow >= F, nor with more."""
+        live: list[tuple[_Labelled, _Prep]] = []
+        for r in rows:
+            lab = self.labelled(r)
+            pr = lab.prep(F)
+            if pr is not None:
+                live.append((lab, pr))
+        if not live:
+            return []
+        _, who = _enumerate(self, [pr for _, pr in live], F, budget)
+        hit = np.zeros(len(live), bool)
+        hit[who] = True
+        return [live[j] for j in np.flatnonzero(hit)]
+
 
 def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndarray:
     """The labellings (rows of ``labels``) worth building a ``_Family`` for at threshold F: each path's
@@ -720,6 +833,123 @@ def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndar
     return labels[ok]
 
 
+@attrs.frozen(eq=False)
+class _ElementAt:
+    """One element (a node, or a segment's front) at a threshold: option latencies (metrics, L + 1, W),
+    capacities clipped at F and usable options (L + 1, W), a segment's back-pointers, the lengths with a
+    usable option, the least latency per length (metrics, L + 1) and overall (metrics,), and the largest
+    usable capacity per length (L + 1)."""
+
+    lat: np.ndarray
+    cap: np.ndarray
+    ok: np.ndarray
+    backs: list[tuple[np.ndarray, int, int]]
+    allowed: np.ndarray
+    lb_lat: np.ndarray
+    lbmin: np.ndarray
+    ub_cap: np.ndarray
+
+
+@attrs.frozen(eq=False)
+class _Prep:
+    """A labelled shape's elements at one threshold F (``_Labelled.prep``): per element its option
+    latencies (metrics, L + 1, W), capacities clipped at F and usable options (L + 1, W), a segment's
+    back-pointers; the lengths with a usable option, the least latency per length (metrics, L + 1), the
+    paths' least latencies (metrics, paths) and the largest capacity per length (L + 1); which of the
+    family's cuts are kept (all their edges carry less than F), each cut's edge capacity, and the kept
+    cuts as (elements, edges' sum)."""
+
+    el_lat: list[np.ndarray]
+    el_cap: list[np.ndarray]
+    el_ok: list[np.ndarray]
+    seg_backs: list[list[tuple[np.ndarray, int, int]]]
+    allowed: list[np.ndarray]
+    lb_lat: list[np.ndarray]
+    base: np.ndarray
+    ub_cap: list[np.ndarray]
+    kept: np.ndarray
+    es: np.ndarray
+    kept_cuts: list[tuple[list[int], float]]
+
+
+def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """For labellings of one family (``preps``, one each), every kept-boundary position vector
+    0 = B_0 < ... < B_r = L in which each element's length has a usable option, no path's latency lower
+    bound exceeds the limits and every kept cut can carry F, built boundary by boundary: the vectors
+    (R, r + 1) and the index into ``preps`` of the labelling each belongs to (R,), grouped by labelling
+    in order. A path's bound is its links plus, per element, its least latency at its length once that
+    is known (at any length before). An element not yet ended holds at least its layers so far plus one
+    per boundary left, so its capacity is at most the largest at that length or more; positions outside
+    the lengths some option allows are never generated."""
+    tb = fam.tb
+    L = tb.L
+    plan = _row_plan(fam.sh, L)
+    nl, ne = len(preps), len(fam.sh.elements)
+    ok_tab = np.array([pr.allowed for pr in preps]).reshape(nl, ne, L + 1)
+    kmin = np.argmax(ok_tab, axis=2)  # (nl, ne)
+    kmax = L - np.argmax(ok_tab[:, :, ::-1], axis=2)
+    lb = np.array([pr.lb_lat for pr in preps]).reshape(nl, ne, tb.nm, L + 1)
+    floor = np.where(ok_tab[:, :, None, :], lb, np.inf).min(axis=3)  # (nl, ne, nm)
+    with np.errstate(invalid="ignore"):
+        extra = (lb - floor[..., None]).transpose(0, 1, 3, 2)  # (nl, ne, L + 1, nm): latency above the least
+    tabs: list[np.ndarray] = []
+    es = np.zeros((nl, 0))
+    if F > 0 and any(pr.kept_cuts for pr in preps):
+        es = np.where(np.array([pr.kept for pr in preps]), np.array([pr.es for pr in preps]), np.inf)  # (nl, C)
+        ub = np.maximum(np.array([pr.ub_cap for pr in preps]), -1e30).reshape(nl, ne, L + 1)  # 0 x finite is 0
+        sufmax = np.maximum.accumulate(ub[:, :, ::-1], axis=2)[:, :, ::-1]
+        tabs = [np.where(st.ended[None, :, None], ub, sufmax) for st in plan.steps]
+    cmT = fam.cut_mat.T
+    qq = np.arange(ne)[None, :]
+    r = plan.r
+    rows = np.zeros((nl, 1), np.int64)
+    lab = np.arange(nl)
+    acc = np.array([pr.base for pr in preps]).reshape(nl, tb.nm, -1).transpose(1, 0, 2)  # (nm, R, P)
+    for t in range(1, r + 1):
+        st = plan.steps[t - 1]
+        if t < r:
+            lo = rows[:, -1] + 1
+            if st.lo_q.size:
+                lo = np.maximum(lo, (rows[:, st.lo_col] + kmin[lab[:, None], st.lo_q[None, :]]).max(axis=1))
+            hi = np.full(rows.shape[0], L - (r - t))
+            if st.hi_q.size:
+                far = kmax[lab[:, None], st.hi_q[None, :]] - st.hi_off
+                hi = np.minimum(hi, (rows[:, st.hi_col] + far).min(axis=1))
+            if st.cl_q.size:
+                lo = np.maximum(lo, (L - kmax[lab[:, None], st.cl_q[None, :]]).max(axis=1))
+            if st.cu_q.size:
+                hi = np.minimum(hi, (L - kmin[lab[:, None], st.cu_q[None, :]] - st.cu_off).min(axis=1))
+            cnt = np.maximum(hi - lo + 1, 0)
+            idx = np.repeat(np.arange(rows.shape[0]), cnt)
+            start = np.cumsum(cnt) - cnt
+            new = lo[idx] + (np.arange(idx.size) - start[idx])
+        else:
+            idx = np.arange(rows.shape[0])
+            new = np.full(rows.shape[0], L, np.int64)
+        budget[0] -= idx.size
+        if budget[0] < 0:
+            raise TooBig(idx.size)
+        rows = np.concatenate([rows[idx], new[:, None]], axis=1)
+        acc, lab = acc[:, idx], lab[idx]
+        if st.ends.size:
+            end = np.where(st.tail[None, :], L, rows[:, t][:, None])
+            k = end - rows[:, st.starts]  # (R, elements whose length is now known)
+            ok = ok_tab[lab[:, None], st.ends[None, :], k].all(axis=1)
+            rows, acc, lab, k = rows[ok], acc[:, ok], lab[ok], k[ok]
+            if st.onpath is not None:
+                acc += extra[lab[:, None], st.ends[None, :], k].transpose(2, 0, 1) @ st.onpath
+            ok = np.all(acc <= tb.budget[:, None, None], axis=(0, 2))
+            rows, acc, lab = rows[ok], acc[:, ok], lab[ok]
+        if tabs and rows.shape[0]:
+            lens = np.minimum(rows[:, st.cb] + st.db - rows[:, st.ca] - st.da, L)
+            most = tabs[t - 1][lab[:, None], qq, lens]  # (R, ne)
+            ok = np.all(most @ cmT + es[lab] >= F, axis=1)
+            rows, acc, lab = rows[ok], acc[:, ok], lab[ok]
+        if rows.shape[0] == 0:
+            break
+    return rows, lab
+
+
 class _Labelled:
     """One shape with a problem node on each of its nodes (see ``decide``)."""
 
@@ -736,9 +966,10 @@ class _Labelled:
         self.elem_iv, self.elem_of, self.need = sh.elem_iv, sh.elem_of, sh.need
         self.paths_el = [list(p) for p in sh.paths_el]
         self.plink = fam.plink[:, row, :].T  # (npath, nm)
-        self.cuts_el = [
-            (list(els), float(fam.cut_es[row, c]), float(fam.cut_emax[row, c])) for c, (els, _) in enumerate(fam.cuts)
-        ]
+        self.fam = fam
+        self.cut_els = fam.cut_els
+        self.cut_es = fam.cut_es[row]
+        self.cut_emax = fam.cut_emax[row]
         self.edges_sk = list(sh.edges)
 
     def _segment_front(self, seg: tuple[int, ...], F: float) -> tuple[np.ndarray, list[tuple[np.ndarray, int, int]]]:
@@ -777,85 +1008,46 @@ class _Labelled:
         tb.fronts[key] = (front, backs)
         return front, backs
 
-    def _rows(
-        self,
-        allowed: list[np.ndarray],
-        lb_lat: list[np.ndarray],
-        base: np.ndarray,
-        budget: list[int],
-        cuts: Sequence[tuple[list[int], float]] = (),
-        ub_cap: Sequence[np.ndarray] = (),
-        F: float = 0.0,
-    ) -> np.ndarray:
-        """Every kept-boundary position vector 0 = B_0 < ... < B_r = L in which each element's length
-        has an allowed option, no path's latency lower bound exceeds the limits and every cut of
-        ``cuts`` (elements, capacity of its edges) can carry F, built boundary by boundary. ``lb_lat[q]``
-        (metrics, L + 1) is element q's least latency per length; ``base`` (metrics, paths) the path's
-        links plus the least latency of its elements at any length; ``ub_cap[q]`` (L + 1) the largest
-        capacity of element q per length. An element not yet ended holds at least its layers so far plus
-        one per boundary left, so its capacity is at most the largest at that length or more."""
+    def _element(self, q: int, F: float, work: dict[int, np.ndarray]) -> _ElementAt:
+        """Element q at threshold F (cached per node or segment, F and component)."""
         tb = self.tb
-        L = tb.L
-        r = len(self.kept) - 1
-        sufmax = [np.maximum.accumulate(u[::-1])[::-1] for u in ub_cap] if cuts else []
-        by_end: dict[int, list[int]] = {}
-        for q, (_, b) in enumerate(self.elem_iv):
-            by_end.setdefault(b, []).append(q)
-        on_path = [[pi for pi, els in enumerate(self.paths_el) if q in els] for q in range(len(self.elements))]
-        floor = [
-            lb[:, allowed[q]].min(axis=1) if allowed[q].any() else np.full(tb.nm, np.inf) for q, lb in enumerate(lb_lat)
-        ]
-        rows = np.zeros((1, 1), np.int64)
-        acc = base[:, None, :].copy()  # (nm, R, P): path lower bounds
-        for t in range(1, r + 1):
-            if t < r:
-                last = rows[:, -1]
-                hi = L - (r - t)
-                cnt = np.maximum(hi - last, 0)
-                idx = np.repeat(np.arange(rows.shape[0]), cnt)
-                start = np.cumsum(cnt) - cnt
-                new = last[idx] + 1 + (np.arange(idx.size) - start[idx])
-            else:
-                idx = np.arange(rows.shape[0])
-                new = np.full(rows.shape[0], L, np.int64)
-            budget[0] -= idx.size
-            if budget[0] < 0:
-                raise TooBig(idx.size)
-            rows = np.concatenate([rows[idx], new[:, None]], axis=1)
-            acc = acc[:, idx]
-            ok = np.ones(rows.shape[0], bool)
-            for q in by_end.get(t, []):
-                a = self.elem_iv[q][0]
-                k = rows[:, t] - rows[:, a]
-                ok &= allowed[q][k]
-                if on_path[q]:
-                    with np.errstate(invalid="ignore"):
-                        add = np.where(ok[None], lb_lat[q][:, k] - floor[q][:, None], 0.0)  # (nm, R)
-                    acc[:, :, on_path[q]] += add[:, :, None]
-            ok &= np.all(acc <= tb.budget[:, None, None], axis=(0, 2))
-            if cuts:
-                rows, acc, ok = rows[ok], acc[:, ok], np.ones(int(ok.sum()), bool)
-                most = []
-                for q, (a, b) in enumerate(self.elem_iv):
-                    if b <= t:
-                        most.append(ub_cap[q][rows[:, b] - rows[:, a]])
-                    elif a <= t:
-                        most.append(sufmax[q][np.minimum(rows[:, t] - rows[:, a] + (b - t), L)])
-                    else:
-                        most.append(np.full(rows.shape[0], sufmax[q][min(b - a, L)]))
-                for els, es in cuts:
-                    ok &= sum((most[q] for q in els), np.full(rows.shape[0], es)) >= F
-            rows, acc = rows[ok], acc[:, ok]
-            if rows.shape[0] == 0:
-                break
-        return rows
+        e = self.elements[q]
+        seg = q < len(self.segments)
+        key = (tuple(self.nodes[x] for x in e), self.need[q], F, self._comp)
+        got = tb.elements.get(key)
+        if got is not None:
+            return got
+        backs: list[tuple[np.ndarray, int, int]] = []
+        if seg:
+            lat, backs = self._segment_front(e, F)
+            cap = np.full(lat.shape[1:], max(F, 0.0))
+            ok = np.all(np.isfinite(lat), axis=0)
+        else:
+            i = self.nodes[e[0]]
+            ok = tb.useful(i, F)
+            if self.need[q] and F > 0:
+                ok = ok & (tb.cap[i] >= F)
+            if work:
+                ok = ok & work[i]
+            lat = tb.lat[i]
+            cap = np.minimum(tb.cap[i], F) if F > 0 else tb.cap[i]
+        allowed = np.asarray(ok.any(axis=1))
+        lb_lat = np.where(ok[None], lat, np.inf).min(axis=2)  # (nm, L+1)
+        fin = lb_lat[:, allowed]
+        lbmin = fin.min(axis=1) if fin.size else np.full(tb.nm, np.inf)
+        ub_cap = np.where(ok, cap, -np.inf).max(axis=1)  # per k: largest (clipped) capacity of a usable option
+        out = _ElementAt(lat, cap, ok, backs, allowed, lb_lat, lbmin, ub_cap)
+        if len(tb.elements) > 4096:
+            tb.elements.clear()
+        tb.elements[key] = out
+        return out
 
-    def decide(self, F: float, budget: list[int]) -> _Witness | None:
-        """A placement of this labelled shape with maximum flow >= F (any feasible one when F <= 0),
-        or None when none exists. ``budget[0]`` counts down the rows enumerated; TooBig when exhausted."""
+    def prep(self, F: float) -> _Prep | None:
+        """Per element, its usable options at threshold F and the bounds the row enumeration uses;
+        None when some path's least latency already exceeds a limit or no option passes the work test."""
         tb = self.tb
-        nm = tb.nm
-        kept_cuts = [(els, es) for els, es, emax in self.cuts_el if emax < F] if F > 0 else []
+        kept = self.cut_emax < F if F > 0 else np.zeros(self.cut_emax.size, bool)
+        kept_cuts = [(self.cut_els[c], float(self.cut_es[c])) for c in np.flatnonzero(kept)]
         ne = len(self.elements)
         nseg = len(self.segments)
         work: dict[int, np.ndarray] = {}
@@ -868,39 +1060,36 @@ class _Labelled:
             work = got
         self._work = work
         self._comp = nodes_mask
-        el_lat: list[np.ndarray] = []  # (nm, L+1, W)
-        el_cap: list[np.ndarray] = []  # (L+1, W), clipped at F
-        el_ok: list[np.ndarray] = []  # (L+1, W)
-        seg_backs: list[list[tuple[np.ndarray, int, int]]] = []
-        for q, e in enumerate(self.elements):
-            if q < nseg:
-                front, backs = self._segment_front(e, F)
-                el_lat.append(front)
-                el_cap.append(np.full(front.shape[1:], max(F, 0.0)))
-                el_ok.append(np.all(np.isfinite(front), axis=0))
-                seg_backs.append(backs)
-            else:
-                i = self.nodes[e[0]]
-                ok = tb.useful(i, F)
-                if self.need[q] and F > 0:
-                    ok = ok & (tb.cap[i] >= F)
-                if work:
-                    ok = ok & work[i]
-                el_lat.append(tb.lat[i])
-                el_cap.append(np.minimum(tb.cap[i], F) if F > 0 else tb.cap[i])
-                el_ok.append(ok)
-        allowed = [np.asarray(ok.any(axis=1)) for ok in el_ok]
-        lb_lat = [np.where(el_ok[q][None], el_lat[q], np.inf).min(axis=2) for q in range(ne)]  # (nm, L+1)
-        base = self.plink.T.copy()  # (nm, P)
-        for pi, els in enumerate(self.paths_el):
-            for q in els:
-                fin = lb_lat[q][:, allowed[q]]
-                base[:, pi] += fin.min(axis=1) if fin.size else np.inf
+        els = [self._element(q, F, work) for q in range(ne)]
+        lbmin = np.array([x.lbmin for x in els])  # (ne, nm)
+        if not np.isfinite(lbmin).all():
+            return None
+        base = self.plink.T + lbmin.T @ _row_plan(self.sh, tb.L).onpath  # (nm, P)
         if np.any(base > tb.budget[:, None]):
             return None
-        # per element and k: largest (clipped) capacity over its usable options
-        ub_cap = [np.where(el_ok[q], el_cap[q], -np.inf).max(axis=1) for q in range(ne)]  # (L+1,)
-        rowsB = self._rows(allowed, lb_lat, base, budget, kept_cuts, ub_cap, F)
+        el_lat = [x.lat for x in els]
+        el_cap = [x.cap for x in els]
+        el_ok = [x.ok for x in els]
+        seg_backs = [x.backs for x in els[:nseg]]
+        allowed = [x.allowed for x in els]
+        lb_lat = [x.lb_lat for x in els]
+        ub_cap = [x.ub_cap for x in els]
+        return _Prep(el_lat, el_cap, el_ok, seg_backs, allowed, lb_lat, base, ub_cap, kept, self.cut_es, kept_cuts)
+
+    def decide(self, F: float, budget: list[int], prep: _Prep | None = None) -> _Witness | None:
+        """A placement of this labelled shape with maximum flow >= F (any feasible one when F <= 0),
+        or None when none exists. ``budget[0]`` counts down the rows enumerated; TooBig when exhausted.
+        ``prep``: ``self.prep(F)``, when already computed."""
+        tb = self.tb
+        nm = tb.nm
+        ne = len(self.elements)
+        nseg = len(self.segments)
+        got = prep if prep is not None else self.prep(F)
+        if got is None:
+            return None
+        el_lat, el_cap, el_ok, seg_backs = got.el_lat, got.el_cap, got.el_ok, got.seg_backs
+        lb_lat, ub_cap, kept_cuts = got.lb_lat, got.ub_cap, got.kept_cuts
+        rowsB = _enumerate(self.fam, [got], F, budget)[0]
         if rowsB.shape[0] == 0:
             return None
         cand = [q for q in range(nseg, ne) if not (self.need[q] and F > 0)]
@@ -993,7 +1182,7 @@ class _Labelled:
             node = self.nodes[self.elements[q][0]]
             cap[:, q] = tb.cap[node][kr[hit, q], slot[hit, q]]
         low = np.full(hit.size, np.inf)
-        for els, es, _ in self.cuts_el:
+        for els, es in zip(self.cut_els, self.cut_es.tolist(), strict=True):
             if math.isfinite(es):
                 low = np.minimum(low, es + cap[:, els].sum(axis=1))
         return int(np.argmax(low))
@@ -1447,6 +1636,13 @@ def _best_so_far(
     return attrs.evolve(best, status="feasible", bound=max(bound, best.value), method="shapes")
 
 
+def _threshold(tau: float, cur: tuple[float, tuple[int, ...], _Witness] | None) -> float:
+    """The flow a component must exceed: the larger of ``tau`` and its best placement so far (0 when
+    neither is positive: any placement then counts)."""
+    F = max(tau, cur[0] if cur is not None else -math.inf)
+    return 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
+
+
 def shape_search(
     problem: PlacementProblem,
     *,
@@ -1547,27 +1743,32 @@ def shape_search(
             cur = low[c]
             feasible = cur is not None
             for sk in skeletons(sum(c)):
-                F = max(tau, cur[0] if cur is not None else -math.inf)
-                F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
+                F = _threshold(tau, cur)
                 sh = _shape(sk)
                 labels = _prefilter(sh, cl.labellings(sk, c), tb, F)
                 if labels.shape[0] == 0:
                     continue
                 fam = _Family(sh, labels, tb)
                 codes = relax.codes(sk, fam.labels)
-                for row in fam.candidates(F):
-                    F = max(tau, cur[0] if cur is not None else -math.inf)
-                    F = 0.0 if F < 0 or -math.inf == F else F * (1 + SEARCH_RTOL) + 1e-300
-                    if codes is not None and relax.rules_out(sk, c, int(codes[row]), F, bud):
-                        continue
-                    lab = fam.labelled(int(row))
-                    while (w := lab.decide(F, bud)) is not None:
-                        v = _component_value(tb, lab.nodes, w)
-                        feasible = True
-                        if cur is None or v > cur[0]:
-                            cur = (v, lab.nodes, w)
-                            low[c] = cur
-                        F = max(F, v) * (1 + SEARCH_RTOL) + 1e-300
+                cands = fam.candidates(F).tolist()
+                for at in range(0, len(cands), SCREEN):
+                    chunk = []
+                    for row in cands[at : at + SCREEN]:
+                        F = _threshold(tau, cur)
+                        if codes is None or not relax.rules_out(sk, c, int(codes[row]), F, bud):
+                            chunk.append(row)
+                    f_screen = F
+                    for lab, prep in fam.screen(chunk, f_screen, bud):
+                        F = _threshold(tau, cur)
+                        pre: _Prep | None = prep if f_screen == F else None
+                        while (w := lab.decide(F, bud, pre)) is not None:
+                            v = _component_value(tb, lab.nodes, w)
+                            feasible = True
+                            if cur is None or v > cur[0]:
+                                cur = (v, lab.nodes, w)
+                                low[c] = cur
+                            F = max(F, v) * (1 + SEARCH_RTOL) + 1e-300
+                            pre = None
             low[c] = cur
             done.add(c)
             if cur is not None and cur[0] > tau:

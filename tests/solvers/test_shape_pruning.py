@@ -3,13 +3,15 @@ feasible labelled shape, and they do rule things out."""
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 import numpy as np
 import pytest
 
 from solvers import shapes
 from solvers.problem import PlacementProblem
-from solvers.shapes import _Classes, _EdgeRelaxation, _Family, _Labelled, _shape, _Tables, _variants, skeletons
+from solvers.shapes import _Classes, _EdgeRelaxation, _Family, _shape, _Tables, _variants, skeletons
 
 from .instances import random_tiny_problem
 
@@ -58,11 +60,12 @@ def test_cut_test_on_boundaries_keeps_every_feasible_placement(seed: int, monkey
     """``decide`` with the cut test applied while boundaries are placed finds a placement exactly when it
     finds one without that test, and the test does remove boundary vectors."""
     rng = np.random.default_rng(7200 + seed)
-    plain = _Labelled._rows
+    plain = shapes._enumerate
     removed = 0
 
-    def no_cuts(self: _Labelled, allowed, lb_lat, base, budget, cuts=(), ub_cap=(), F=0.0):  # type: ignore[no-untyped-def]
-        return plain(self, allowed, lb_lat, base, budget)
+    def no_cuts(fam, preps, F, budget):  # type: ignore[no-untyped-def]
+        bare = [attrs.evolve(pr, kept=np.zeros_like(pr.kept), kept_cuts=[]) for pr in preps]
+        return plain(fam, bare, F, budget)
 
     checked = 0
     for t in range(14):
@@ -76,20 +79,87 @@ def test_cut_test_on_boundaries_keeps_every_feasible_placement(seed: int, monkey
                     with_cuts = fam.labelled(row).decide(F, [BIG])
                     got: list[int] = []
 
-                    def count(self, *args, _got=got, **kw):  # type: ignore[no-untyped-def]
-                        out = plain(self, *args, **kw)
-                        _got.append(out.shape[0] - no_cuts(self, *args, **kw).shape[0])
+                    def count(*args, _got=got, **kw):  # type: ignore[no-untyped-def]
+                        out = plain(*args, **kw)
+                        _got.append(out[0].shape[0] - no_cuts(*args, **kw)[0].shape[0])
                         return out
 
-                    monkeypatch.setattr(_Labelled, "_rows", count)
+                    monkeypatch.setattr(shapes, "_enumerate", count)
                     fam.labelled(row).decide(F, [BIG])
-                    monkeypatch.setattr(_Labelled, "_rows", no_cuts)
+                    monkeypatch.setattr(shapes, "_enumerate", no_cuts)
                     without = fam.labelled(row).decide(F, [BIG])
-                    monkeypatch.setattr(_Labelled, "_rows", plain)
+                    monkeypatch.setattr(shapes, "_enumerate", plain)
                     assert (with_cuts is None) == (without is None), (sk, fam.labels[row], F)
                     removed += sum(-x for x in got)
                     checked += 1
     assert checked > 150 and removed > 0, (checked, removed)
+
+
+def _reference_rows(fam: _Family, pr: shapes._Prep, F: float) -> np.ndarray:
+    """Every kept-boundary vector that meets the final tests of ``_enumerate``, by listing them all:
+    each element's length allowed, each path's latency bound within the limits, each kept cut able to
+    carry F with its elements' largest capacities at their lengths."""
+    tb, sh = fam.tb, fam.sh
+    L, r = tb.L, len(sh.kept) - 1
+    out = []
+    for inner in itertools.combinations(range(1, L), r - 1):
+        b = (0, *inner, L)
+        ks = [b[e] - b[a] for a, e in sh.elem_iv]
+        if not all(pr.allowed[q][k] for q, k in enumerate(ks)):
+            continue
+        lat = pr.base.copy()
+        for pi, els in enumerate(sh.paths_el):
+            for q in els:
+                lat[:, pi] += pr.lb_lat[q][:, ks[q]] - pr.lb_lat[q][:, pr.allowed[q]].min(axis=1)
+        if np.any(lat > tb.budget[:, None] * (1 + 1e-12)):
+            continue
+        if not all(es + sum(pr.ub_cap[q][ks[q]] for q in els) >= F for els, es in pr.kept_cuts):
+            continue
+        out.append(b)
+    return np.array(out, np.int64).reshape(-1, r + 1)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_enumeration_matches_a_plain_listing_one_and_many_at_once(seed: int) -> None:
+    """``_enumerate`` (positions bounded by the allowed lengths, lengths checked as soon as they are known,
+    prefix tests) gives exactly the boundary vectors that a plain listing of all of them keeps, in the same
+    (lexicographic) order; given several labellings at once, each gets the rows it gets alone, and
+    ``_Family.screen`` keeps exactly the labellings with rows."""
+    rng = np.random.default_rng(7400 + seed)
+    compared = nonempty = screened = 0
+    for t in range(16):
+        n = 3 + t % 3
+        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(5, 12)), max_options=4, num_metrics=1 + t % 2)
+        tb, cl = _Tables(p), _Classes(p)
+        top = max(float(np.max(m.cap)) for m in p.menus)
+        for sk in skeletons(n):
+            fam = _Family(_shape(sk), cl.labellings(sk, cl.full), tb)
+            for F in (0.0, *(top * f for f in (0.1, 0.2, 0.3, 0.45, 0.6))):
+                labs = [fam.labelled(row) for row in range(min(fam.labels.shape[0], 4))]
+                preps = [(j, pr) for j, lab in enumerate(labs) if (pr := lab.prep(F)) is not None]
+                alone = []
+                for _, pr in preps:
+                    rows, who = shapes._enumerate(fam, [pr], F, [BIG])
+                    ref = _reference_rows(fam, pr, F)
+                    if ref.size:
+                        np.testing.assert_array_equal(rows, ref)
+                    assert rows.shape[0] == ref.shape[0] and not who.any()
+                    alone.append(rows)
+                    compared += 1
+                    nonempty += rows.shape[0] > 0
+                if not preps:
+                    continue
+                rows, who = shapes._enumerate(fam, [pr for _, pr in preps], F, [BIG])
+                for j, single in enumerate(alone):
+                    if single.size:
+                        np.testing.assert_array_equal(rows[who == j], single)
+                    assert (who == j).sum() == single.shape[0]
+                kept = [lab for lab, _ in fam.screen(range(len(labs)), F, [BIG])]
+                assert [lab.nodes for lab in kept] == [
+                    labs[j].nodes for (j, _), a in zip(preps, alone, strict=True) if a.size
+                ]
+                screened += len(kept)
+    assert compared > 150 and nonempty > 50 and compared - nonempty > 30 and screened > 50, (compared, nonempty)
 
 
 def test_one_metric_kappa_matches_the_general_rule() -> None:
