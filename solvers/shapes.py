@@ -1401,7 +1401,7 @@ class _EdgeRelaxation:
     latency set to zero (the same problem otherwise) has no placement of flow >= F for a labelling, no
     shape with those intervals has one for it. A labelling is identified up to the full shape's
     automorphisms and interchangeable nodes; the smallest F at which each was ruled out is kept (a larger
-    F is ruled out too)."""
+    F is ruled out too), and the largest at which the full shape had a placement (a smaller F has one)."""
 
     def __init__(self, problem: PlacementProblem, cl: _Classes) -> None:
         free = tuple(attrs.evolve(m, lat=np.zeros_like(np.asarray(m.lat, dtype=np.float64))) for m in problem.menus)
@@ -1413,6 +1413,7 @@ class _EdgeRelaxation:
         self.base = len(cl.members) + 1
         self.fams: dict[tuple[object, ...], tuple[_Family, dict[int, int]]] = {}
         self.out: dict[tuple[object, ...], float] = {}
+        self.feasible: dict[tuple[object, ...], float] = {}
         self.cand: dict[tuple[object, ...], set[int]] = {}
 
     def _code(self, iv: tuple[tuple[int, int], ...], perms: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -1429,11 +1430,15 @@ class _EdgeRelaxation:
 
     def rules_out(self, sk: Skeleton, counts: tuple[int, ...], code: int, F: float, budget: list[int]) -> bool:
         """Whether no shape with ``sk``'s intervals, labelled as ``code`` says, has flow >= F (F > 0)."""
+        return not self.keep(sk, counts, [code], F, budget)[0]
+
+    def keep(
+        self, sk: Skeleton, counts: tuple[int, ...], codes: Sequence[int], F: float, budget: list[int]
+    ) -> list[bool]:
+        """Per code, whether the full shape still has a placement of flow >= F for it (False: every shape
+        with ``sk``'s intervals is ruled out for that labelling). Undecided codes are screened together."""
         if F <= 0:
-            return False
-        key = (sk.m, sk.iv, code)
-        if self.out.get(key, math.inf) <= F:
-            return True
+            return [True] * len(codes)
         fk = (sk.m, sk.iv, counts)
         if fk not in self.fams:
             full, perms = _full_shape(sk.m, sk.iv)
@@ -1441,14 +1446,36 @@ class _EdgeRelaxation:
             fam = _Family(_shape(full), labs, self.tb)
             self.fams[fk] = (fam, {int(x): r for r, x in enumerate(self._code(sk.iv, perms, fam.labels))})
         fam, rows = self.fams[fk]
-        row = rows.get(code, -1)  # -1: no path of the full shape can cover the layers
         ck = (fk, F)
         if ck not in self.cand:
             self.cand = {ck: set(fam.candidates(F).tolist())}
-        if row in self.cand[ck] and fam.labelled(row).decide(F, budget) is not None:
-            return False
-        self.out[key] = min(self.out.get(key, math.inf), F)
-        return True
+        verdict: dict[int, bool] = {}
+        ask: list[int] = []
+        for code in codes:
+            key = (sk.m, sk.iv, code)
+            if code in verdict:
+                continue
+            if self.out.get(key, math.inf) <= F:
+                verdict[code] = False
+            elif self.feasible.get(key, -math.inf) >= F:
+                verdict[code] = True
+            elif rows.get(code, -1) not in self.cand[ck]:  # -1: no path of the full shape can cover the layers
+                verdict[code] = False
+                self.out[key] = min(self.out.get(key, math.inf), F)
+            else:
+                verdict[code] = False
+                ask.append(code)
+        if ask:
+            live = {lab.nodes: (lab, pr) for lab, pr in fam.screen([rows[c] for c in ask], F, budget)}
+            for code in ask:
+                key = (sk.m, sk.iv, code)
+                got = live.get(tuple(int(x) for x in fam.labels[rows[code]]))
+                if got is not None and got[0].decide(F, budget, got[1]) is not None:
+                    verdict[code] = True
+                    self.feasible[key] = max(self.feasible.get(key, -math.inf), F)
+                else:
+                    self.out[key] = min(self.out.get(key, math.inf), F)
+        return [verdict[code] for code in codes]
 
 
 def _component_value(tb: _Tables, nodes: Sequence[int], w: _Witness) -> float:
@@ -1752,11 +1779,11 @@ def shape_search(
                 codes = relax.codes(sk, fam.labels)
                 cands = fam.candidates(F).tolist()
                 for at in range(0, len(cands), SCREEN):
-                    chunk = []
-                    for row in cands[at : at + SCREEN]:
-                        F = _threshold(tau, cur)
-                        if codes is None or not relax.rules_out(sk, c, int(codes[row]), F, bud):
-                            chunk.append(row)
+                    chunk = cands[at : at + SCREEN]
+                    F = _threshold(tau, cur)
+                    if codes is not None:
+                        alive = relax.keep(sk, c, [int(codes[row]) for row in chunk], F, bud)
+                        chunk = [row for row, ok in zip(chunk, alive, strict=True) if ok]
                     f_screen = F
                     for lab, prep in fam.screen(chunk, f_screen, bud):
                         F = _threshold(tau, cur)
