@@ -361,9 +361,9 @@ class _Tables:
             self._slack[key] = (tot[:, ok], self.cap[i][ok])
         return self._slack[key]
 
-    def fit_cap(self, keys: np.ndarray, inv: np.ndarray, room: np.ndarray) -> np.ndarray:
-        """One metric only: for row r, node ``keys[inv[r]] >> n`` on a path with the other nodes
-        ``keys[inv[r]] & (2^n - 1)``, the largest capacity of its options whose ``slack`` is at most
+    def fit_cap(self, keys: np.ndarray, room: np.ndarray) -> np.ndarray:
+        """One metric only: for row r, node ``keys[r] >> n`` on a path with the other nodes
+        ``keys[r] & (2^n - 1)``, the largest capacity of its options whose ``slack`` is at most
         ``room[r]`` (-inf when none is)."""
         if self._fit is None:
             n = self.n
@@ -382,9 +382,8 @@ class _Tables:
             self._fit = (T, C)
         T, C = self._fit
         room = room + 1e-12 * np.maximum(np.abs(room), 1.0)  # never stricter than tot + links <= budget
-        rows = keys[inv]
-        cnt = (T[rows] <= room[:, None]).sum(axis=1)  # sorted rows: the options that fit come first
-        return C[rows, cnt]
+        cnt = (T[keys] <= room[:, None]).sum(axis=1)  # sorted rows: the options that fit come first
+        return C[keys, cnt]
 
     def cover_masks(self, masks: np.ndarray) -> np.ndarray:
         """``cover`` for node sets given as bit masks: (metrics, len(masks))."""
@@ -682,6 +681,28 @@ def _row_plan(sh: _Shape, L: int) -> _RowPlan:
     return _RowPlan(r, tuple(steps), onp)
 
 
+@attrs.frozen(eq=False)
+class _CutTables:
+    """A shape's cuts (``_Shape.cuts``) as arrays: each cut's edge indices padded with E (an extra column)
+    to the widest cut, whether it has edges, and how often it holds each element (cuts, elements)."""
+
+    edges: np.ndarray
+    has_edges: np.ndarray
+    elements: np.ndarray
+
+
+@functools.cache
+def _cut_tables(sh: _Shape) -> _CutTables:
+    E = len(sh.edges)
+    width = max([len(ec) for _, ec in sh.cuts] + [1])
+    edges = np.full((len(sh.cuts), width), E, np.int64)
+    elements = np.zeros((len(sh.cuts), len(sh.elements)))
+    for c, (els, ec) in enumerate(sh.cuts):
+        edges[c, : len(ec)] = ec
+        np.add.at(elements[c], list(els), 1.0)
+    return _CutTables(edges, np.array([bool(ec) for _, ec in sh.cuts], bool), elements)
+
+
 class _Family:
     """Every labelling of one shape by one sub-multiset, as arrays (one row per labelling), with the
     label-dependent data: link latencies per path, edge capacities per cut, and a coverage test."""
@@ -719,32 +740,27 @@ class _Family:
             keys, inv = np.unique(masks[pi] * (1 << n) + cmask, return_inverse=True)
             self.path_keys.append((keys, inv.reshape(-1), full[:, :, pi]))
         # per cut: sum and largest of its edge capacities; per element: the largest capacity of its nodes
-        E = len(sh.edges)
-        inc = np.zeros((len(sh.cuts), E), bool)
-        for c, (_, ec) in enumerate(sh.cuts):
-            inc[c, list(ec)] = True
-        emax = np.where(inc[None], self.ecap[:, None, :], -np.inf).max(axis=2)  # (NL, C)
-        live = np.flatnonzero(np.isfinite(emax).any(axis=0) | ~inc.any(axis=1))
+        ct = _cut_tables(sh)
+        padded = np.concatenate([self.ecap, np.full((nl, 1), -np.inf)], axis=1)[:, ct.edges]  # (NL, C, widest)
+        emax = padded.max(axis=2)  # (NL, C): -inf for a cut of nodes only
+        live = np.flatnonzero(np.isfinite(emax).any(axis=0) | ~ct.has_edges)
         self.cuts = [sh.cuts[c] for c in live]  # the cuts that some labelling can keep
         self.cut_emax = emax[:, live]
-        self.cut_es = np.where(inc[live][None], self.ecap[:, None, :], 0.0).sum(axis=2)
+        self.cut_es = np.concatenate([self.ecap, np.zeros((nl, 1))], axis=1)[:, ct.edges[live]].sum(axis=2)
         self.cut_els = [list(els) for els, _ in self.cuts]
-        self.cut_mat = np.zeros((len(self.cuts), len(sh.elements)))  # (C, elements): how often a cut holds one
-        for c, els in enumerate(self.cut_els):
-            np.add.at(self.cut_mat[c], els, 1.0)
+        self.cut_mat = ct.elements[live]  # (C, elements): how often a cut holds each
         # kappa: per shape node, the largest capacity of an option that fits every path through it
         kap = np.full((nl, s), np.inf)
         for pi, path in enumerate(sh.sk.paths if nl else ()):
             lk = full[:, :, pi]  # (nm, NL)
             for j in path:
-                others = [x for x in path if x != j]
-                rest = np.bitwise_or.reduce(bits[:, others], axis=1) if others else np.zeros(nl, np.int64)
+                rest = masks[pi] ^ bits[:, j]  # a labelling holds distinct problem nodes
                 keys = labels[:, j] * (1 << n) + rest
+                if tb.nm == 1:
+                    kap[:, j] = np.minimum(kap[:, j], tb.fit_cap(keys, tb.budget[0] - lk[0]))
+                    continue
                 uniq, inv = np.unique(keys, return_inverse=True)
                 inv = inv.reshape(-1)
-                if tb.nm == 1:
-                    kap[:, j] = np.minimum(kap[:, j], tb.fit_cap(uniq, inv, tb.budget[0] - lk[0]))
-                    continue
                 tabs = [tb.slack(int(u) >> n, int(u) & ((1 << n) - 1)) for u in uniq]
                 width = max(t[1].size for t in tabs)
                 tot = np.full((len(tabs), tb.nm, width), np.inf)
