@@ -43,9 +43,10 @@ decision rules out a labelling for all of them.
 
 The rest is enumerated with numpy (``_enumerate``): the remaining boundaries, placed one at a time, each
 only at the positions that the lengths with a usable option allow (an element's length is checked as
-soon as it is known: at its end, or at its start when it ends at L), each prefix kept only while every
-path's latency bound and every kept cut (with the capacities its elements may have at their lengths so
-far) still allow F; then times the options of the fixed nodes, every row checked against every path's
+soon as it is known: at its end, or at its start when it ends at L) and, by bisection, only up to the
+last position at which every kept cut may still carry F (``_last_cut_ok``); each prefix kept only while
+every path's latency bound and every kept cut (with the capacities its elements may have at their
+lengths so far) still allow F; then times the options of the fixed nodes, every row checked against every path's
 latency (node latencies plus the labelled links) and every kept cut. A feasible row is a placement of
 the component; its value is recomputed by an exact maximum flow. The labellings of one shape are
 screened in groups (``_Family.screen``): one enumeration of their boundaries together, so that only
@@ -915,6 +916,7 @@ def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]
         ub = np.maximum(np.array([pr.ub_cap for pr in preps]), -1e30).reshape(nl, ne, L + 1)  # 0 x finite is 0
         sufmax = np.maximum.accumulate(ub[:, :, ::-1], axis=2)[:, :, ::-1]
         tabs = [np.where(st.ended[None, :, None], ub, sufmax) for st in plan.steps]
+        before = [sufmax, *tabs[:-1]]  # exact for the elements whose length is known before step t
     cmT = fam.cut_mat.T
     qq = np.arange(ne)[None, :]
     r = plan.r
@@ -935,6 +937,8 @@ def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]
                 lo = np.maximum(lo, (L - kmax[lab[:, None], st.cl_q[None, :]]).max(axis=1))
             if st.cu_q.size:
                 hi = np.minimum(hi, (L - kmin[lab[:, None], st.cu_q[None, :]] - st.cu_off).min(axis=1))
+            if tabs:
+                hi = _last_cut_ok(rows, lab, lo, hi, st, before[t - 1], cmT, es, F, L)
             cnt = np.maximum(hi - lo + 1, 0)
             idx = np.repeat(np.arange(rows.shape[0]), cnt)
             start = np.cumsum(cnt) - cnt
@@ -964,6 +968,49 @@ def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]
         if rows.shape[0] == 0:
             break
     return rows, lab
+
+
+def _last_cut_ok(
+    rows: np.ndarray,
+    lab: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    st: _Step,
+    tab: np.ndarray,
+    cmT: np.ndarray,
+    es: np.ndarray,
+    F: float,
+    L: int,
+) -> np.ndarray:
+    """Per row, the last position p in [lo, hi] for boundary t at which every kept cut may still carry F
+    (lo - 1 when none), by bisection. Each element's capacity bound is its largest at its length or more
+    (``tab``: exact for lengths known before t): its length grows with p, or does not depend on it, but
+    for an element that starts at t and ends at L, taken at its longest (L - hi). So the bound of every
+    cut falls as p grows, the positions that pass form a prefix of [lo, hi], and the later, exact test
+    keeps only positions inside it."""
+    ne = tab.shape[1]
+    qq = np.arange(ne)[None, :]
+
+    def passes(sel: np.ndarray, p: np.ndarray) -> np.ndarray:
+        ext = np.concatenate([rows[sel], p[:, None]], axis=1)
+        lens = np.minimum(ext[:, st.cb] + st.db - ext[:, st.ca] - st.da, L)
+        if st.cl_q.size:
+            lens[:, st.cl_q] = (L - hi[sel])[:, None]
+        return np.all(tab[lab[sel, None], qq, lens] @ cmT + es[lab[sel]] >= F, axis=1)
+
+    top = np.where(lo <= hi, hi, lo - 1)
+    sel = np.flatnonzero(lo <= hi)
+    fail = sel[~passes(sel, lo[sel])]
+    top[fail] = lo[fail] - 1
+    low = lo.copy()
+    sel = np.flatnonzero(low < top)
+    while sel.size:
+        mid = (low[sel] + top[sel] + 1) // 2
+        ok = passes(sel, mid)
+        low[sel[ok]] = mid[ok]
+        top[sel[~ok]] = mid[~ok] - 1
+        sel = sel[low[sel] < top[sel]]
+    return top
 
 
 class _Labelled:

@@ -23,6 +23,7 @@ import pytest
 
 from coral.kernel import read_journal
 from coral.messages import EngineFault, EngineStats, FleetUpdate, NodeLost
+from coral.messages.mesh import MeshTiming
 from coral.vllm import client
 from tests.conftest import ROOT
 from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens
@@ -71,12 +72,17 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
+    # a server is killed only once its worker has had two heartbeats to publish its metrics
+    settle = 2 * MeshTiming().heartbeat_s + 1.0
+    up_since: dict[int, float] = {}
     try:
         deadline = time.monotonic() + 300
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
             for pid, port in _servers(proc.pid, tiny_model):
                 base = f"http://127.0.0.1:{port}"
                 if not client.healthy(base):
+                    continue
+                if time.monotonic() - up_since.setdefault(pid, time.monotonic()) < settle:
                     continue
                 try:
                     m = client.parse_metrics(client.get(base, "/metrics")[1].decode())
