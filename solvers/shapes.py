@@ -294,6 +294,7 @@ class _Tables:
         self._cover_at: dict[tuple[int, int, float, int], np.ndarray] = {}
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
         self._cover_work: dict[tuple[int, float], np.ndarray | None] = {}
+        self._work_cap: dict[tuple[int, float], np.ndarray] = {}
         self.collapsed: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
         self.elements: dict[tuple[tuple[int, ...], bool, float, int], _ElementAt] = {}
         self._cover_tab: np.ndarray | None = None
@@ -431,6 +432,21 @@ class _Tables:
             self._cover_work.clear()
         self._cover_work[key] = out
         return out
+
+    def work_cap(self, comp: int, F: float) -> np.ndarray:
+        """Per node, the largest capacity of its options that pass ``work_ok`` of the nodes ``comp`` at F
+        (-inf for a node outside ``comp``, or when none passes; cached)."""
+        key = (comp, F)
+        got = self._work_cap.get(key)
+        if got is None:
+            got = np.full(self.n, -np.inf)
+            for i, w in (self.work_mask(comp, F) or {}).items():
+                if w.any():
+                    got[i] = float(self.cap[i][w].max())
+            if len(self._work_cap) > 4096:
+                self._work_cap.clear()
+            self._work_cap[key] = got
+        return got
 
     def work_mask(self, comp: int, F: float) -> dict[int, np.ndarray] | None:
         """``work_ok`` for the nodes of bit mask ``comp`` at F, per node (cached); None when it fails."""
@@ -788,10 +804,7 @@ class _Family:
         work = tb.work_mask(comp, F)
         if work is None:
             return np.zeros(0, np.int64)
-        wmax = np.full(tb.n, -np.inf)  # per node: the largest capacity of an option that passes work_ok
-        for i, w in work.items():
-            if w.any():
-                wmax[i] = float(tb.cap[i][w].max())
+        wmax = tb.work_cap(comp, F)
         elcap = self.el_maxcap.copy()
         for q, e in enumerate(self.sh.elements):
             elcap[:, q] = np.minimum(elcap[:, q], wmax[self.labels[:, list(e)]].min(axis=1))
@@ -832,18 +845,20 @@ class _Family:
 
 
 def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndarray:
-    """The labellings (rows of ``labels``) worth building a ``_Family`` for at threshold F: each path's
-    nodes can cover the L layers within the limits with the options that pass the component's
-    ``work_ok`` at F (``_Tables.cover_work``); links and the cut nodes' capacities left out, so a
-    necessary test of ``_Family.candidates``, and one that a larger F only makes stricter."""
+    """The labellings (rows of ``labels``) worth building a ``_Family`` for at threshold F: each cut node
+    has an option of capacity >= F that passes the component's ``work_ok`` at F, and each path's nodes
+    can cover the L layers within the limits with the options that pass it (``_Tables.cover_work``);
+    links and the cut nodes' latencies left out, so a necessary test of ``_Family.candidates``, and one
+    that a larger F only makes stricter."""
     if F <= 0 or labels.shape[0] == 0:
         return labels
     comp = int(np.bitwise_or.reduce(1 << labels[0]))
     tab = tb.cover_work(comp, F)
     if tab is None:
         return labels[:0]
+    cut = [x for x in range(sh.sk.s) if sh.cutnode[x]]
+    ok = np.all(tb.work_cap(comp, F)[labels[:, cut]] >= F, axis=1)  # all the flow crosses a cut node
     bits = 1 << labels
-    ok = np.ones(labels.shape[0], bool)
     for path in sh.sk.paths:
         cov = tab[:, np.bitwise_or.reduce(bits[:, list(path)], axis=1)]
         ok &= np.all((cov <= tb.budget[:, None]) & np.isfinite(cov), axis=0)

@@ -189,3 +189,27 @@ def test_one_metric_kappa_matches_the_general_rule() -> None:
             compared += f1.kappa.size
             finite += int(np.isfinite(f1.kappa).sum())
     assert compared > 500 and finite > 100, (compared, finite)
+
+
+def test_prefilter_drops_only_infeasible_labellings() -> None:
+    """A labelling that ``_prefilter`` drops at F (a cut node with no option of capacity >= F that passes
+    the work test, or a path that cannot cover the layers) has no placement of flow >= F by ``decide``."""
+    rng = np.random.default_rng(7500)
+    dropped = kept = 0
+    for t in range(30):
+        n = 3 + t % 3
+        p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(4, 10)), max_options=4, style="perf")
+        tb, cl = _Tables(p), _Classes(p)
+        for sk in skeletons(n):
+            sh = _shape(sk)
+            labels = cl.labellings(sk, cl.full)
+            fam = _Family(sh, labels, tb)
+            for F in (*_thresholds(p), 0.3 * sum(float(np.max(m.cap)) for m in p.menus)):
+                left = {tuple(row) for row in shapes._prefilter(sh, fam.labels, tb, F).tolist()}
+                for row in range(fam.labels.shape[0]):
+                    if tuple(fam.labels[row].tolist()) in left:
+                        kept += 1
+                    else:
+                        dropped += 1
+                        assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
+    assert dropped > 300 and kept > 100, (dropped, kept)
