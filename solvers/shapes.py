@@ -39,7 +39,7 @@ layer-work test at F only: sum_i k_i min(c_i, F) >= L F), every cut node has suc
 
 Shapes with the same intervals differ only in their edges; if the shape with every such edge and every
 latency set to zero cannot reach F for a labelling, none of them can (``_EdgeRelaxation``), so one
-decision rules out a labelling for all of them.
+decision rules out a labelling for all of them, and the next shapes drop it before their families are built.
 
 The rest is enumerated with numpy (``_enumerate``): the remaining boundaries, placed one at a time, each
 only at the positions that the lengths with a usable option allow (an element's length is checked as
@@ -1506,6 +1506,11 @@ class _EdgeRelaxation:
             return None
         return self._code(sk.iv, _full_shape(sk.m, sk.iv)[1], labels)
 
+    def open(self, sk: Skeleton, codes: np.ndarray, F: float) -> np.ndarray:
+        """Per code, False when it is already ruled out at F or below (no decision is made)."""
+        out = self.out
+        return np.array([out.get((sk.m, sk.iv, int(c)), math.inf) > F for c in codes.tolist()], bool)
+
     def rules_out(self, sk: Skeleton, counts: tuple[int, ...], code: int, F: float, budget: list[int]) -> bool:
         """Whether no shape with ``sk``'s intervals, labelled as ``code`` says, has flow >= F (F > 0)."""
         return not self.keep(sk, counts, [code], F, budget)[0]
@@ -1851,6 +1856,8 @@ def shape_search(
                 F = _threshold(tau, cur)
                 sh = _shape(sk)
                 labels = _prefilter(sh, cl.labellings(sk, c), tb, F)
+                if labels.shape[0] and (early := relax.codes(sk, labels)) is not None:
+                    labels = labels[relax.open(sk, early, F)]
                 if labels.shape[0] == 0:
                     continue
                 fam = _Family(sh, labels, tb)
