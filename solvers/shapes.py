@@ -740,6 +740,7 @@ class _Family:
         for pi, mask in enumerate(masks):
             tot = full[:, :, pi] + tb.cover_masks(mask)
             covers &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
+        self.kept_rows = np.flatnonzero(covers)  # which rows of the ``labels`` given are kept
         labels, U, V, elat, full = labels[covers], U[covers], V[covers], elat[:, covers], full[:, covers]
         masks = [m[covers] for m in masks]
         self.labels = labels  # (NL, s) problem nodes
@@ -884,21 +885,12 @@ class _ElementAt:
 
 @attrs.frozen(eq=False)
 class _Prep:
-    """A labelled shape's elements at one threshold F (``_Labelled.prep``): per element its option
-    latencies (metrics, L + 1, W), capacities clipped at F and usable options (L + 1, W), a segment's
-    back-pointers; the lengths with a usable option, the least latency per length (metrics, L + 1), the
-    paths' least latencies (metrics, paths) and the largest capacity per length (L + 1); which of the
-    family's cuts are kept (all their edges carry less than F), each cut's edge capacity, and the kept
-    cuts as (elements, edges' sum)."""
+    """A labelled shape at one threshold F (``_Labelled.prep``): each element's tables (``_ElementAt``),
+    the paths' least latencies (metrics, paths), which of the family's cuts are kept (all their edges
+    carry less than F), each cut's edge capacity, and the kept cuts as (elements, edges' sum)."""
 
-    el_lat: list[np.ndarray]
-    el_cap: list[np.ndarray]
-    el_ok: list[np.ndarray]
-    seg_backs: list[list[tuple[np.ndarray, int, int]]]
-    allowed: list[np.ndarray]
-    lb_lat: list[np.ndarray]
+    els: list[_ElementAt]
     base: np.ndarray
-    ub_cap: list[np.ndarray]
     kept: np.ndarray
     es: np.ndarray
     kept_cuts: list[tuple[list[int], float]]
@@ -917,18 +909,20 @@ def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]
     L = tb.L
     plan = _row_plan(fam.sh, L)
     nl, ne = len(preps), len(fam.sh.elements)
-    ok_tab = np.array([pr.allowed for pr in preps]).reshape(nl, ne, L + 1)
+    ok_tab = np.array([[x.allowed for x in pr.els] for pr in preps]).reshape(nl, ne, L + 1)
     kmin = np.argmax(ok_tab, axis=2)  # (nl, ne)
     kmax = L - np.argmax(ok_tab[:, :, ::-1], axis=2)
-    lb = np.array([pr.lb_lat for pr in preps]).reshape(nl, ne, tb.nm, L + 1)
+    lb = np.array([[x.lb_lat for x in pr.els] for pr in preps]).reshape(nl, ne, tb.nm, L + 1)
     floor = np.where(ok_tab[:, :, None, :], lb, np.inf).min(axis=3)  # (nl, ne, nm)
     with np.errstate(invalid="ignore"):
         extra = (lb - floor[..., None]).transpose(0, 1, 3, 2)  # (nl, ne, L + 1, nm): latency above the least
     tabs: list[np.ndarray] = []
+    before: list[np.ndarray] = []
     es = np.zeros((nl, 0))
     if F > 0 and any(pr.kept_cuts for pr in preps):
         es = np.where(np.array([pr.kept for pr in preps]), np.array([pr.es for pr in preps]), np.inf)  # (nl, C)
-        ub = np.maximum(np.array([pr.ub_cap for pr in preps]), -1e30).reshape(nl, ne, L + 1)  # 0 x finite is 0
+        ub = np.array([[x.ub_cap for x in pr.els] for pr in preps])
+        ub = np.maximum(ub, -1e30).reshape(nl, ne, L + 1)  # finite, so that 0 x it is 0
         sufmax = np.maximum.accumulate(ub[:, :, ::-1], axis=2)[:, :, ::-1]
         tabs = [np.where(st.ended[None, :, None], ub, sufmax) for st in plan.steps]
         before = [sufmax, *tabs[:-1]]  # exact for the elements whose length is known before step t
@@ -1044,7 +1038,7 @@ class _Labelled:
         self.elem_iv, self.elem_of, self.need = sh.elem_iv, sh.elem_of, sh.need
         self.paths_el = [list(p) for p in sh.paths_el]
         self.plink = fam.plink[:, row, :].T  # (npath, nm)
-        self.fam = fam
+        self.fam, self.row = fam, row
         self.cut_els = fam.cut_els
         self.cut_es = fam.cut_es[row]
         self.cut_emax = fam.cut_emax[row]
@@ -1127,7 +1121,6 @@ class _Labelled:
         kept = self.cut_emax < F if F > 0 else np.zeros(self.cut_emax.size, bool)
         kept_cuts = [(self.cut_els[c], float(self.cut_es[c])) for c in np.flatnonzero(kept)]
         ne = len(self.elements)
-        nseg = len(self.segments)
         work: dict[int, np.ndarray] = {}
         nodes_mask = 0
         if F > 0:
@@ -1145,14 +1138,7 @@ class _Labelled:
         base = self.plink.T + lbmin.T @ _row_plan(self.sh, tb.L).onpath  # (nm, P)
         if np.any(base > tb.budget[:, None]):
             return None
-        el_lat = [x.lat for x in els]
-        el_cap = [x.cap for x in els]
-        el_ok = [x.ok for x in els]
-        seg_backs = [x.backs for x in els[:nseg]]
-        allowed = [x.allowed for x in els]
-        lb_lat = [x.lb_lat for x in els]
-        ub_cap = [x.ub_cap for x in els]
-        return _Prep(el_lat, el_cap, el_ok, seg_backs, allowed, lb_lat, base, ub_cap, kept, self.cut_es, kept_cuts)
+        return _Prep(els, base, kept, self.cut_es, kept_cuts)
 
     def decide(self, F: float, budget: list[int], prep: _Prep | None = None) -> _Witness | None:
         """A placement of this labelled shape with maximum flow >= F (any feasible one when F <= 0),
@@ -1165,8 +1151,13 @@ class _Labelled:
         got = prep if prep is not None else self.prep(F)
         if got is None:
             return None
-        el_lat, el_cap, el_ok, seg_backs = got.el_lat, got.el_cap, got.el_ok, got.seg_backs
-        lb_lat, ub_cap, kept_cuts = got.lb_lat, got.ub_cap, got.kept_cuts
+        el_lat = [x.lat for x in got.els]
+        el_cap = [x.cap for x in got.els]
+        el_ok = [x.ok for x in got.els]
+        seg_backs = [x.backs for x in got.els[:nseg]]
+        lb_lat = [x.lb_lat for x in got.els]
+        ub_cap = [x.ub_cap for x in got.els]
+        kept_cuts = got.kept_cuts
         rowsB = _enumerate(self.fam, [got], F, budget)[0]
         if rowsB.shape[0] == 0:
             return None
@@ -1549,10 +1540,10 @@ class _EdgeRelaxation:
                 verdict[code] = False
                 ask.append(code)
         if ask:
-            live = {lab.nodes: (lab, pr) for lab, pr in fam.screen([rows[c] for c in ask], F, budget)}
+            live = {lab.row: (lab, pr) for lab, pr in fam.screen([rows[c] for c in ask], F, budget)}
             for code in ask:
                 key = (sk.m, sk.iv, code)
-                got = live.get(tuple(int(x) for x in fam.labels[rows[code]]))
+                got = live.get(rows[code])
                 if got is not None and got[0].decide(F, budget, got[1]) is not None:
                     verdict[code] = True
                     self.feasible[key] = max(self.feasible.get(key, -math.inf), F)
@@ -1856,12 +1847,15 @@ def shape_search(
                 F = _threshold(tau, cur)
                 sh = _shape(sk)
                 labels = _prefilter(sh, cl.labellings(sk, c), tb, F)
-                if labels.shape[0] and (early := relax.codes(sk, labels)) is not None:
-                    labels = labels[relax.open(sk, early, F)]
+                codes = relax.codes(sk, labels) if labels.shape[0] else None
+                if codes is not None:
+                    still = relax.open(sk, codes, F)
+                    labels, codes = labels[still], codes[still]
                 if labels.shape[0] == 0:
                     continue
                 fam = _Family(sh, labels, tb)
-                codes = relax.codes(sk, fam.labels)
+                if codes is not None:
+                    codes = codes[fam.kept_rows]
                 cands = fam.candidates(F).tolist()
                 for at in range(0, len(cands), SCREEN):
                     chunk = cands[at : at + SCREEN]

@@ -105,15 +105,16 @@ def _reference_rows(fam: _Family, pr: shapes._Prep, F: float) -> np.ndarray:
     for inner in itertools.combinations(range(1, L), r - 1):
         b = (0, *inner, L)
         ks = [b[e] - b[a] for a, e in sh.elem_iv]
-        if not all(pr.allowed[q][k] for q, k in enumerate(ks)):
+        if not all(pr.els[q].allowed[k] for q, k in enumerate(ks)):
             continue
         lat = pr.base.copy()
         for pi, els in enumerate(sh.paths_el):
             for q in els:
-                lat[:, pi] += pr.lb_lat[q][:, ks[q]] - pr.lb_lat[q][:, pr.allowed[q]].min(axis=1)
+                x = pr.els[q]
+                lat[:, pi] += x.lb_lat[:, ks[q]] - x.lb_lat[:, x.allowed].min(axis=1)
         if np.any(lat > tb.budget[:, None] * (1 + 1e-12)):
             continue
-        if not all(es + sum(pr.ub_cap[q][ks[q]] for q in els) >= F for els, es in pr.kept_cuts):
+        if not all(es + sum(pr.els[q].ub_cap[ks[q]] for q in els) >= F for els, es in pr.kept_cuts):
             continue
         out.append(b)
     return np.array(out, np.int64).reshape(-1, r + 1)
