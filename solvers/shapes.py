@@ -293,7 +293,7 @@ class _Tables:
         self._useful: dict[tuple[int, float], np.ndarray] = {}
         self._cover_at: dict[tuple[int, int, float, int], np.ndarray] = {}
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
-        self._cover_work: dict[tuple[int, float], np.ndarray | None] = {}
+        self._cover_work: dict[tuple[int, float, int], np.ndarray | None] = {}
         self._work_cap: dict[tuple[int, float], np.ndarray] = {}
         self.collapsed: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
         self.elements: dict[tuple[tuple[int, ...], bool, float, int], _ElementAt] = {}
@@ -395,39 +395,50 @@ class _Tables:
             self._cover_full = tab
         return self._cover_tab[:, masks]
 
-    def _subset_cover(self, g: dict[int, np.ndarray], within: int) -> np.ndarray:
-        """(2^n, metrics, L+1): per node set inside bit mask ``within``, the least latency with which its
-        nodes, each holding >= 1 layer at latency ``g[i][:, k]`` for k layers, cover exactly j layers."""
+    def _subset_cover(self, g: dict[int, np.ndarray], within: int, base: int = 0) -> np.ndarray:
+        """(2^n, metrics, L+1): per node set inside bit mask ``within`` that contains ``base``, the least
+        latency with which its nodes, each holding >= 1 layer at latency ``g[i][:, k]`` for k layers,
+        cover exactly j layers (inf for the other sets)."""
         n, L = self.n, self.L
         tab = np.full((1 << n, self.nm, L + 1), np.inf)
-        tab[0, :, 0] = 0.0
         kk = np.arange(L + 1)
         d = kk[:, None] - kk[None, :]
         dd = np.clip(d, 0, L)
-        held = {}
+        step = {}  # per node: [m, j, j'] the latency of holding j - j' layers (inf where j' > j or j == j')
         for i, gi in g.items():
-            held[i] = gi.copy()
-            held[i][:, 0] = np.inf
-        for mask in range(1, 1 << n):
-            if mask & ~within:
+            held = gi.copy()
+            held[:, 0] = np.inf
+            step[i] = np.where(d[None] >= 0, held[:, dd], np.inf)
+        acc = np.full((self.nm, L + 1), np.inf)
+        acc[:, 0] = 0.0
+        for i in range(n):
+            if base >> i & 1:
+                acc = (acc[:, None, :] + step[i]).min(axis=2)
+        tab[base] = acc
+        rest = within & ~base
+        for sub in range(1, 1 << n):
+            if sub & ~rest:
                 continue
-            i = (mask & -mask).bit_length() - 1
-            cand = tab[mask & (mask - 1)][:, None, :] + held[i][:, dd]
-            tab[mask] = np.where(d[None] >= 0, cand, np.inf).min(axis=2)
+            i = (sub & -sub).bit_length() - 1
+            tab[base | sub] = (tab[base | (sub & (sub - 1))][:, None, :] + step[i]).min(axis=2)
         return tab
 
-    def cover_work(self, comp: int, F: float) -> np.ndarray | None:
-        """(metrics, 2^n): per set of nodes within bit mask ``comp``, the least latency with which they
-        (each holding >= 1 layer) cover L layers using only the options that pass ``work_ok`` of
-        ``comp`` at F; inf for the other sets. None when ``work_ok`` fails (cached)."""
-        key = (comp, F)
+    def cover_work(self, comp: int, F: float, cut: int = 0) -> np.ndarray | None:
+        """(metrics, 2^n): per set of nodes within bit mask ``comp`` that contains ``cut``, the least
+        latency with which they (each holding >= 1 layer) cover L layers using only the options that pass
+        ``work_ok`` of ``comp`` at F, and for the nodes of ``cut`` only those of capacity >= F (equal to
+        ``cover_at(set, cut, F, comp)``); inf for the other sets. None when ``work_ok`` fails (cached)."""
+        key = (comp, F, cut)
         if key in self._cover_work:
             return self._cover_work[key]
         work = self.work_mask(comp, F)
         out = None
         if work is not None:
-            g = {i: np.where(w[None], self.lat[i], np.inf).min(axis=2) for i, w in work.items()}
-            out = self._subset_cover(g, comp)[:, :, self.L].T.copy()
+            g = {
+                i: np.where((w & (self.cap[i] >= F) if cut >> i & 1 else w)[None], self.lat[i], np.inf).min(axis=2)
+                for i, w in work.items()
+            }
+            out = self._subset_cover(g, comp, cut)[:, :, self.L].T.copy()
         if len(self._cover_work) > 1024:
             self._cover_work.clear()
         self._cover_work[key] = out
@@ -792,11 +803,12 @@ class _Family:
         self.viable = np.all(kap > -np.inf, axis=1)
         self.el_maxcap = np.stack([kap[:, list(e)].min(axis=1) for e in sh.elements], axis=1)
 
-    def candidates(self, F: float) -> np.ndarray:
+    def candidates(self, F: float, paths: bool = True) -> np.ndarray:
         """The labellings that pass the cheap tests at threshold F: every path can cover the layers
         within the limits (its cut nodes with options of capacity >= F only, since all the flow crosses
         them, and every node with the options that pass ``work_ok`` at F only: a component that carries
-        F uses no other), every cut node can carry F, and every kept cut can."""
+        F uses no other), every cut node can carry F, and every kept cut can. ``paths=False`` skips the
+        path test, for labellings that ``_prefilter`` kept at the same F (it ran that test)."""
         ok = self.viable.copy()
         if F <= 0 or not ok.any():
             return np.flatnonzero(ok)
@@ -813,7 +825,7 @@ class _Family:
             if need:
                 ok &= elcap[:, q] >= F
         n = tb.n
-        for keys, inv, links in self.path_keys:
+        for keys, inv, links in self.path_keys if paths else ():
             cov = np.stack([tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F, comp) for k in keys], axis=1)
             tot = links + cov[:, inv]  # inf: the path's nodes cannot cover L layers (even with no limit)
             ok &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
@@ -847,10 +859,12 @@ class _Family:
 
 def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndarray:
     """The labellings (rows of ``labels``) worth building a ``_Family`` for at threshold F: each cut node
-    has an option of capacity >= F that passes the component's ``work_ok`` at F, and each path's nodes
-    can cover the L layers within the limits with the options that pass it (``_Tables.cover_work``);
-    links and the cut nodes' latencies left out, so a necessary test of ``_Family.candidates``, and one
-    that a larger F only makes stricter."""
+    has an option of capacity >= F that passes the component's ``work_ok`` at F, and each path can cover
+    the L layers within the limits with the options that pass it, its cut nodes with options of capacity
+    >= F only, plus its links (first without the links and the cut nodes' restriction, by
+    ``_Tables.cover_work``, then with them). These are tests of
+    ``_Family.candidates`` (the second one is its path test, which it then need not repeat at F), and a
+    larger F only makes them stricter."""
     if F <= 0 or labels.shape[0] == 0:
         return labels
     comp = int(np.bitwise_or.reduce(1 << labels[0]))
@@ -860,10 +874,37 @@ def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndar
     cut = [x for x in range(sh.sk.s) if sh.cutnode[x]]
     ok = np.all(tb.work_cap(comp, F)[labels[:, cut]] >= F, axis=1)  # all the flow crosses a cut node
     bits = 1 << labels
+    masks = []
     for path in sh.sk.paths:
-        cov = tab[:, np.bitwise_or.reduce(bits[:, list(path)], axis=1)]
+        masks.append(np.bitwise_or.reduce(bits[:, list(path)], axis=1))
+        cov = tab[:, masks[-1]]
         ok &= np.all((cov <= tb.budget[:, None]) & np.isfinite(cov), axis=0)
+    if not ok.any():
+        return labels[:0]
+    labels, bits = labels[ok], bits[ok]
+    masks = [m[ok] for m in masks]
+    n = tb.n
+    ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
+    pl = _path_links(sh, tb, ext)
+    cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(labels.shape[0], np.int64)
+    ok = np.ones(labels.shape[0], bool)
+    for cm in np.unique(cmask).tolist():
+        rows = np.flatnonzero(cmask == cm)
+        tabc = tb.cover_work(comp, F, cm)
+        assert tabc is not None  # cover_work passed: work_ok holds
+        for pi, mask in enumerate(masks):
+            tot = pl[:, rows, pi] + tabc[:, mask[rows]]
+            ok[rows] &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
     return labels[ok]
+
+
+def _path_links(sh: _Shape, tb: _Tables, ext: np.ndarray) -> np.ndarray:
+    """(metrics, labellings, paths): each path's summed link latencies, for labellings ``ext`` (one
+    column per shape node, then one holding n for the source and sink)."""
+    eu = np.array([u for u, _ in sh.edges], dtype=np.int64)
+    ev = np.array([v for _, v in sh.edges], dtype=np.int64)
+    elat = tb.ll[:, ext[:, eu], ext[:, ev]]  # (nm, NL, E)
+    return np.stack([elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_all], axis=2)
 
 
 @attrs.frozen(eq=False)
@@ -1856,7 +1897,7 @@ def shape_search(
                 fam = _Family(sh, labels, tb)
                 if codes is not None:
                     codes = codes[fam.kept_rows]
-                cands = fam.candidates(F).tolist()
+                cands = fam.candidates(F, paths=False).tolist()  # the prefilter ran the path test at F
                 for at in range(0, len(cands), SCREEN):
                     chunk = cands[at : at + SCREEN]
                     F = _threshold(tau, cur)

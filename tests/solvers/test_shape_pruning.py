@@ -9,7 +9,13 @@ import attrs
 import numpy as np
 import pytest
 
+from coral.catalog import load_catalog
+from coral.perf import PerfModel
+from coral.workload import Slo, WorkloadShape
 from solvers import shapes
+from solvers.fastplace import reduce_problem
+from solvers.library import restrict_batch
+from solvers.options import build_problem
 from solvers.problem import PlacementProblem
 from solvers.shapes import _Classes, _EdgeRelaxation, _Family, _shape, _Tables, _variants, skeletons
 
@@ -214,3 +220,66 @@ def test_prefilter_drops_only_infeasible_labellings() -> None:
                         dropped += 1
                         assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
     assert dropped > 300 and kept > 100, (dropped, kept)
+
+
+def test_prefilter_runs_the_path_test_of_candidates() -> None:
+    """The shape search skips ``candidates``' path test for labellings that ``_prefilter`` kept at the
+    same F: among those, the labellings that pass all of ``candidates``' tests are exactly the ones that
+    pass all but the path test, and none that ``candidates`` keeps is dropped by the prefilter. Real
+    menus (the built-in catalog, gemma-3-27b) at thresholds near the upper bound, where the path test
+    (cut nodes held to options of capacity >= F) rules out most."""
+    perf = PerfModel(load_catalog())
+    slo, shape = Slo(ttft_s=2.0, tpot_s=0.1, attainment=0.9), WorkloadShape(mean_in=1155, mean_out=211)
+    cut_by_paths = kept = 0
+    for nodes in (
+        ("g6.xlarge", "g6.xlarge", "g6e.xlarge", "p5.4xlarge"),
+        ("a2-highgpu-1g", "g5.xlarge", "g6.xlarge", "p5.4xlarge"),
+        ("g4dn.12xlarge", "g6.xlarge", "g6e.xlarge", "a2-highgpu-1g"),
+    ):
+        for mode in ("prefill", "decode"):
+            whole = build_problem(perf, "gemma-3-27b", nodes, mode, slo, shape)
+            for b in sorted({int(x) for m in whole.menus for x in m.b}):
+                sub = restrict_batch(whole, b)
+                red = reduce_problem(sub) if sub is not None else None
+                if red is None:
+                    continue
+                p = red.problem
+                tb, cl = _Tables(p), _Classes(p)
+                for sk in skeletons(len(nodes)):
+                    sh = _shape(sk)
+                    fam = _Family(sh, cl.labellings(sk, cl.full), tb)
+                    for F in (red.ub * f for f in (0.7, 0.85, 0.95, 0.99)):
+                        left = {tuple(row) for row in shapes._prefilter(sh, fam.labels, tb, F).tolist()}
+                        mask = [tuple(row) in left for row in fam.labels.tolist()]
+                        full = set(fam.candidates(F).tolist())
+                        loose = set(fam.candidates(F, paths=False).tolist())
+                        assert full == {r for r in loose if mask[r]}, (nodes, mode, b, sk, F)
+                        cut_by_paths += len(loose - full)
+                        kept += len(full)
+    assert cut_by_paths > 100 and kept > 500, (cut_by_paths, kept)
+
+
+def test_cover_work_with_cut_nodes_matches_cover_at() -> None:
+    """``_Tables.cover_work(comp, F, cut)`` equals ``cover_at(mask, cut, F, comp)`` on every node set
+    that holds the cut nodes, and is inf elsewhere."""
+    rng = np.random.default_rng(7700)
+    finite = 0
+    for t in range(12):
+        n = 3 + t % 3
+        p = random_tiny_problem(
+            rng, n=n, num_layers=int(rng.integers(4, 10)), max_options=4, num_metrics=1 + t % 2, style="perf"
+        )
+        tb = _Tables(p)
+        full = (1 << n) - 1
+        for F in _thresholds(p):
+            for cut in range(1 << n):
+                tab = tb.cover_work(full, F, cut)
+                if tab is None:
+                    continue
+                for mask in range(1 << n):
+                    if mask & cut != cut:
+                        assert np.all(np.isinf(tab[:, mask]))
+                        continue
+                    np.testing.assert_allclose(tab[:, mask], tb.cover_at(mask, cut, F, full))
+                    finite += int(np.isfinite(tab[:, mask]).all())
+    assert finite > 100, finite
