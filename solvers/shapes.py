@@ -35,7 +35,10 @@ Before a labelled shape is decided, cheap necessary tests run over all labelling
 (``_prefilter``, then ``_Family.candidates``): every path can cover the L layers within the limits (its
 cut nodes with options of capacity >= F only, and every node with the options that pass the component's
 layer-work test at F only: sum_i k_i min(c_i, F) >= L F), every cut node has such an option of capacity
->= F that fits its paths, and every cut whose edges all carry less than F has enough node capacity.
+>= F that fits its paths, every cut whose edges all carry less than F has enough node capacity, and
+the nodes' layer counts can meet all of it together: the counts on a path add up to L, a node's
+capacity is at most its best with at least its least count, and a cut's capacity need caps each of its
+nodes' counts (bounds propagation, ``_Family._lengths_ok``).
 
 Shapes with the same intervals differ only in their edges; if the shape with every such edge and every
 latency set to zero cannot reach F for a labelling, none of them can (``_EdgeRelaxation``), so one
@@ -76,6 +79,9 @@ from solvers.problem import Edge, PlacementProblem, PlacementResult
 
 SEARCH_RTOL = 1e-9
 """A new placement must beat the best one by this much (relative) to count as better."""
+
+ROUNDS = 4
+"""Rounds of bounds propagation in ``_Family._lengths_ok`` (each is exact; more rule out a little more)."""
 
 SCREEN = 64
 """Labellings of one shape whose boundary vectors are enumerated together (``_Family.screen``)."""
@@ -731,6 +737,49 @@ def _cut_tables(sh: _Shape) -> _CutTables:
     return _CutTables(edges, np.array([bool(ec) for _, ec in sh.cuts], bool), elements)
 
 
+@attrs.frozen(eq=False)
+class _NodeTables:
+    """A shape's node-level cuts and paths as 0/1 matrices, for ``_Family._lengths_ok``: ``cut_nodes``
+    (cuts, s) for every minimal cut but the single cut nodes, ``cut_edges`` (cuts, widest) their edge
+    indices into ``_Shape.edges``, padded with E (reads 0) and E + 1 (reads -inf), ``path_nodes``
+    (paths, s)."""
+
+    cut_nodes: np.ndarray
+    cut_neg: np.ndarray
+    cut_edges: np.ndarray
+    path_nodes: np.ndarray
+    path_neg: np.ndarray
+    path_pos: np.ndarray
+
+
+@functools.cache
+def _node_tables(sh: _Shape) -> _NodeTables:
+    sk = sh.sk
+    s, E = sk.s, len(sh.edges)
+    eidx = {e: t for t, e in enumerate(sh.edges)}
+    cuts = [(nc, ec) for nc, ec in sk.cuts if not (len(nc) == 1 and not ec)]
+    nodes = np.zeros((len(cuts), s))
+    width = max([len(ec) for _, ec in cuts] + [1])
+    edges = np.full((len(cuts), width), E + 1, np.int64)
+    for c, (nc, ec) in enumerate(cuts):
+        nodes[c, list(nc)] = 1.0
+        edges[c, : len(ec)] = [eidx[e] for e in ec]
+        if not ec:
+            edges[c, 0] = E
+    paths = np.zeros((len(sk.paths), s), np.int64)
+    for p, path in enumerate(sk.paths):
+        paths[p, list(path)] = 1
+    on = paths > 0
+    return _NodeTables(
+        nodes,
+        np.where(nodes > 0, 0.0, -np.inf),
+        edges,
+        paths,
+        np.where(on, 0.0, -np.inf),
+        np.where(on, 0.0, np.inf),
+    )
+
+
 class _Family:
     """Every labelling of one shape by one sub-multiset, as arrays (one row per labelling), with the
     label-dependent data: link latencies per path, edge capacities per cut, and a coverage test."""
@@ -834,7 +883,67 @@ class _Family:
                 kept = self.cut_emax[:, c] < F
                 tot = self.cut_es[:, c] + elcap[:, list(els)].sum(axis=1)
                 ok &= ~kept | (tot >= F)
-        return np.flatnonzero(ok)
+        rows = np.flatnonzero(ok)
+        if rows.size:
+            rows = rows[self._lengths_ok(rows, F, work)]
+        return rows
+
+    def _lengths_ok(self, rows: np.ndarray, F: float, work: dict[int, np.ndarray]) -> np.ndarray:
+        """Per labelling of ``rows``, whether the layer counts of its nodes can satisfy, together, the
+        necessary conditions below (bounds propagation; False proves that no placement carries F).
+
+        Node j holds lo_j <= k_j <= hi_j layers (1 <= lo, hi <= L at first). Along every path the k
+        add up to L, so lo_j >= L - (sum of the other hi on the path) and hi_j <= L - (sum of the other
+        lo). Its capacity is at most cm_j: the largest of its options with k >= lo_j that pass the
+        component's ``work_ok`` (the others carry no part of F), and at most kappa_j (the options that
+        fit the latency limits of its paths). A cut node needs capacity >= F; a node of a cut whose
+        edges all carry less than F needs r_j >= F - (the cut's edge capacities) - (the other cm in the
+        cut). So hi_j <= the largest k at which an option passing ``work_ok`` has capacity >= r_j. Each
+        rule shrinks [lo_j, hi_j] or lowers cm_j, so the rounds stop; an empty range rules it out."""
+        tb, sh = self.tb, self.sh
+        L = tb.L
+        nt = _node_tables(sh)
+        lab = self.labels[rows]
+        R, s = lab.shape
+        M = np.full((tb.n, L + 2), -np.inf)  # [i, k]: largest capacity of a work option with >= k layers
+        for i, w in work.items():
+            M[i, : L + 1] = np.maximum.accumulate(np.where(w, tb.cap[i], -np.inf).max(axis=1)[::-1])[::-1]
+        ML = M[lab]  # (R, s, L + 2)
+        kap = self.kappa[rows]
+        ecap = np.concatenate([self.ecap[rows], np.zeros((R, 1)), np.full((R, 1), -np.inf)], axis=1)
+        pad = ecap[:, nt.cut_edges]  # (R, C, widest): 0 / -inf padding for the sum / the largest
+        es = np.where(np.isneginf(pad), 0.0, pad).sum(axis=2)
+        kept = pad.max(axis=2) < F  # (R, C); a cut of nodes only has largest 0: kept
+        cutT = nt.cut_nodes.T  # (s, C) 0/1
+        neg = nt.cut_neg[None]  # (1, C, s): 0 where the cut holds the node, else -inf
+        pm = nt.path_nodes  # (P, s) 0/1
+        pneg, ppos = nt.path_neg[None], nt.path_pos[None]  # (1, P, s): 0 on the path, else -inf / +inf
+        base = np.where(np.array(sh.cutnode)[None, :], F, -np.inf)
+        lo = np.ones((R, s), np.int64)
+        hi = np.full((R, s), L, np.int64)
+        jj = np.arange(s)[None, :]
+        live = np.arange(R)  # the rows still possible, and their data below
+        for _ in range(ROUNDS):
+            cm = np.maximum(np.minimum(ML[np.arange(live.size)[:, None], jj, lo], kap), 0.0)
+            req = base
+            if cutT.shape[1]:
+                slack = np.where(kept, F - es - cm @ cutT, -np.inf)  # (R, C)
+                req = np.maximum(base, (slack[:, :, None] + neg).max(axis=1) + cm)
+            hi = np.minimum(hi, (req[:, :, None] <= ML).sum(axis=2) - 1)
+            shi = hi @ pm.T  # (R, P)
+            slo = lo @ pm.T
+            nlo = np.maximum(lo, (L - shi[:, :, None] + hi[:, None, :] + pneg).max(axis=1))
+            hi = np.minimum(hi, (L - slo[:, :, None] + lo[:, None, :] + ppos).min(axis=1)).astype(np.int64)
+            lo = nlo.astype(np.int64)
+            ok = np.all(lo <= hi, axis=1)
+            if not ok.all():
+                live, ML, kap, es, kept, lo, hi = live[ok], ML[ok], kap[ok], es[ok], kept[ok], lo[ok], hi[ok]
+                if live.size == 0:
+                    break
+            lo, hi = np.maximum(lo, 1), np.minimum(hi, L)
+        alive = np.zeros(R, bool)
+        alive[live] = True
+        return alive
 
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
@@ -1538,10 +1647,35 @@ class _EdgeRelaxation:
             return None
         return self._code(sk.iv, _full_shape(sk.m, sk.iv)[1], labels)
 
-    def open(self, sk: Skeleton, codes: np.ndarray, F: float) -> np.ndarray:
-        """Per code, False when it is already ruled out at F or below (no decision is made)."""
+    def open(self, sk: Skeleton, counts: tuple[int, ...], codes: np.ndarray, F: float) -> np.ndarray:
+        """Per code, False when it is ruled out at F without a decision: already, at F or below, or now
+        because the full shape's labelling fails ``_Family.candidates`` at F (recorded)."""
         out = self.out
-        return np.array([out.get((sk.m, sk.iv, int(c)), math.inf) > F for c in codes.tolist()], bool)
+        got = np.array([out.get((sk.m, sk.iv, int(c)), math.inf) > F for c in codes.tolist()], bool)
+        if F <= 0 or not got.any():
+            return got
+        _, rows, cand = self._candidates(sk, counts, F)
+        for j in np.flatnonzero(got).tolist():
+            code = int(codes[j])
+            if rows.get(code, -1) not in cand:  # -1: no path of the full shape can cover the layers
+                got[j] = False
+                key = (sk.m, sk.iv, code)
+                out[key] = min(out.get(key, math.inf), F)
+        return got
+
+    def _candidates(self, sk: Skeleton, counts: tuple[int, ...], F: float) -> tuple[_Family, dict[int, int], set[int]]:
+        """The full shape's family for ``sk``'s intervals, its row per code, and its candidates at F."""
+        fk = (sk.m, sk.iv, counts)
+        if fk not in self.fams:
+            full, perms = _full_shape(sk.m, sk.iv)
+            labs = self.cl.labellings(full, counts)
+            fam = _Family(_shape(full), labs, self.tb)
+            self.fams[fk] = (fam, {int(x): r for r, x in enumerate(self._code(sk.iv, perms, fam.labels))})
+        fam, rows = self.fams[fk]
+        ck = (fk, F)
+        if ck not in self.cand:
+            self.cand = {ck: set(fam.candidates(F).tolist())}
+        return fam, rows, self.cand[ck]
 
     def rules_out(self, sk: Skeleton, counts: tuple[int, ...], code: int, F: float, budget: list[int]) -> bool:
         """Whether no shape with ``sk``'s intervals, labelled as ``code`` says, has flow >= F (F > 0)."""
@@ -1554,16 +1688,7 @@ class _EdgeRelaxation:
         with ``sk``'s intervals is ruled out for that labelling). Undecided codes are screened together."""
         if F <= 0:
             return [True] * len(codes)
-        fk = (sk.m, sk.iv, counts)
-        if fk not in self.fams:
-            full, perms = _full_shape(sk.m, sk.iv)
-            labs = self.cl.labellings(full, counts)
-            fam = _Family(_shape(full), labs, self.tb)
-            self.fams[fk] = (fam, {int(x): r for r, x in enumerate(self._code(sk.iv, perms, fam.labels))})
-        fam, rows = self.fams[fk]
-        ck = (fk, F)
-        if ck not in self.cand:
-            self.cand = {ck: set(fam.candidates(F).tolist())}
+        fam, rows, cand = self._candidates(sk, counts, F)
         verdict: dict[int, bool] = {}
         ask: list[int] = []
         for code in codes:
@@ -1574,7 +1699,7 @@ class _EdgeRelaxation:
                 verdict[code] = False
             elif self.feasible.get(key, -math.inf) >= F:
                 verdict[code] = True
-            elif rows.get(code, -1) not in self.cand[ck]:  # -1: no path of the full shape can cover the layers
+            elif rows.get(code, -1) not in cand:  # -1: no path of the full shape can cover the layers
                 verdict[code] = False
                 self.out[key] = min(self.out.get(key, math.inf), F)
             else:
@@ -1890,7 +2015,7 @@ def shape_search(
                 labels = _prefilter(sh, cl.labellings(sk, c), tb, F)
                 codes = relax.codes(sk, labels) if labels.shape[0] else None
                 if codes is not None:
-                    still = relax.open(sk, codes, F)
+                    still = relax.open(sk, c, codes, F)
                     labels, codes = labels[still], codes[still]
                 if labels.shape[0] == 0:
                     continue

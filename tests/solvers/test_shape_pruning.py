@@ -53,6 +53,8 @@ def test_edge_relaxation_rules_out_only_infeasible_labellings(seed: int) -> None
                     codes = relax.codes(sk, fam.labels)
                     assert codes is not None
                     for row in range(fam.labels.shape[0]):
+                        if not relax.open(sk, counts, codes[row : row + 1], F)[0]:
+                            assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
                         if relax.rules_out(sk, counts, int(codes[row]), F, [BIG]):
                             ruled += 1
                             assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
@@ -228,34 +230,20 @@ def test_prefilter_runs_the_path_test_of_candidates() -> None:
     pass all but the path test, and none that ``candidates`` keeps is dropped by the prefilter. Real
     menus (the built-in catalog, gemma-3-27b) at thresholds near the upper bound, where the path test
     (cut nodes held to options of capacity >= F) rules out most."""
-    perf = PerfModel(load_catalog())
-    slo, shape = Slo(ttft_s=2.0, tpot_s=0.1, attainment=0.9), WorkloadShape(mean_in=1155, mean_out=211)
     cut_by_paths = kept = 0
-    for nodes in (
-        ("g6.xlarge", "g6.xlarge", "g6e.xlarge", "p5.4xlarge"),
-        ("a2-highgpu-1g", "g5.xlarge", "g6.xlarge", "p5.4xlarge"),
-        ("g4dn.12xlarge", "g6.xlarge", "g6e.xlarge", "a2-highgpu-1g"),
-    ):
-        for mode in ("prefill", "decode"):
-            whole = build_problem(perf, "gemma-3-27b", nodes, mode, slo, shape)
-            for b in sorted({int(x) for m in whole.menus for x in m.b}):
-                sub = restrict_batch(whole, b)
-                red = reduce_problem(sub) if sub is not None else None
-                if red is None:
-                    continue
-                p = red.problem
-                tb, cl = _Tables(p), _Classes(p)
-                for sk in skeletons(len(nodes)):
-                    sh = _shape(sk)
-                    fam = _Family(sh, cl.labellings(sk, cl.full), tb)
-                    for F in (red.ub * f for f in (0.7, 0.85, 0.95, 0.99)):
-                        left = {tuple(row) for row in shapes._prefilter(sh, fam.labels, tb, F).tolist()}
-                        mask = [tuple(row) in left for row in fam.labels.tolist()]
-                        full = set(fam.candidates(F).tolist())
-                        loose = set(fam.candidates(F, paths=False).tolist())
-                        assert full == {r for r in loose if mask[r]}, (nodes, mode, b, sk, F)
-                        cut_by_paths += len(loose - full)
-                        kept += len(full)
+    for p, ub in _real_problems():
+        tb, cl = _Tables(p), _Classes(p)
+        for sk in skeletons(p.n):
+            sh = _shape(sk)
+            fam = _Family(sh, cl.labellings(sk, cl.full), tb)
+            for F in (ub * f for f in (0.7, 0.85, 0.95, 0.99)):
+                left = {tuple(row) for row in shapes._prefilter(sh, fam.labels, tb, F).tolist()}
+                mask = [tuple(row) in left for row in fam.labels.tolist()]
+                full = set(fam.candidates(F).tolist())
+                loose = set(fam.candidates(F, paths=False).tolist())
+                assert full == {r for r in loose if mask[r]}, (p.kinds, sk, F)
+                cut_by_paths += len(loose - full)
+                kept += len(full)
     assert cut_by_paths > 100 and kept > 500, (cut_by_paths, kept)
 
 
@@ -283,3 +271,54 @@ def test_cover_work_with_cut_nodes_matches_cover_at() -> None:
                     np.testing.assert_allclose(tab[:, mask], tb.cover_at(mask, cut, F, full))
                     finite += int(np.isfinite(tab[:, mask]).all())
     assert finite > 100, finite
+
+
+def _real_problems() -> list[tuple[PlacementProblem, float]]:
+    """Reduced one-batch placement problems of gemma-3-27b on 4 nodes of the built-in catalog, each
+    with the reductions' upper bound on its flow."""
+    perf = PerfModel(load_catalog())
+    slo, shape = Slo(ttft_s=2.0, tpot_s=0.1, attainment=0.9), WorkloadShape(mean_in=1155, mean_out=211)
+    out = []
+    for nodes in (
+        ("g6.xlarge", "g6.xlarge", "g6e.xlarge", "p5.4xlarge"),
+        ("a2-highgpu-1g", "g5.xlarge", "g6.xlarge", "p5.4xlarge"),
+        ("g4dn.12xlarge", "g6.xlarge", "g6e.xlarge", "a2-highgpu-1g"),
+    ):
+        for mode in ("prefill", "decode"):
+            whole = build_problem(perf, "gemma-3-27b", nodes, mode, slo, shape)
+            for b in sorted({int(x) for m in whole.menus for x in m.b}):
+                sub = restrict_batch(whole, b)
+                red = reduce_problem(sub) if sub is not None else None
+                if red is not None:
+                    out.append((red.problem, red.ub))
+    return out
+
+
+def test_length_propagation_drops_only_infeasible_labellings() -> None:
+    """A labelling that ``_Family._lengths_ok`` rules out at F (the layer counts cannot meet the path,
+    cut and capacity bounds together) has no placement of flow >= F by ``decide``; on random tiny
+    problems and on real menus near their upper bound, where it rules out many."""
+    rng = np.random.default_rng(7800)
+    problems = [
+        random_tiny_problem(rng, n=3 + t % 3, num_layers=int(rng.integers(4, 10)), max_options=4, style="perf")
+        for t in range(20)
+    ]
+    dropped = kept = 0
+    tiny = [(p, max(float(np.max(m.cap)) for m in p.menus)) for p in problems]
+    for p, top in [*tiny, *_real_problems()]:
+        tb, cl = _Tables(p), _Classes(p)
+        for sk in skeletons(p.n):
+            fam = _Family(_shape(sk), cl.labellings(sk, cl.full), tb)
+            if fam.labels.shape[0] == 0:
+                continue
+            comp = int(np.bitwise_or.reduce(1 << fam.labels[0]))
+            for F in (*_thresholds(p), *(top * f for f in (0.7, 0.85, 0.95, 0.99))):
+                work = tb.work_mask(comp, F)
+                if work is None:
+                    continue
+                ok = fam._lengths_ok(np.arange(fam.labels.shape[0]), F, work)
+                for row in np.flatnonzero(~ok).tolist():
+                    dropped += 1
+                    assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
+                kept += int(ok.sum())
+    assert dropped > 300 and kept > 300, (dropped, kept)
