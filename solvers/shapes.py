@@ -38,7 +38,8 @@ layer-work test at F only: sum_i k_i min(c_i, F) >= L F), every cut node has suc
 >= F that fits its paths, every cut whose edges all carry less than F has enough node capacity, and
 the nodes' layer counts can meet all of it together: the counts on a path add up to L, a node's
 capacity is at most its best with at least its least count, and a cut's capacity need caps each of its
-nodes' counts (bounds propagation, ``_Family._lengths_ok``).
+nodes' counts (bounds propagation, ``_Family._length_bounds``). The ranges of counts it leaves bound
+each element's lengths in the enumeration below (``_Family.spans``).
 
 Shapes with the same intervals differ only in their edges; if the shape with every such edge and every
 latency set to zero cannot reach F for a labelling, none of them can (``_EdgeRelaxation``), so one
@@ -81,7 +82,7 @@ SEARCH_RTOL = 1e-9
 """A new placement must beat the best one by this much (relative) to count as better."""
 
 ROUNDS = 4
-"""Rounds of bounds propagation in ``_Family._lengths_ok`` (each is exact; more rule out a little more)."""
+"""Rounds of bounds propagation in ``_Family._length_bounds`` (each is exact; more narrow a little more)."""
 
 SCREEN = 64
 """Labellings of one shape whose boundary vectors are enumerated together (``_Family.screen``)."""
@@ -739,11 +740,13 @@ def _cut_tables(sh: _Shape) -> _CutTables:
 
 @attrs.frozen(eq=False)
 class _NodeTables:
-    """A shape's node-level cuts and paths as 0/1 matrices, for ``_Family._lengths_ok``: ``cut_nodes``
+    """A shape's elements, node-level cuts and paths as 0/1 matrices, for ``_Family._length_bounds``:
+    ``element_nodes`` (elements, s), ``cut_nodes``
     (cuts, s) for every minimal cut but the single cut nodes, ``cut_edges`` (cuts, widest) their edge
     indices into ``_Shape.edges``, padded with E (reads 0) and E + 1 (reads -inf), ``path_nodes``
     (paths, s)."""
 
+    element_nodes: np.ndarray
     cut_nodes: np.ndarray
     cut_neg: np.ndarray
     cut_edges: np.ndarray
@@ -770,7 +773,11 @@ def _node_tables(sh: _Shape) -> _NodeTables:
     for p, path in enumerate(sk.paths):
         paths[p, list(path)] = 1
     on = paths > 0
+    elements = np.zeros((len(sh.elements), s), np.int64)
+    for q, e in enumerate(sh.elements):
+        elements[q, list(e)] = 1
     return _NodeTables(
+        elements,
         nodes,
         np.where(nodes > 0, 0.0, -np.inf),
         edges,
@@ -851,6 +858,7 @@ class _Family:
         self.kappa = kap
         self.viable = np.all(kap > -np.inf, axis=1)
         self.el_maxcap = np.stack([kap[:, list(e)].min(axis=1) for e in sh.elements], axis=1)
+        self._spans: tuple[float, dict[int, np.ndarray]] | None = None  # the last candidates' (F, spans)
 
     def candidates(self, F: float, paths: bool = True) -> np.ndarray:
         """The labellings that pass the cheap tests at threshold F: every path can cover the layers
@@ -885,12 +893,45 @@ class _Family:
                 ok &= ~kept | (tot >= F)
         rows = np.flatnonzero(ok)
         if rows.size:
-            rows = rows[self._lengths_ok(rows, F, work)]
+            live, lo, hi = self._length_bounds(rows, F, work)
+            self._spans = (F, self._element_spans(rows, live, lo, hi))
+            rows = rows[live]
         return rows
 
     def _lengths_ok(self, rows: np.ndarray, F: float, work: dict[int, np.ndarray]) -> np.ndarray:
-        """Per labelling of ``rows``, whether the layer counts of its nodes can satisfy, together, the
-        necessary conditions below (bounds propagation; False proves that no placement carries F).
+        """Per labelling of ``rows``, whether ``_length_bounds`` leaves its layer counts a range."""
+        alive = np.zeros(rows.size, bool)
+        alive[self._length_bounds(rows, F, work)[0]] = True
+        return alive
+
+    def spans(self, rows: Sequence[int], F: float) -> dict[int, np.ndarray]:
+        """Per labelling of ``rows`` that ``_length_bounds`` keeps at F (> 0): each element's range of
+        layer counts (elements, 2) as [least, most]; a labelling left out has no placement of flow F."""
+        if self._spans is not None and self._spans[0] == F:  # candidates(F) kept exactly these
+            got = self._spans[1]
+            return {r: got[r] for r in rows if r in got}
+        idx = np.asarray(rows, np.int64)
+        if idx.size == 0:
+            return {}
+        comp = int(np.bitwise_or.reduce(1 << self.labels[0]))
+        work = self.tb.work_mask(comp, F)
+        if work is None:
+            return {}
+        return self._element_spans(idx, *self._length_bounds(idx, F, work))
+
+    def _element_spans(
+        self, rows: np.ndarray, live: np.ndarray, lo: np.ndarray, hi: np.ndarray
+    ) -> dict[int, np.ndarray]:
+        em = _node_tables(self.sh).element_nodes  # (elements, s)
+        span = np.stack([lo @ em.T, hi @ em.T], axis=2)  # (R, elements, 2)
+        return {int(rows[j]): span[t] for t, j in enumerate(live.tolist())}
+
+    def _length_bounds(
+        self, rows: np.ndarray, F: float, work: dict[int, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The labellings of ``rows`` (indices into it) whose nodes' layer counts can satisfy, together,
+        the necessary conditions below, and for each the range [lo, hi] (labellings, s) left to each
+        node's count (bounds propagation; a labelling left out has no placement that carries F).
 
         Node j holds lo_j <= k_j <= hi_j layers (1 <= lo, hi <= L at first). Along every path the k
         add up to L, so lo_j >= L - (sum of the other hi on the path) and hi_j <= L - (sum of the other
@@ -941,9 +982,7 @@ class _Family:
                 if live.size == 0:
                     break
             lo, hi = np.maximum(lo, 1), np.minimum(hi, L)
-        alive = np.zeros(R, bool)
-        alive[live] = True
-        return alive
+        return live, lo, hi
 
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
@@ -953,9 +992,12 @@ class _Family:
         vector, each with its ``prep``; one enumeration for all of them. Those left out have no placement
         with flow >= F, nor with more."""
         live: list[tuple[_Labelled, _Prep]] = []
+        spans = self.spans(rows, F) if F > 0 else None
         for r in rows:
+            if spans is not None and r not in spans:
+                continue
             lab = self.labelled(r)
-            pr = lab.prep(F)
+            pr = lab.prep(F, None if spans is None else spans[r])
             if pr is not None:
                 live.append((lab, pr))
         if not live:
@@ -1037,13 +1079,15 @@ class _ElementAt:
 class _Prep:
     """A labelled shape at one threshold F (``_Labelled.prep``): each element's tables (``_ElementAt``),
     the paths' least latencies (metrics, paths), which of the family's cuts are kept (all their edges
-    carry less than F), each cut's edge capacity, and the kept cuts as (elements, edges' sum)."""
+    carry less than F), each cut's edge capacity, the kept cuts as (elements, edges' sum), and each
+    element's range of layer counts (elements, 2), when known (``_Family.spans``)."""
 
     els: list[_ElementAt]
     base: np.ndarray
     kept: np.ndarray
     es: np.ndarray
     kept_cuts: list[tuple[list[int], float]]
+    span: np.ndarray | None = None
 
 
 def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -1060,9 +1104,19 @@ def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]
     plan = _row_plan(fam.sh, L)
     nl, ne = len(preps), len(fam.sh.elements)
     ok_tab = np.array([[x.allowed for x in pr.els] for pr in preps]).reshape(nl, ne, L + 1)
+    lb = np.array([[x.lb_lat for x in pr.els] for pr in preps]).reshape(nl, ne, tb.nm, L + 1)
+    acc = np.array([pr.base for pr in preps]).reshape(nl, tb.nm, -1).transpose(1, 0, 2)  # (nm, R, P)
+    if any(pr.span is not None for pr in preps):  # only the lengths in each element's span
+        span = np.array([pr.span if pr.span is not None else [[0, L]] * ne for pr in preps]).reshape(nl, ne, 2)
+        kk = np.arange(L + 1)
+        before_span = np.where(ok_tab[:, :, None, :], lb, np.inf).min(axis=3)
+        ok_tab &= (kk >= span[:, :, :1]) & (kk <= span[:, :, 1:])
+        with np.errstate(invalid="ignore"):
+            rise = np.where(ok_tab[:, :, None, :], lb, np.inf).min(axis=3) - before_span  # (nl, ne, nm), >= 0
+        acc = acc + (np.where(np.isfinite(rise), rise, 0.0).transpose(2, 0, 1) @ plan.onpath)
+        acc[:, ~np.all(ok_tab.any(axis=2), axis=1), :] = np.inf  # an element with no length left: no row
     kmin = np.argmax(ok_tab, axis=2)  # (nl, ne)
     kmax = L - np.argmax(ok_tab[:, :, ::-1], axis=2)
-    lb = np.array([[x.lb_lat for x in pr.els] for pr in preps]).reshape(nl, ne, tb.nm, L + 1)
     floor = np.where(ok_tab[:, :, None, :], lb, np.inf).min(axis=3)  # (nl, ne, nm)
     with np.errstate(invalid="ignore"):
         extra = (lb - floor[..., None]).transpose(0, 1, 3, 2)  # (nl, ne, L + 1, nm): latency above the least
@@ -1081,7 +1135,6 @@ def _enumerate(fam: _Family, preps: Sequence[_Prep], F: float, budget: list[int]
     r = plan.r
     rows = np.zeros((nl, 1), np.int64)
     lab = np.arange(nl)
-    acc = np.array([pr.base for pr in preps]).reshape(nl, tb.nm, -1).transpose(1, 0, 2)  # (nm, R, P)
     for t in range(1, r + 1):
         st = plan.steps[t - 1]
         if t < r:
@@ -1264,9 +1317,10 @@ class _Labelled:
         tb.elements[key] = out
         return out
 
-    def prep(self, F: float) -> _Prep | None:
+    def prep(self, F: float, span: np.ndarray | None = None) -> _Prep | None:
         """Per element, its usable options at threshold F and the bounds the row enumeration uses;
-        None when some path's least latency already exceeds a limit or no option passes the work test."""
+        None when some path's least latency already exceeds a limit or no option passes the work test.
+        ``span``: the elements' ranges of layer counts from ``_Family.spans`` at F, when known."""
         tb = self.tb
         kept = self.cut_emax < F if F > 0 else np.zeros(self.cut_emax.size, bool)
         kept_cuts = [(self.cut_els[c], float(self.cut_es[c])) for c in np.flatnonzero(kept)]
@@ -1288,7 +1342,7 @@ class _Labelled:
         base = self.plink.T + lbmin.T @ _row_plan(self.sh, tb.L).onpath  # (nm, P)
         if np.any(base > tb.budget[:, None]):
             return None
-        return _Prep(els, base, kept, self.cut_es, kept_cuts)
+        return _Prep(els, base, kept, self.cut_es, kept_cuts, span)
 
     def decide(self, F: float, budget: list[int], prep: _Prep | None = None) -> _Witness | None:
         """A placement of this labelled shape with maximum flow >= F (any feasible one when F <= 0),
@@ -1298,7 +1352,11 @@ class _Labelled:
         nm = tb.nm
         ne = len(self.elements)
         nseg = len(self.segments)
-        got = prep if prep is not None else self.prep(F)
+        if prep is None and F > 0:
+            span = self.fam.spans([self.row], F).get(self.row)
+            got = self.prep(F, span) if span is not None else None
+        else:
+            got = prep if prep is not None else self.prep(F)
         if got is None:
             return None
         el_lat = [x.lat for x in got.els]

@@ -105,8 +105,9 @@ def test_cut_test_on_boundaries_keeps_every_feasible_placement(seed: int, monkey
 
 def _reference_rows(fam: _Family, pr: shapes._Prep, F: float) -> np.ndarray:
     """Every kept-boundary vector that meets the final tests of ``_enumerate``, by listing them all:
-    each element's length allowed, each path's latency bound within the limits, each kept cut able to
-    carry F with its elements' largest capacities at their lengths."""
+    each element's length allowed (and within its span, when ``pr`` has spans), each path's latency bound
+    within the limits, each kept cut able to carry F with its elements' largest capacities at their
+    lengths."""
     tb, sh = fam.tb, fam.sh
     L, r = tb.L, len(sh.kept) - 1
     out = []
@@ -114,6 +115,8 @@ def _reference_rows(fam: _Family, pr: shapes._Prep, F: float) -> np.ndarray:
         b = (0, *inner, L)
         ks = [b[e] - b[a] for a, e in sh.elem_iv]
         if not all(pr.els[q].allowed[k] for q, k in enumerate(ks)):
+            continue
+        if pr.span is not None and not all(pr.span[q, 0] <= k <= pr.span[q, 1] for q, k in enumerate(ks)):
             continue
         lat = pr.base.copy()
         for pi, els in enumerate(sh.paths_el):
@@ -133,9 +136,9 @@ def test_enumeration_matches_a_plain_listing_one_and_many_at_once(seed: int) -> 
     """``_enumerate`` (positions bounded by the allowed lengths, lengths checked as soon as they are known,
     prefix tests) gives exactly the boundary vectors that a plain listing of all of them keeps, in the same
     (lexicographic) order; given several labellings at once, each gets the rows it gets alone, and
-    ``_Family.screen`` keeps exactly the labellings with rows."""
+    ``_Family.screen`` keeps exactly the labellings with rows within their elements' spans."""
     rng = np.random.default_rng(7400 + seed)
-    compared = nonempty = screened = 0
+    compared = nonempty = screened = spanned = 0
     for t in range(16):
         n = 3 + t % 3
         p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(5, 12)), max_options=4, num_metrics=1 + t % 2)
@@ -164,11 +167,30 @@ def test_enumeration_matches_a_plain_listing_one_and_many_at_once(seed: int) -> 
                         np.testing.assert_array_equal(rows[who == j], single)
                     assert (who == j).sum() == single.shape[0]
                 kept = [lab for lab, _ in fam.screen(range(len(labs)), F, [BIG])]
-                assert [lab.nodes for lab in kept] == [
-                    labs[j].nodes for (j, _), a in zip(preps, alone, strict=True) if a.size
-                ]
+                spans = fam.spans(range(len(labs)), F) if F > 0 else None
+                for j, span in (spans or {}).items():  # with spans too: exactly the plain listing's rows
+                    pr = labs[j].prep(F, span)
+                    if pr is not None:
+                        ref = _reference_rows(fam, pr, F)
+                        rows = shapes._enumerate(fam, [pr], F, [BIG])[0]
+                        assert rows.shape[0] == ref.shape[0]
+                        if ref.size:
+                            np.testing.assert_array_equal(rows, ref)
+                        spanned += 1
+                with_rows = []
+                for j, lab in enumerate(labs):  # the rows it gets with its elements' spans
+                    if spans is not None and j not in spans:
+                        continue
+                    pr = lab.prep(F, None if spans is None else spans[j])
+                    if pr is not None and shapes._enumerate(fam, [pr], F, [BIG])[0].size:
+                        with_rows.append(lab.nodes)
+                assert [lab.nodes for lab in kept] == with_rows
                 screened += len(kept)
-    assert compared > 150 and nonempty > 50 and compared - nonempty > 30 and screened > 50, (compared, nonempty)
+    assert compared > 150 and nonempty > 50 and compared - nonempty > 30 and screened > 50 and spanned > 50, (
+        compared,
+        nonempty,
+        spanned,
+    )
 
 
 def test_one_metric_kappa_matches_the_general_rule() -> None:
@@ -322,3 +344,38 @@ def test_length_propagation_drops_only_infeasible_labellings() -> None:
                     assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
                 kept += int(ok.sum())
     assert dropped > 300 and kept > 300, (dropped, kept)
+
+
+def test_element_spans_keep_every_decision() -> None:
+    """Deciding a labelled shape with its elements' layer counts held to ``_Family.spans`` gives the same
+    answer (a placement of flow >= F or none) as without them, and a labelling left out has none; on
+    random tiny problems and on real menus near their upper bound."""
+    rng = np.random.default_rng(7900)
+    tiny = [
+        random_tiny_problem(rng, n=3 + t % 3, num_layers=int(rng.integers(4, 10)), max_options=4, style="perf")
+        for t in range(12)
+    ]
+    narrowed = feasible = 0
+    for p, top in [*((q, max(float(np.max(m.cap)) for m in q.menus)) for q in tiny), *_real_problems()]:
+        tb, cl = _Tables(p), _Classes(p)
+        for sk in skeletons(p.n):
+            fam = _Family(_shape(sk), cl.labellings(sk, cl.full), tb)
+            rows = list(range(fam.labels.shape[0]))
+            for F in (top * f for f in (0.3, 0.7, 0.95)):
+                spans = fam.spans(rows, F)
+                for row in rows:
+                    lab = fam.labelled(row)
+                    plain = lab.prep(F)
+                    want = plain is not None and lab.decide(F, [BIG], plain) is not None
+                    if row not in spans:
+                        assert not want, (sk, fam.labels[row], F)
+                        continue
+                    pr = lab.prep(F, spans[row])
+                    assert (pr is not None and lab.decide(F, [BIG], pr) is not None) == want, (sk, row, F)
+                    feasible += want
+                    allowed = np.array([x.allowed for x in pr.els]) if pr is not None else None
+                    if allowed is not None:
+                        k = np.arange(p.num_layers + 1)
+                        inside = (k >= spans[row][:, :1]) & (k <= spans[row][:, 1:])
+                        narrowed += int((allowed & ~inside).any())
+    assert narrowed > 100 and feasible > 100, (narrowed, feasible)
