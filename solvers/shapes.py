@@ -740,13 +740,18 @@ def _cut_tables(sh: _Shape) -> _CutTables:
 
 @attrs.frozen(eq=False)
 class _NodeTables:
-    """A shape's elements, node-level cuts and paths as 0/1 matrices, for ``_Family._length_bounds``:
-    ``element_nodes`` (elements, s), ``cut_nodes``
+    """A shape's elements, node-level cuts and paths as 0/1 matrices, for ``_Family._length_bounds`` and
+    ``_prefilter``: ``element_nodes`` (elements, s), ``cut`` the cut nodes, ``edge_u``/``edge_v`` the ends
+    of ``_Shape.edges``, ``path_edges`` (paths, longest) each path's edges padded with E, ``cut_nodes``
     (cuts, s) for every minimal cut but the single cut nodes, ``cut_edges`` (cuts, widest) their edge
     indices into ``_Shape.edges``, padded with E (reads 0) and E + 1 (reads -inf), ``path_nodes``
     (paths, s)."""
 
     element_nodes: np.ndarray
+    cut: np.ndarray
+    edge_u: np.ndarray
+    edge_v: np.ndarray
+    path_edges: np.ndarray
     cut_nodes: np.ndarray
     cut_neg: np.ndarray
     cut_edges: np.ndarray
@@ -776,8 +781,15 @@ def _node_tables(sh: _Shape) -> _NodeTables:
     elements = np.zeros((len(sh.elements), s), np.int64)
     for q, e in enumerate(sh.elements):
         elements[q, list(e)] = 1
+    path_edges = np.full((len(sh.path_all), max(len(pe) for pe in sh.path_all)), E, np.int64)
+    for p, pe in enumerate(sh.path_all):
+        path_edges[p, : len(pe)] = pe
     return _NodeTables(
         elements,
+        np.flatnonzero(np.array(sh.cutnode, bool)),
+        np.array([u for u, _ in sh.edges], np.int64),
+        np.array([v for _, v in sh.edges], np.int64),
+        path_edges,
         nodes,
         np.where(nodes > 0, 0.0, -np.inf),
         edges,
@@ -1022,40 +1034,39 @@ def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndar
     tab = tb.cover_work(comp, F)
     if tab is None:
         return labels[:0]
-    cut = [x for x in range(sh.sk.s) if sh.cutnode[x]]
-    ok = np.all(tb.work_cap(comp, F)[labels[:, cut]] >= F, axis=1)  # all the flow crosses a cut node
+    nt = _node_tables(sh)
+    ok = np.all(tb.work_cap(comp, F)[labels[:, nt.cut]] >= F, axis=1)  # all the flow crosses a cut node
     bits = 1 << labels
-    masks = []
-    for path in sh.sk.paths:
-        masks.append(np.bitwise_or.reduce(bits[:, list(path)], axis=1))
-        cov = tab[:, masks[-1]]
-        ok &= np.all((cov <= tb.budget[:, None]) & np.isfinite(cov), axis=0)
+    masks = bits @ nt.path_nodes.T  # (R, P): a labelling holds distinct nodes, so the sum is the union
+    ok &= _fits(tab[:, masks], tb.budget)
     if not ok.any():
         return labels[:0]
-    labels, bits = labels[ok], bits[ok]
-    masks = [m[ok] for m in masks]
-    n = tb.n
-    ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
+    labels, bits, masks = labels[ok], bits[ok], masks[ok]
+    ext = np.concatenate([labels, np.full((labels.shape[0], 1), tb.n, np.int64)], axis=1)
     pl = _path_links(sh, tb, ext)
-    cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(labels.shape[0], np.int64)
+    cmask = bits[:, nt.cut].sum(axis=1)
     ok = np.ones(labels.shape[0], bool)
     for cm in np.unique(cmask).tolist():
         rows = np.flatnonzero(cmask == cm)
         tabc = tb.cover_work(comp, F, cm)
         assert tabc is not None  # cover_work passed: work_ok holds
-        for pi, mask in enumerate(masks):
-            tot = pl[:, rows, pi] + tabc[:, mask[rows]]
-            ok[rows] &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
+        ok[rows] = _fits(pl[:, rows] + tabc[:, masks[rows]], tb.budget)
     return labels[ok]
+
+
+def _fits(lat: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """(metrics, R, paths) latencies -> (R,): every path finite and within the limits in every metric."""
+    b = budget.reshape((-1, *([1] * (lat.ndim - 1))))
+    return np.all((lat <= b) & (lat < np.inf), axis=(0, 2))
 
 
 def _path_links(sh: _Shape, tb: _Tables, ext: np.ndarray) -> np.ndarray:
     """(metrics, labellings, paths): each path's summed link latencies, for labellings ``ext`` (one
     column per shape node, then one holding n for the source and sink)."""
-    eu = np.array([u for u, _ in sh.edges], dtype=np.int64)
-    ev = np.array([v for _, v in sh.edges], dtype=np.int64)
-    elat = tb.ll[:, ext[:, eu], ext[:, ev]]  # (nm, NL, E)
-    return np.stack([elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_all], axis=2)
+    nt = _node_tables(sh)
+    elat = tb.ll[:, ext[:, nt.edge_u], ext[:, nt.edge_v]]  # (nm, NL, E)
+    elat = np.concatenate([elat, np.zeros((*elat.shape[:2], 1))], axis=2)
+    return elat[:, :, nt.path_edges].sum(axis=3)
 
 
 @attrs.frozen(eq=False)
@@ -2067,9 +2078,12 @@ def shape_search(
             tau = V - upp[rest]
             cur = low[c]
             feasible = cur is not None
+            comp = sum(1 << i for i in rep[c])
             for sk in skeletons(sum(c)):
                 F = _threshold(tau, cur)
                 sh = _shape(sk)
+                if F > 0 and _node_tables(sh).cut.size > int((tb.work_cap(comp, F) >= F).sum()):
+                    continue  # a cut node carries all of F: too few nodes can (``_prefilter``'s first test)
                 labels = _prefilter(sh, cl.labellings(sk, c), tb, F)
                 codes = relax.codes(sk, labels) if labels.shape[0] else None
                 if codes is not None:
