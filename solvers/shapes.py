@@ -742,7 +742,8 @@ def _cut_tables(sh: _Shape) -> _CutTables:
 class _NodeTables:
     """A shape's elements, node-level cuts and paths as 0/1 matrices, for ``_Family._length_bounds`` and
     ``_prefilter``: ``element_nodes`` (elements, s), ``cut`` the cut nodes, ``edge_u``/``edge_v`` the ends
-    of ``_Shape.edges``, ``path_edges`` (paths, longest) each path's edges padded with E, ``cut_nodes``
+    of ``_Shape.edges``, ``path_edges`` (paths, longest) each path's edges padded with E, ``path_outer``
+    the same for its edges outside segments (``_Shape.path_edges``), ``cut_nodes``
     (cuts, s) for every minimal cut but the single cut nodes, ``cut_edges`` (cuts, widest) their edge
     indices into ``_Shape.edges``, padded with E (reads 0) and E + 1 (reads -inf), ``path_nodes``
     (paths, s)."""
@@ -752,6 +753,7 @@ class _NodeTables:
     edge_u: np.ndarray
     edge_v: np.ndarray
     path_edges: np.ndarray
+    path_outer: np.ndarray
     cut_nodes: np.ndarray
     cut_neg: np.ndarray
     cut_edges: np.ndarray
@@ -784,12 +786,16 @@ def _node_tables(sh: _Shape) -> _NodeTables:
     path_edges = np.full((len(sh.path_all), max(len(pe) for pe in sh.path_all)), E, np.int64)
     for p, pe in enumerate(sh.path_all):
         path_edges[p, : len(pe)] = pe
+    path_outer = np.full((len(sh.path_edges), max([len(pe) for pe in sh.path_edges] + [1])), E, np.int64)
+    for p, pe in enumerate(sh.path_edges):
+        path_outer[p, : len(pe)] = pe
     return _NodeTables(
         elements,
         np.flatnonzero(np.array(sh.cutnode, bool)),
         np.array([u for u, _ in sh.edges], np.int64),
         np.array([v for _, v in sh.edges], np.int64),
         path_edges,
+        path_outer,
         nodes,
         np.where(nodes > 0, 0.0, -np.inf),
         edges,
@@ -806,36 +812,23 @@ class _Family:
     def __init__(self, sh: _Shape, labels: np.ndarray, tb: _Tables) -> None:
         self.sh, self.tb = sh, tb
         n, s = tb.n, sh.sk.s
+        nt = _node_tables(sh)
         ext = np.concatenate([labels, np.full((labels.shape[0], 1), n, np.int64)], axis=1)
-        eu = np.array([u for u, _ in sh.edges], dtype=np.int64)
-        ev = np.array([v for _, v in sh.edges], dtype=np.int64)
-        U, V = ext[:, eu], ext[:, ev]  # (NL, E); index s maps to n (source / sink)
+        U, V = ext[:, nt.edge_u], ext[:, nt.edge_v]  # (NL, E); index s maps to n (source / sink)
         elat = tb.ll[:, U, V]  # (nm, NL, E)
-        full = np.stack([elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_all], axis=2).reshape(
-            tb.nm, labels.shape[0], len(sh.path_all)
-        )
-        masks = [np.bitwise_or.reduce((1 << labels)[:, list(path)], axis=1) for path in sh.sk.paths]
-        covers = np.ones(labels.shape[0], bool)  # each path's nodes can cover the layers within the limits
-        for pi, mask in enumerate(masks):
-            tot = full[:, :, pi] + tb.cover_masks(mask)
-            covers &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
+        padded = np.concatenate([elat, np.zeros((*elat.shape[:2], 1))], axis=2)
+        full = padded[:, :, nt.path_edges].sum(axis=3)  # (nm, NL, P)
+        masks = (1 << labels) @ nt.path_nodes.T  # (NL, P): a labelling holds distinct nodes
+        covers = _fits(full + tb.cover_masks(masks), tb.budget)  # each path's nodes can cover the layers
         self.kept_rows = np.flatnonzero(covers)  # which rows of the ``labels`` given are kept
-        labels, U, V, elat, full = labels[covers], U[covers], V[covers], elat[:, covers], full[:, covers]
-        masks = [m[covers] for m in masks]
+        labels, U, V, full, masks = labels[covers], U[covers], V[covers], full[:, covers], masks[covers]
         self.labels = labels  # (NL, s) problem nodes
-        self.elat = elat
+        self.elat = elat[:, covers]
         self.ecap = tb.lc[U, V]  # (NL, E)
         nl = labels.shape[0]
-        self.plink = np.stack([self.elat[:, :, list(pe)].sum(axis=2) for pe in sh.path_edges], axis=2).reshape(
-            tb.nm, nl, len(sh.path_edges)
-        )
-        bits = 1 << labels  # (NL, s)
-        self.path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for pi, path in enumerate(sh.sk.paths):
-            cut = [x for x in path if sh.cutnode[x]]
-            cmask = np.bitwise_or.reduce(bits[:, cut], axis=1) if cut else np.zeros(nl, np.int64)
-            keys, inv = np.unique(masks[pi] * (1 << n) + cmask, return_inverse=True)
-            self.path_keys.append((keys, inv.reshape(-1), full[:, :, pi]))
+        self.plink = padded[:, covers][:, :, nt.path_outer].sum(axis=3)  # (nm, NL, P): links outside segments
+        self._full, self._masks = full, masks
+        self._path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         # per cut: sum and largest of its edge capacities; per element: the largest capacity of its nodes
         ct = _cut_tables(sh)
         padded = np.concatenate([self.ecap, np.full((nl, 1), -np.inf)], axis=1)[:, ct.edges]  # (NL, C, widest)
@@ -848,14 +841,19 @@ class _Family:
         self.cut_mat = ct.elements[live]  # (C, elements): how often a cut holds each
         # kappa: per shape node, the largest capacity of an option that fits every path through it
         kap = np.full((nl, s), np.inf)
-        for pi, path in enumerate(sh.sk.paths if nl else ()):
+        bits = 1 << labels  # (NL, s)
+        if nl and tb.nm == 1:  # every (labelling, path, node on it) at once
+            on = nt.path_nodes > 0  # (P, s)
+            keys = labels[:, None, :] * (1 << n) + (masks[:, :, None] - bits[:, None, :])  # (NL, P, s)
+            room = np.broadcast_to((tb.budget[0] - full[0])[:, :, None], keys.shape)
+            got = np.full(keys.shape, np.inf)
+            got[:, on] = tb.fit_cap(keys[:, on].reshape(-1), room[:, on].reshape(-1)).reshape(nl, -1)
+            kap = got.min(axis=1)
+        for pi, path in enumerate(sh.sk.paths if nl and tb.nm > 1 else ()):
             lk = full[:, :, pi]  # (nm, NL)
             for j in path:
-                rest = masks[pi] ^ bits[:, j]  # a labelling holds distinct problem nodes
+                rest = masks[:, pi] - bits[:, j]  # a labelling holds distinct problem nodes
                 keys = labels[:, j] * (1 << n) + rest
-                if tb.nm == 1:
-                    kap[:, j] = np.minimum(kap[:, j], tb.fit_cap(keys, tb.budget[0] - lk[0]))
-                    continue
                 uniq, inv = np.unique(keys, return_inverse=True)
                 inv = inv.reshape(-1)
                 tabs = [tb.slack(int(u) >> n, int(u) & ((1 << n) - 1)) for u in uniq]
@@ -894,7 +892,7 @@ class _Family:
             if need:
                 ok &= elcap[:, q] >= F
         n = tb.n
-        for keys, inv, links in self.path_keys if paths else ():
+        for keys, inv, links in self.path_keys() if paths else ():
             cov = np.stack([tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F, comp) for k in keys], axis=1)
             tot = links + cov[:, inv]  # inf: the path's nodes cannot cover L layers (even with no limit)
             ok &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
@@ -995,6 +993,18 @@ class _Family:
                     break
             lo, hi = np.maximum(lo, 1), np.minimum(hi, L)
         return live, lo, hi
+
+    def path_keys(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per path: its distinct (node set, cut nodes) keys for ``_Tables.cover_at``, each labelling's
+        key index, and its links' latencies (metrics, labellings); built on first use."""
+        if self._path_keys is None:
+            n, bits = self.tb.n, 1 << self.labels
+            cm = bits[:, _node_tables(self.sh).cut].sum(axis=1)  # every path holds every cut node
+            self._path_keys = []
+            for pi in range(self._masks.shape[1]):
+                keys, inv = np.unique(self._masks[:, pi] * (1 << n) + cm, return_inverse=True)
+                self._path_keys.append((keys, inv.reshape(-1), self._full[:, :, pi]))
+        return self._path_keys
 
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
