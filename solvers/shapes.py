@@ -908,12 +908,6 @@ class _Family:
             rows = rows[live]
         return rows
 
-    def _lengths_ok(self, rows: np.ndarray, F: float, work: dict[int, np.ndarray]) -> np.ndarray:
-        """Per labelling of ``rows``, whether ``_length_bounds`` leaves its layer counts a range."""
-        alive = np.zeros(rows.size, bool)
-        alive[self._length_bounds(rows, F, work)[0]] = True
-        return alive
-
     def spans(self, rows: Sequence[int], F: float) -> dict[int, np.ndarray]:
         """Per labelling of ``rows`` that ``_length_bounds`` keeps at F (> 0): each element's range of
         layer counts (elements, 2) as [least, most]; a labelling left out has no placement of flow F."""
@@ -950,7 +944,7 @@ class _Family:
         fit the latency limits of its paths). A cut node needs capacity >= F; a node of a cut whose
         edges all carry less than F needs r_j >= F - (the cut's edge capacities) - (the other cm in the
         cut). So hi_j <= the largest k at which an option passing ``work_ok`` has capacity >= r_j. Each
-        rule shrinks [lo_j, hi_j] or lowers cm_j, so the rounds stop; an empty range rules it out."""
+        round applies every rule once (``ROUNDS`` rounds); an empty range rules the labelling out."""
         tb, sh = self.tb, self.sh
         L = tb.L
         nt = _node_tables(sh)

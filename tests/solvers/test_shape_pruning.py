@@ -317,7 +317,7 @@ def _real_problems() -> list[tuple[PlacementProblem, float]]:
 
 
 def test_length_propagation_drops_only_infeasible_labellings() -> None:
-    """A labelling that ``_Family._lengths_ok`` rules out at F (the layer counts cannot meet the path,
+    """A labelling that ``_Family._length_bounds`` rules out at F (the layer counts cannot meet the path,
     cut and capacity bounds together) has no placement of flow >= F by ``decide``; on random tiny
     problems and on real menus near their upper bound, where it rules out many."""
     rng = np.random.default_rng(7800)
@@ -338,7 +338,8 @@ def test_length_propagation_drops_only_infeasible_labellings() -> None:
                 work = tb.work_mask(comp, F)
                 if work is None:
                     continue
-                ok = fam._lengths_ok(np.arange(fam.labels.shape[0]), F, work)
+                ok = np.zeros(fam.labels.shape[0], bool)
+                ok[fam._length_bounds(np.arange(fam.labels.shape[0]), F, work)[0]] = True
                 for row in np.flatnonzero(~ok).tolist():
                     dropped += 1
                     assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
