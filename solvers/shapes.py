@@ -827,8 +827,7 @@ class _Family:
         self.ecap = tb.lc[U, V]  # (NL, E)
         nl = labels.shape[0]
         self.plink = padded[:, covers][:, :, nt.path_outer].sum(axis=3)  # (nm, NL, P): links outside segments
-        self._full, self._masks = full, masks
-        self._path_keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._full, self._masks = full, masks  # (nm, NL, P) path link sums, (NL, P) path node sets
         # per cut: sum and largest of its edge capacities; per element: the largest capacity of its nodes
         ct = _cut_tables(sh)
         padded = np.concatenate([self.ecap, np.full((nl, 1), -np.inf)], axis=1)[:, ct.edges]  # (NL, C, widest)
@@ -891,11 +890,9 @@ class _Family:
         for q, need in enumerate(self.sh.need):
             if need:
                 ok &= elcap[:, q] >= F
-        n = tb.n
-        for keys, inv, links in self.path_keys() if paths else ():
-            cov = np.stack([tb.cover_at(int(k) >> n, int(k) & ((1 << n) - 1), F, comp) for k in keys], axis=1)
-            tot = links + cov[:, inv]  # inf: the path's nodes cannot cover L layers (even with no limit)
-            ok &= np.all((tot <= tb.budget[:, None]) & np.isfinite(tot), axis=0)
+        if paths:
+            cmask = (1 << self.labels[:, _node_tables(self.sh).cut]).sum(axis=1)
+            ok &= _paths_cover(tb, comp, F, self._full, self._masks, cmask)
         with np.errstate(invalid="ignore"):
             for c, (els, _) in enumerate(self.cuts):
                 kept = self.cut_emax[:, c] < F
@@ -988,18 +985,6 @@ class _Family:
             lo, hi = np.maximum(lo, 1), np.minimum(hi, L)
         return live, lo, hi
 
-    def path_keys(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per path: its distinct (node set, cut nodes) keys for ``_Tables.cover_at``, each labelling's
-        key index, and its links' latencies (metrics, labellings); built on first use."""
-        if self._path_keys is None:
-            n, bits = self.tb.n, 1 << self.labels
-            cm = bits[:, _node_tables(self.sh).cut].sum(axis=1)  # every path holds every cut node
-            self._path_keys = []
-            for pi in range(self._masks.shape[1]):
-                keys, inv = np.unique(self._masks[:, pi] * (1 << n) + cm, return_inverse=True)
-                self._path_keys.append((keys, inv.reshape(-1), self._full[:, :, pi]))
-        return self._path_keys
-
     def labelled(self, row: int) -> _Labelled:
         return _Labelled(self, row)
 
@@ -1048,14 +1033,22 @@ def _prefilter(sh: _Shape, labels: np.ndarray, tb: _Tables, F: float) -> np.ndar
     labels, bits, masks = labels[ok], bits[ok], masks[ok]
     ext = np.concatenate([labels, np.full((labels.shape[0], 1), tb.n, np.int64)], axis=1)
     pl = _path_links(sh, tb, ext)
-    cmask = bits[:, nt.cut].sum(axis=1)
-    ok = np.ones(labels.shape[0], bool)
+    return labels[_paths_cover(tb, comp, F, pl, masks, bits[:, nt.cut].sum(axis=1))]
+
+
+def _paths_cover(
+    tb: _Tables, comp: int, F: float, links: np.ndarray, masks: np.ndarray, cmask: np.ndarray
+) -> np.ndarray:
+    """Per labelling (R,): every path's links (metrics, R, paths) plus the least latency with which its
+    nodes (``masks`` (R, paths), bit masks) cover the L layers fit the limits, the cut nodes (``cmask``
+    (R,)) held to options of capacity >= F and every node to those passing ``work_ok`` of ``comp``."""
+    ok = np.zeros(masks.shape[0], bool)
     for cm in np.unique(cmask).tolist():
         rows = np.flatnonzero(cmask == cm)
-        tabc = tb.cover_work(comp, F, cm)
-        assert tabc is not None  # cover_work passed: work_ok holds
-        ok[rows] = _fits(pl[:, rows] + tabc[:, masks[rows]], tb.budget)
-    return labels[ok]
+        tab = tb.cover_work(comp, F, cm)
+        if tab is not None:
+            ok[rows] = _fits(links[:, rows] + tab[:, masks[rows]], tb.budget)
+    return ok
 
 
 def _fits(lat: np.ndarray, budget: np.ndarray) -> np.ndarray:
