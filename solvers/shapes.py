@@ -1685,11 +1685,12 @@ class _EdgeRelaxation:
     node, and never makes an option unusable but through latency. So if the full shape with every
     latency set to zero (the same problem otherwise) has no placement of flow >= F for a labelling, no
     shape with those intervals has one for it. The test is the full shape's ``_Family.candidates`` and
-    ``_Family.screen`` (a boundary vector); its decision is not run: with every latency zero, a boundary vector
-    that meets every cut nearly always has options to match (1,939 of 1,939 on 150 gemma-3-27b prefill
-    multisets), and keeping a labelling is always safe. A labelling is identified up to the full shape's automorphisms
-    and interchangeable nodes; the smallest F at which each was ruled out is kept (a larger F is ruled
-    out too), and the largest at which it passed (kept again below it, which is always safe)."""
+    ``_Family.screen`` (a boundary vector), without its decision: with every latency zero, a boundary
+    vector that meets every cut nearly always has options to match (1,939 of 1,939 on 150 gemma-3-27b
+    prefill multisets), and keeping a labelling is always safe. A labelling is identified up to the full
+    shape's automorphisms and interchangeable nodes; the smallest F at which each was ruled out is kept
+    (a larger F is ruled out too), and the largest at which it passed (kept again below it, which is
+    always safe)."""
 
     def __init__(self, problem: PlacementProblem, cl: _Classes) -> None:
         free = tuple(attrs.evolve(m, lat=np.zeros_like(np.asarray(m.lat, dtype=np.float64))) for m in problem.menus)
