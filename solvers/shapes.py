@@ -302,6 +302,7 @@ class _Tables:
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
         self._cover_work: dict[tuple[int, float, int], np.ndarray | None] = {}
         self._work_cap: dict[tuple[int, float], np.ndarray] = {}
+        self._work_best: dict[tuple[int, float], np.ndarray] = {}
         self.collapsed: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
         self.elements: dict[tuple[tuple[int, ...], bool, float, int], _ElementAt] = {}
         self._cover_tab: np.ndarray | None = None
@@ -464,6 +465,21 @@ class _Tables:
             if len(self._work_cap) > 4096:
                 self._work_cap.clear()
             self._work_cap[key] = got
+        return got
+
+    def work_best(self, comp: int, F: float, work: dict[int, np.ndarray]) -> np.ndarray:
+        """(n, L + 2): [i, k] the largest capacity of node i's options with >= k layers that pass
+        ``work_mask(comp, F)`` (``work``), -inf where none does (cached)."""
+        key = (comp, F)
+        got = self._work_best.get(key)
+        if got is None:
+            L = self.L
+            got = np.full((self.n, L + 2), -np.inf)
+            for i, w in work.items():
+                got[i, : L + 1] = np.maximum.accumulate(np.where(w, self.cap[i], -np.inf).max(axis=1)[::-1])[::-1]
+            if len(self._work_best) > 4096:
+                self._work_best.clear()
+            self._work_best[key] = got
         return got
 
     def work_mask(self, comp: int, F: float) -> dict[int, np.ndarray] | None:
@@ -719,11 +735,13 @@ def _row_plan(sh: _Shape, L: int) -> _RowPlan:
 @attrs.frozen(eq=False)
 class _CutTables:
     """A shape's cuts (``_Shape.cuts``) as arrays: each cut's edge indices padded with E (an extra column)
-    to the widest cut, whether it has edges, and how often it holds each element (cuts, elements)."""
+    to the widest cut, whether it has edges, how often it holds each element (cuts, elements), and its
+    elements as indices padded with the element count (an extra column) to the largest cut."""
 
     edges: np.ndarray
     has_edges: np.ndarray
     elements: np.ndarray
+    element_idx: np.ndarray
 
 
 @functools.cache
@@ -732,10 +750,12 @@ def _cut_tables(sh: _Shape) -> _CutTables:
     width = max([len(ec) for _, ec in sh.cuts] + [1])
     edges = np.full((len(sh.cuts), width), E, np.int64)
     elements = np.zeros((len(sh.cuts), len(sh.elements)))
+    idx = np.full((len(sh.cuts), max([len(els) for els, _ in sh.cuts] + [1])), len(sh.elements), np.int64)
     for c, (els, ec) in enumerate(sh.cuts):
         edges[c, : len(ec)] = ec
         np.add.at(elements[c], list(els), 1.0)
-    return _CutTables(edges, np.array([bool(ec) for _, ec in sh.cuts], bool), elements)
+        idx[c, : len(els)] = els
+    return _CutTables(edges, np.array([bool(ec) for _, ec in sh.cuts], bool), elements, idx)
 
 
 @attrs.frozen(eq=False)
@@ -838,6 +858,7 @@ class _Family:
         self.cut_es = np.concatenate([self.ecap, np.zeros((nl, 1))], axis=1)[:, ct.edges[live]].sum(axis=2)
         self.cut_els = [list(els) for els, _ in self.cuts]
         self.cut_mat = ct.elements[live]  # (C, elements): how often a cut holds each
+        self.cut_idx = ct.element_idx[live]  # (C, largest): its elements, padded with the element count
         # kappa: per shape node, the largest capacity of an option that fits every path through it
         kap = np.full((nl, s), np.inf)
         bits = 1 << labels  # (NL, s)
@@ -893,11 +914,11 @@ class _Family:
         if paths:
             cmask = (1 << self.labels[:, _node_tables(self.sh).cut]).sum(axis=1)
             ok &= _paths_cover(tb, comp, F, self._full, self._masks, cmask)
-        with np.errstate(invalid="ignore"):
-            for c, (els, _) in enumerate(self.cuts):
-                kept = self.cut_emax[:, c] < F
-                tot = self.cut_es[:, c] + elcap[:, list(els)].sum(axis=1)
-                ok &= ~kept | (tot >= F)
+        if self.cuts:
+            with np.errstate(invalid="ignore"):
+                padded = np.concatenate([elcap, np.zeros((elcap.shape[0], 1))], axis=1)
+                tot = self.cut_es + padded[:, self.cut_idx].sum(axis=2)  # (NL, C)
+                ok &= np.all((self.cut_emax >= F) | (tot >= F), axis=1)
         rows = np.flatnonzero(ok)
         if rows.size:
             live, lo, hi = self._length_bounds(rows, F, work)
@@ -947,10 +968,8 @@ class _Family:
         nt = _node_tables(sh)
         lab = self.labels[rows]
         R, s = lab.shape
-        M = np.full((tb.n, L + 2), -np.inf)  # [i, k]: largest capacity of a work option with >= k layers
-        for i, w in work.items():
-            M[i, : L + 1] = np.maximum.accumulate(np.where(w, tb.cap[i], -np.inf).max(axis=1)[::-1])[::-1]
-        ML = M[lab]  # (R, s, L + 2)
+        comp = int(np.bitwise_or.reduce(1 << self.labels[0]))
+        ML = tb.work_best(comp, F, work)[lab]  # (R, s, L + 2): largest work capacity with >= k layers
         kap = self.kappa[rows]
         ecap = np.concatenate([self.ecap[rows], np.zeros((R, 1)), np.full((R, 1), -np.inf)], axis=1)
         pad = ecap[:, nt.cut_edges]  # (R, C, widest): 0 / -inf padding for the sum / the largest
