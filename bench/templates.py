@@ -6,7 +6,8 @@ first); when the budget runs out the current model stops at the end of its level
 was covered. Figures per model: multisets enumerated; outcomes (kept, infeasible, dominated, split, of
 which skipped by the upper bound without solving); solve paths ("reduce", "shapes", "dp-proven",
 "lp-proven", "milp"; "bound-infeasible" / "bound-pruned" settled by upper bounds before any search;
-"search-pruned": the placer proved it worth no more than its smaller templates), in all and by size;
+"search-pruned": the placer proved it worth no more than its smaller templates; "lp-pruned": the LP
+relaxation's bound proved that, before any search, tried in prefill mode only), in all and by size;
 proven optimal; the gap distribution of the rest; time per solved multiset p50/p99 by size; wall time;
 multisets per second per core.
 

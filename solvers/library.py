@@ -219,6 +219,7 @@ def place_one_batch(
     bounds: Mapping[int, float] | None = None,
     placer: Callable[..., PlacementResult] = place,
     spanning: bool = False,
+    lp_floor: bool = False,
 ) -> tuple[PlacementProblem, PlacementResult]:
     """The best placement in which every stage steps the same micro-batch (see the module docstring).
 
@@ -230,7 +231,8 @@ def place_one_batch(
     ``floor`` (> 0): the caller needs the optimum only if it is worth more than ``floor``; when every
     batch size is proven worth at most that, the result has status ``below``, value 0, ``bound`` the
     largest proven bound (<= ``floor``) and ``method`` "below-bound" when upper bounds (the layer work,
-    the reductions') proved it for every batch size, else "below-search". ``bounds``: the problem's
+    the reductions') proved it for every batch size, "below-lp" when the LP relaxation proved it for
+    some (``place``'s ``lp_floor``, passed on) and no search was needed, else "below-search". ``bounds``: the problem's
     ``batch_work_bounds`` when the caller has them already. ``placer`` solves each restricted problem
     (``solvers.fastplace.place`` by default; the Helix baseline passes the placement MILP), called as
     ``placer(problem, time_limit=s)``; only ``place`` is given the floors. ``spanning`` (with ``floor``):
@@ -249,6 +251,7 @@ def place_one_batch(
     proven = True
     floored = 0.0  # the largest bound proven only as "at most the floor"
     searched = False  # whether a batch size needed more than a bound to get there
+    by_lp = False  # whether the LP relaxation's bound did, for some batch size
     for ub, b in subs:
         value = best[1].value if best is not None else 0.0
         if ub <= value * (1.0 + 1e-9):
@@ -262,7 +265,7 @@ def place_one_batch(
         assert sub is not None  # every node has an option of batch b: its bound is > 0
         left = max(time_limit - (time.perf_counter() - t0), 0.05 * time_limit)
         if placer is place:
-            res = place(sub, time_limit=left, floor=cut if cut > 0 else None, spanning=spanning)
+            res = place(sub, time_limit=left, floor=cut if cut > 0 else None, spanning=spanning, lp_floor=lp_floor)
         else:
             res = placer(sub, time_limit=left)
         if res.status == "infeasible":
@@ -270,7 +273,8 @@ def place_one_batch(
         if res.status == "below":
             if res.bound > value * (1.0 + 1e-9):
                 floored = max(floored, res.bound)
-                searched = searched or res.method != "reduce"
+                searched = searched or res.method not in ("reduce", "lp-proven")
+                by_lp = by_lp or res.method == "lp-proven"
             continue
         bound = max(bound, res.bound if res.bound > 0 else ub)
         proven = proven and res.status == "optimal"
@@ -279,7 +283,7 @@ def place_one_batch(
     elapsed = time.perf_counter() - t0
     value = best[1].value if best is not None else 0.0
     if proven and floored > value * (1.0 + 1e-9):  # only "nothing beats the floor" is proven
-        method = "below-search" if searched or best is not None else "below-bound"
+        method = "below-search" if searched or best is not None else "below-lp" if by_lp else "below-bound"
         return problem, PlacementResult(0.0, "below", max(bound, floored), method, solve_s=elapsed)
     bound = max(bound, floored)
     if best is None:
@@ -390,15 +394,18 @@ def solve_multiset(
     problem: PlacementProblem | None = None,
     bounds: Mapping[int, float] | None = None,
     spanning: bool = False,
+    lp_floor: bool = False,
 ) -> tuple[Template | None, PlacementResult, float]:
     """Solve one multiset; returns the template (None when infeasible or below ``floor``), the raw result
     and wall seconds. ``floor`` is ``place_one_batch``'s; ``problem``, when given, is the multiset's
     ``build_problem`` (so that a caller that built it already does not build it twice), ``bounds`` its
-    ``batch_work_bounds``; ``spanning`` is ``place_one_batch``'s."""
+    ``batch_work_bounds``; ``spanning`` and ``lp_floor`` are ``place_one_batch``'s."""
     t0 = time.perf_counter()
     if problem is None:
         problem = build_problem(perf, model, nodes, mode, slo, shape)
-    problem, result = place_one_batch(problem, time_limit=time_limit, floor=floor, bounds=bounds, spanning=spanning)
+    problem, result = place_one_batch(
+        problem, time_limit=time_limit, floor=floor, bounds=bounds, spanning=spanning, lp_floor=lp_floor
+    )
     tpl = None
     if result.status not in ("infeasible", "below") and result.value > 0:
         tpl = template_from_result(perf, problem, result, key=key, model=model, mode=mode, slo=slo, shape=shape)

@@ -112,10 +112,10 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float, spann
     tpl, res, _ = solve_multiset(
         _PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT,
         floor=threshold if threshold > 0 else None, problem=cache.problem(nodes), bounds=bounds,
-        spanning=spanning and threshold > 0,
+        spanning=spanning and threshold > 0, lp_floor=job.mode == "prefill",
     )  # fmt: skip
     if res.status == "below":  # proven worth at most what the smaller templates give
-        path = "bound-pruned" if res.method == "below-bound" else "search-pruned"
+        path = {"below-bound": "bound-pruned", "below-lp": "lp-pruned"}.get(res.method, "search-pruned")
         return Solved(key, nodes, 0.0, res.bound, None, path, "pruned", 0.0, time.perf_counter() - t0)
     cap = res.value if res.status != "infeasible" else 0.0
     bound = cap if res.status == "optimal" else max(cap, res.bound)

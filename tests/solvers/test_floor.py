@@ -11,6 +11,7 @@ import pytest
 
 from coral.perf import PerfModel
 from coral.workload import Slo, WorkloadShape
+from solvers import library
 from solvers.brute import brute_force_place
 from solvers.combos import layer_work_bound
 from solvers.fastplace import place
@@ -57,9 +58,51 @@ def test_place_with_floor_agrees_with_brute_force(seed: int) -> None:
         p = random_tiny_problem(rng, n=n, num_layers=int(rng.integers(2, 7)), max_options=int(rng.integers(1, 5)))
         ref = brute_force_place(p)
         for floor in _floors(ref.value if ref.status == "optimal" else 1.0):
-            for kw in ({}, {"shape_budget": 30}, {"shape_budget": 0}):
+            for kw in ({}, {"shape_budget": 30}, {"shape_budget": 0}, {"lp_floor": True}):
                 seen.add(_check(p, ref, place(p, floor=floor, **kw), floor))
     assert seen == {"below", "exact"}
+
+
+def test_lp_floor_proves_floors_exactly() -> None:
+    """``lp_floor``: the LP relaxation's bound settles some floors before any search ("lp-proven",
+    checked against brute force); ``place_one_batch`` with it agrees with the plain one."""
+    rng = np.random.default_rng(9900)
+    by_lp = 0
+    for _ in range(60):
+        p = random_tiny_problem(rng, n=4, num_layers=int(rng.integers(3, 7)), max_options=int(rng.integers(1, 4)))
+        ref = brute_force_place(p)
+        best = ref.value if ref.status == "optimal" else 0.0
+        for floor in _floors(best if best > 0 else 1.0):
+            res = place(p, floor=floor, lp_floor=True)
+            _check(p, ref, res, floor)
+            by_lp += res.method == "lp-proven"
+            one = restrict_batch(p, int(p.menus[0].b[0]))  # a single batch size: the LP's verdict is the batch's
+            if one is None:
+                continue
+            _, batch = place_one_batch(one, floor=floor, lp_floor=True)
+            _, plain = place_one_batch(one, floor=floor)
+            if "below" in (batch.status, plain.status):  # at most the floor, either way
+                assert max(batch.value, plain.value) <= floor * (1 + 1e-9)
+            else:
+                assert (batch.status, batch.value) == (plain.status, pytest.approx(plain.value, rel=1e-12))
+    assert by_lp >= 5
+
+
+def test_place_one_batch_names_lp_proofs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When ``place`` proves every batch size below the floor by the LP bound alone, the batch result's
+    method is "below-lp" (the build's "lp-pruned"); ``lp_floor`` is passed on."""
+    p = random_tiny_problem(np.random.default_rng(5), n=4)
+    asked: list[bool] = []
+
+    def lp_only(sub: PlacementProblem, *, time_limit: float, floor: float | None = None, spanning: bool = False,
+                lp_floor: bool = False) -> PlacementResult:  # fmt: skip
+        asked.append(lp_floor)
+        assert floor is not None
+        return PlacementResult(0.0, "below", floor * 0.5, "lp-proven")
+
+    monkeypatch.setattr(library, "place", lp_only)
+    _, res = place_one_batch(p, floor=1e-9, placer=lp_only, lp_floor=True)
+    assert (res.status, res.method) == ("below", "below-lp") and asked and all(asked)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -234,7 +277,7 @@ def test_spanning_search_above_the_best_split(seed: int) -> None:
         connected += best > split * (1 + 1e-6)
         floors = {f for f in (*_floors(best if best > 0 else 1.0), split, split * 1.001) if f >= split and f > 0}
         for floor in sorted(floors):
-            for kw in ({}, {"shape_budget": 30}):
+            for kw in ({}, {"shape_budget": 30}, {"lp_floor": True}):
                 seen.add(_check(p, ref, place(p, floor=floor, spanning=True, **kw), floor))
         if connected >= 8:
             break
