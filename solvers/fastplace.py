@@ -73,6 +73,8 @@ from solvers.shapes import shape_search, work_fixed_point
 FloatArray = np.ndarray
 LP_ROUNDS = 4
 PROOF_RTOL = 1e-7
+LP_FLOOR_NODES = 6
+"""``lp_floor`` tries the LP bound from this many nodes: below, the search is cheaper than the LP."""
 SMALL_NODES = 3
 """Up to this many nodes ``exact_small`` settles every problem."""
 PLACER = "shapes-1"
@@ -815,11 +817,12 @@ def place(
     (replicas side by side) is worth more than ``floor``, so the shape search decides only connected
     placements of all the nodes (``shape_search``'s ``spanning``).
 
-    ``lp_floor`` (with ``floor``, n >= 4): before the search, the LP relaxation of the MILP bounds every
-    placement; when that bound is at most ``floor`` the result is ``below`` (method "lp-proven"). It
-    costs about 20 ms at six nodes: on 6-node gemma-3-27b prefill multisets it proved 93 of 130 floors
-    (net 8-14% less time), on mixtral-8x7b decode none of 51, so the template build asks for it in
-    prefill mode only.
+    ``lp_floor`` (with ``floor``, at least ``LP_FLOOR_NODES`` nodes): before the search, the LP
+    relaxation of the MILP bounds every placement; when that bound is at most ``floor`` the result is
+    ``below`` (method "lp-proven"). It costs about 20 ms at six nodes: on 6-node gemma-3-27b prefill
+    multisets it proved 93 of 130 floors, on mixtral-8x7b decode none of 51, so the template build asks
+    for it in prefill mode only; at 4-5 nodes the search is cheaper than the LP (gemma-3-27b prefill:
+    300 multisets each took 1.3-1.9x longer with it).
     """
     t0 = time.perf_counter()
     check_problem(problem)
@@ -844,7 +847,7 @@ def place(
         if small.status == "infeasible":
             return attrs.evolve(small, solve_s=time.perf_counter() - t0)
         return _lift(red, small, problem, time.perf_counter() - t0)
-    if lp_floor and floor is not None:
+    if lp_floor and floor is not None and rp.n >= LP_FLOOR_NODES:
         lp_bound = lp_reduce(rp, floor)[0]
         if lp_bound <= floor:
             return _below(lp_bound, "lp-proven", t0)

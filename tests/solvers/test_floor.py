@@ -11,7 +11,7 @@ import pytest
 
 from coral.perf import PerfModel
 from coral.workload import Slo, WorkloadShape
-from solvers import library
+from solvers import fastplace, library
 from solvers.brute import brute_force_place
 from solvers.combos import layer_work_bound
 from solvers.fastplace import place
@@ -48,9 +48,11 @@ def _floors(best: float) -> list[float]:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_place_with_floor_agrees_with_brute_force(seed: int) -> None:
-    """n 1..4: at floors below, at and above the optimum; the shape search cut short (budget 30) and the
-    residue path (LP fixing, MILP) honour the floor too."""
+def test_place_with_floor_agrees_with_brute_force(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n 1..4: at floors below, at and above the optimum; the shape search cut short (budget 30), the
+    residue path (LP fixing, MILP) and the LP bound first (``lp_floor``, here from 4 nodes) honour the
+    floor too."""
+    monkeypatch.setattr(fastplace, "LP_FLOOR_NODES", 4)
     rng = np.random.default_rng(9100 + seed)
     seen: set[str] = set()
     for t in range(16):
@@ -63,9 +65,11 @@ def test_place_with_floor_agrees_with_brute_force(seed: int) -> None:
     assert seen == {"below", "exact"}
 
 
-def test_lp_floor_proves_floors_exactly() -> None:
-    """``lp_floor``: the LP relaxation's bound settles some floors before any search ("lp-proven",
-    checked against brute force); ``place_one_batch`` with it agrees with the plain one."""
+def test_lp_floor_proves_floors_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lp_floor`` (here from 4 nodes): the LP relaxation's bound settles some floors before any search
+    ("lp-proven", checked against brute force); ``place_one_batch`` with it agrees with the plain one.
+    Below ``LP_FLOOR_NODES`` it is not tried."""
+    monkeypatch.setattr(fastplace, "LP_FLOOR_NODES", 4)
     rng = np.random.default_rng(9900)
     by_lp = 0
     for _ in range(60):
@@ -75,7 +79,11 @@ def test_lp_floor_proves_floors_exactly() -> None:
         for floor in _floors(best if best > 0 else 1.0):
             res = place(p, floor=floor, lp_floor=True)
             _check(p, ref, res, floor)
-            by_lp += res.method == "lp-proven"
+            if res.method == "lp-proven":
+                by_lp += 1
+                with monkeypatch.context() as m:
+                    m.setattr(fastplace, "LP_FLOOR_NODES", 5)
+                    assert place(p, floor=floor, lp_floor=True).method != "lp-proven"
             one = restrict_batch(p, int(p.menus[0].b[0]))  # a single batch size: the LP's verdict is the batch's
             if one is None:
                 continue
@@ -261,7 +269,7 @@ def _best_split(p: PlacementProblem) -> float:
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_spanning_search_above_the_best_split(seed: int) -> None:
+def test_spanning_search_above_the_best_split(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``spanning``: with a floor at least the best placement of several components (as a template
     build's floor is), searching only connected placements of all the nodes is still exact above the
     floor and ``below`` otherwise, against brute force. Four-node instances (the shape search's size),
@@ -278,7 +286,9 @@ def test_spanning_search_above_the_best_split(seed: int) -> None:
         floors = {f for f in (*_floors(best if best > 0 else 1.0), split, split * 1.001) if f >= split and f > 0}
         for floor in sorted(floors):
             for kw in ({}, {"shape_budget": 30}, {"lp_floor": True}):
-                seen.add(_check(p, ref, place(p, floor=floor, spanning=True, **kw), floor))
+                with monkeypatch.context() as m:
+                    m.setattr(fastplace, "LP_FLOOR_NODES", 4)
+                    seen.add(_check(p, ref, place(p, floor=floor, spanning=True, **kw), floor))
         if connected >= 8:
             break
     assert connected >= 8 and seen == {"below", "exact"}
