@@ -232,12 +232,12 @@ def place_one_batch(
     batch size is proven worth at most that, the result has status ``below``, value 0, ``bound`` the
     largest proven bound (<= ``floor``) and ``method`` "below-bound" when upper bounds (the layer work,
     the reductions') proved it for every batch size, "below-lp" when the LP relaxation proved it for
-    some (``place``'s ``lp_floor``, passed on) and no search was needed, else "below-search". ``bounds``: the problem's
-    ``batch_work_bounds`` when the caller has them already. ``placer`` solves each restricted problem
-    (``solvers.fastplace.place`` by default; the Helix baseline passes the placement MILP), called as
-    ``placer(problem, time_limit=s)``; only ``place`` is given the floors. ``spanning`` (with ``floor``):
-    ``place``'s, for every batch size (a placement of several components, each at batch b, is worth no
-    more than the same components as separate templates).
+    some (``place``'s ``lp_floor``, passed on) and no search was needed, else "below-search".
+    ``bounds``: the problem's ``batch_work_bounds`` when the caller has them already. ``placer`` solves
+    each restricted problem (``solvers.fastplace.place`` by default; the Helix baseline passes the
+    placement MILP), called as ``placer(problem, time_limit=s)``; only ``place`` is given the floors.
+    ``spanning`` (with ``floor``): ``place``'s, for every batch size (a placement of several
+    components, each at batch b, is worth no more than the same components as separate templates).
     """
     t0 = time.perf_counter()
     if floor is not None and not (0 < floor < math.inf):

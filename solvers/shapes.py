@@ -301,7 +301,6 @@ class _Tables:
         self._cover_at: dict[tuple[int, int, float, int], np.ndarray] = {}
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
         self._cover_work: dict[tuple[int, float, int], np.ndarray | None] = {}
-        self._work_cap: dict[tuple[int, float], np.ndarray] = {}
         self._work_best: dict[tuple[int, float], np.ndarray] = {}
         self.collapsed: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
         self.elements: dict[tuple[tuple[int, ...], bool, float, int], _ElementAt] = {}
@@ -454,28 +453,18 @@ class _Tables:
 
     def work_cap(self, comp: int, F: float) -> np.ndarray:
         """Per node, the largest capacity of its options that pass ``work_ok`` of the nodes ``comp`` at F
-        (-inf for a node outside ``comp``, or when none passes; cached)."""
-        key = (comp, F)
-        got = self._work_cap.get(key)
-        if got is None:
-            got = np.full(self.n, -np.inf)
-            for i, w in (self.work_mask(comp, F) or {}).items():
-                if w.any():
-                    got[i] = float(self.cap[i][w].max())
-            if len(self._work_cap) > 4096:
-                self._work_cap.clear()
-            self._work_cap[key] = got
-        return got
+        (-inf for a node outside ``comp``, or when none passes)."""
+        return self.work_best(comp, F)[:, 0]
 
-    def work_best(self, comp: int, F: float, work: dict[int, np.ndarray]) -> np.ndarray:
+    def work_best(self, comp: int, F: float) -> np.ndarray:
         """(n, L + 2): [i, k] the largest capacity of node i's options with >= k layers that pass
-        ``work_mask(comp, F)`` (``work``), -inf where none does (cached)."""
+        ``work_mask(comp, F)``, -inf where none does (cached)."""
         key = (comp, F)
         got = self._work_best.get(key)
         if got is None:
             L = self.L
             got = np.full((self.n, L + 2), -np.inf)
-            for i, w in work.items():
+            for i, w in (self.work_mask(comp, F) or {}).items():
                 got[i, : L + 1] = np.maximum.accumulate(np.where(w, self.cap[i], -np.inf).max(axis=1)[::-1])[::-1]
             if len(self._work_best) > 4096:
                 self._work_best.clear()
@@ -901,8 +890,7 @@ class _Family:
             return np.flatnonzero(ok)
         tb = self.tb
         comp = int(np.bitwise_or.reduce(1 << self.labels[0]))  # every labelling holds the same nodes
-        work = tb.work_mask(comp, F)
-        if work is None:
+        if tb.work_mask(comp, F) is None:
             return np.zeros(0, np.int64)
         wmax = tb.work_cap(comp, F)
         elcap = self.el_maxcap.copy()
@@ -921,7 +909,7 @@ class _Family:
                 ok &= np.all((self.cut_emax >= F) | (tot >= F), axis=1)
         rows = np.flatnonzero(ok)
         if rows.size:
-            live, lo, hi = self._length_bounds(rows, F, work)
+            live, lo, hi = self._length_bounds(rows, F)
             self._spans = (F, self._element_spans(rows, live, lo, hi))
             rows = rows[live]
         return rows
@@ -936,10 +924,9 @@ class _Family:
         if idx.size == 0:
             return {}
         comp = int(np.bitwise_or.reduce(1 << self.labels[0]))
-        work = self.tb.work_mask(comp, F)
-        if work is None:
+        if self.tb.work_mask(comp, F) is None:
             return {}
-        return self._element_spans(idx, *self._length_bounds(idx, F, work))
+        return self._element_spans(idx, *self._length_bounds(idx, F))
 
     def _element_spans(
         self, rows: np.ndarray, live: np.ndarray, lo: np.ndarray, hi: np.ndarray
@@ -948,9 +935,7 @@ class _Family:
         span = np.stack([lo @ em.T, hi @ em.T], axis=2)  # (R, elements, 2)
         return {int(rows[j]): span[t] for t, j in enumerate(live.tolist())}
 
-    def _length_bounds(
-        self, rows: np.ndarray, F: float, work: dict[int, np.ndarray]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _length_bounds(self, rows: np.ndarray, F: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The labellings of ``rows`` (indices into it) whose nodes' layer counts can satisfy, together,
         the necessary conditions below, and for each the range [lo, hi] (labellings, s) left to each
         node's count (bounds propagation; a labelling left out has no placement that carries F).
@@ -969,7 +954,7 @@ class _Family:
         lab = self.labels[rows]
         R, s = lab.shape
         comp = int(np.bitwise_or.reduce(1 << self.labels[0]))
-        ML = tb.work_best(comp, F, work)[lab]  # (R, s, L + 2): largest work capacity with >= k layers
+        ML = tb.work_best(comp, F)[lab]  # (R, s, L + 2): largest work capacity with >= k layers
         kap = self.kappa[rows]
         ecap = np.concatenate([self.ecap[rows], np.zeros((R, 1)), np.full((R, 1), -np.inf)], axis=1)
         pad = ecap[:, nt.cut_edges]  # (R, C, widest): 0 / -inf padding for the sum / the largest

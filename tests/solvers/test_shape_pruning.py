@@ -335,11 +335,10 @@ def test_length_propagation_drops_only_infeasible_labellings() -> None:
                 continue
             comp = int(np.bitwise_or.reduce(1 << fam.labels[0]))
             for F in (*_thresholds(p), *(top * f for f in (0.7, 0.85, 0.95, 0.99))):
-                work = tb.work_mask(comp, F)
-                if work is None:
+                if tb.work_mask(comp, F) is None:
                     continue
                 ok = np.zeros(fam.labels.shape[0], bool)
-                ok[fam._length_bounds(np.arange(fam.labels.shape[0]), F, work)[0]] = True
+                ok[fam._length_bounds(np.arange(fam.labels.shape[0]), F)[0]] = True
                 for row in np.flatnonzero(~ok).tolist():
                     dropped += 1
                     assert fam.labelled(row).decide(F, [BIG]) is None, (sk, fam.labels[row], F)
