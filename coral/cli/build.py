@@ -141,6 +141,12 @@ def build_library(
 
     With ``deadline_s`` the build stops taking new multisets after that many wall seconds; what was
     solved is stored (a later build resumes there) and ``report.unfinished`` counts the rest.
+
+    ``nmax`` and ``rho`` choose which multisets are solved, not what a multiset's outcome is: that
+    depends only on the multiset and its sub-multisets, and every sub-multiset of an enumerated one is
+    enumerated too (or holds too little memory for the model, the same at any rho). So they are not in
+    the keys: a store built at N_max 5 grows to 6 by solving the six-node level alone, and builds at
+    different N_max never store one multiset twice.
     """
     check_params(nmax, rho)
     for job in jobs:
@@ -151,7 +157,7 @@ def build_library(
             raise ValueError(f"unknown node type {n!r}; known: {', '.join(sorted(perf.catalog.nodes))}")
     report = BuildReport(workers=workers)
     t_start = time.perf_counter()
-    params: dict[str, object] = {"nmax": nmax, "rho": rho, "time_limit": time_limit, "formulation": FORMULATION}
+    params: dict[str, object] = {"time_limit": time_limit, "formulation": FORMULATION}
     levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
     total = sum(len(v) for lv in levels.values() for v in lv.values())
     report.enumerated = total

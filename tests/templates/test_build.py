@@ -133,9 +133,31 @@ def test_build_four_nodes_by_shapes(tmp_path: Path, perf: PerfModel) -> None:
     assert settled > 0  # every 4-node multiset settled (here all by bounds: see test_floor_pruning_is_lossless)
     four = rep.paths_by_size.get(4, {})
     assert set(four) <= {"reduce", "dp-proven", "shapes", "infeasible", "search-pruned"}
-    params: dict[str, object] = {"nmax": 4}
+    params: dict[str, object] = {"time_limit": 10.0}
     assert _params(params, ("a", "b", "c")) == params
-    assert _params(params, ("a", "a", "b", "c")) == {"nmax": 4, "placer": PLACER}
+    assert _params(params, ("a", "a", "b", "c")) == {"time_limit": 10.0, "placer": PLACER}
+
+
+def test_store_grows_with_nmax_and_rho(tmp_path: Path, perf: PerfModel) -> None:
+    """N_max and rho choose the multisets, not their outcomes: a build at a larger N_max (or rho) on the
+    same store solves only what the smaller one did not enumerate, stores no multiset twice, and ends
+    with exactly the outcomes of a fresh build."""
+    fresh = tmp_path / "fresh.sqlite"
+    grown = tmp_path / "grown.sqlite"
+    with TemplateStore(fresh) as store:
+        full = build_library(perf, store, [JOB32], NODES, nmax=3, rho=12.0)
+        want = store.db.execute("SELECT key, nodes, outcome, capacity FROM outcomes ORDER BY key").fetchall()
+        want_t = store.db.execute("SELECT id FROM templates ORDER BY id").fetchall()
+    small = enumerate_multisets(perf, JOB32.model, NODES, JOB32.shape, nmax=2, rho=4.0)
+    n_small = sum(len(v) for v in small.values())
+    with TemplateStore(grown) as store:
+        first = build_library(perf, store, [JOB32], NODES, nmax=2, rho=4.0)
+        assert first.enumerated == n_small < full.enumerated
+        second = build_library(perf, store, [JOB32], NODES, nmax=3, rho=12.0)
+        got = store.db.execute("SELECT key, nodes, outcome, capacity FROM outcomes ORDER BY key").fetchall()
+        got_t = store.db.execute("SELECT id FROM templates ORDER BY id").fetchall()
+    assert second.reused == n_small and second.enumerated == full.enumerated
+    assert got == want and got_t == want_t
 
 
 def test_floor_pruning_is_lossless(tmp_path: Path, perf: PerfModel) -> None:
