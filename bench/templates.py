@@ -9,7 +9,8 @@ which skipped by the upper bound without solving); solve paths ("reduce", "shape
 "search-pruned": the placer proved it worth no more than its smaller templates; "lp-pruned": the LP
 relaxation's bound proved that, before any search, tried in prefill mode only), in all and by size;
 proven optimal; the gap distribution of the rest; time per solved multiset p50/p99 by size; wall time;
-multisets per second per core.
+multisets per second per core, counting only those not already in the store (``--store`` resumes a
+build, or grows it to a larger ``--nmax``).
 
 ``--catalog``: the default catalog instead of a scenario: every model and every node type of the built-in
 catalog, each model under the scenario's SLO and shape where the scenario deploys it, else the "chat"
@@ -124,14 +125,16 @@ def _row(model: str, mode: str, r: object, workers: int) -> dict[str, object]:
         "infeasible": r.infeasible, "dominated": r.dominated, "split": r.split, "bound_skipped": r.bound_skipped,
         "by_path": r.by_path, "proven": r.proven, "unproven": len(r.gaps),
         "gap_p50": float(np.percentile(r.gaps, 50)) if r.gaps else 0.0, "gap_max": max(r.gaps, default=0.0),
-        "per_size": per_size, "wall_s": r.wall_s, "per_s_per_core": done / r.wall_s / workers if r.wall_s else 0.0,
+        "reused": r.reused, "per_size": per_size, "wall_s": r.wall_s,
+        "per_s_per_core": (done - r.reused) / r.wall_s / workers if r.wall_s else 0.0,
     }  # fmt: skip
 
 
 def _print(row: dict[str, object]) -> None:
+    reused = f" ({row['reused']} of them already in the store)" if row["reused"] else ""
     print(
-        f"\n== {row['model']} ({row['mode']}): {row['finished']}/{row['enumerated']} multisets in {row['wall_s']:.0f} s"
-        f" = {row['per_s_per_core']:.1f} per second per core"
+        f"\n== {row['model']} ({row['mode']}): {row['finished']}/{row['enumerated']} multisets{reused} in"
+        f" {row['wall_s']:.0f} s = {row['per_s_per_core']:.1f} per second per core (of those not in the store)"
     )
     print(
         f"   kept {row['kept']}, infeasible {row['infeasible']}, dominated {row['dominated']}, split {row['split']}"
