@@ -12,6 +12,12 @@ proven optimal; the gap distribution of the rest; time per solved multiset p50/p
 multisets per second per core, counting only those not already in the store (``--store`` resumes a
 build, or grows it to a larger ``--nmax``).
 
+``--sample-top K`` estimates a build too long to run: every level below N_max is built in full (so that the
+floors are the real ones), and of the N_max level only a seeded random sample of K multisets per model and
+mode. The report adds the sample's mean solve time, the whole level's estimated cost (mean x its size, in
+core-hours) and the whole job's (plus the solve time of the levels below, in this run: on a store that
+already holds them, those were not solved and do not count). Core-seconds are the workers' solve times.
+
 ``--catalog``: the default catalog instead of a scenario: every model and every node type of the built-in
 catalog, each model under the scenario's SLO and shape where the scenario deploys it, else the "chat"
 class (TTFT 2 s, TPOT 100 ms, 1155/211 tokens). It first prints how many multisets each model enumerates
@@ -54,6 +60,11 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=1800.0, help="wall seconds for the whole run")
     ap.add_argument("--store", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    ap.add_argument(
+        "--sample-top", type=int, default=0, metavar="K",
+        help="solve every level below N_max, and of the N_max level only a seeded random sample of K multisets "
+        "per model and mode; report the estimated cost of the whole level and of the whole build",
+    )  # fmt: skip
     args = ap.parse_args()
     cat = load_catalog()
     perf = PerfModel(cat)
@@ -64,6 +75,8 @@ def main() -> int:
         targets = {m: targets.get(m, (CHAT_SLO, CHAT_SHAPE)) for m in cat.models}
         node_types = sorted(cat.nodes)
     models = args.models.split(",") if args.models else sorted(targets, key=lambda m: cat.models[m].weight_bytes)
+    if args.sample_top < 0:
+        ap.error(f"--sample-top must be >= 0, got {args.sample_top}")
     for m in models:
         if m not in targets:
             ap.error(f"--models: {m!r} is not deployed by scenario {args.scenario!r} (known: {', '.join(targets)})")
@@ -94,22 +107,41 @@ def main() -> int:
                     continue
                 job = BuildJob(model, mode, slo, shape)
                 r = build_library(perf, store, [job], node_types, nmax=args.nmax, rho=args.rho,
-                                  workers=args.workers, deadline_s=left)  # fmt: skip
-                row = _row(model, mode, r, args.workers)
+                                  workers=args.workers, deadline_s=left, sample_top=args.sample_top)  # fmt: skip
+                row = _row(model, mode, r, args.workers, (args.nmax, args.sample_top) if args.sample_top else None)
                 out.append(row)
                 _print(row)
     total = time.perf_counter() - t_all
     print(f"total wall {total:.0f} s on {args.workers} workers")
+    if args.sample_top:
+        est = [r["estimate"] for r in out if r.get("estimate")]
+        core = sum(e["job_core_s"] for e in est)  # type: ignore[index]
+        print(
+            f"estimated whole build at N_max {args.nmax} ({len(est)} model-modes): {core / 3600:.1f} core-hours,"
+            f" about {core / 3600 / args.workers:.1f} h on {args.workers} workers"
+        )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 
-def _row(model: str, mode: str, r: object, workers: int) -> dict[str, object]:
+def _row(model: str, mode: str, r: object, workers: int, sample: tuple[int, int] | None = None) -> dict[str, object]:
+    """One job's figures; ``sample`` (the N_max level, K) adds the estimate of ``--sample-top``."""
     from coral.cli.build import BuildReport
 
     assert isinstance(r, BuildReport)
     done = r.enumerated - r.unfinished
+    estimate = None
+    if sample is not None and not r.unfinished and r.top_level:
+        level, k = sample
+        n = min(k, r.top_level)
+        # bound-skipped multisets of the sample are not timed (no solve): they count as costing nothing
+        mean = sum(r.seconds_by_size.get(level, [])) / n
+        below = sum(sum(v) for size, v in r.seconds_by_size.items() if size != level)
+        estimate = {
+            "level": level, "level_multisets": r.top_level, "sampled": n, "mean_s": mean,
+            "level_core_s": mean * r.top_level, "below_core_s": below, "job_core_s": below + mean * r.top_level,
+        }  # fmt: skip
     per_size = {
         n: {
             "solved": len(v),
@@ -125,7 +157,7 @@ def _row(model: str, mode: str, r: object, workers: int) -> dict[str, object]:
         "infeasible": r.infeasible, "dominated": r.dominated, "split": r.split, "bound_skipped": r.bound_skipped,
         "by_path": r.by_path, "proven": r.proven, "unproven": len(r.gaps),
         "gap_p50": float(np.percentile(r.gaps, 50)) if r.gaps else 0.0, "gap_max": max(r.gaps, default=0.0),
-        "reused": r.reused, "per_size": per_size, "wall_s": r.wall_s,
+        "reused": r.reused, "estimate": estimate, "per_size": per_size, "wall_s": r.wall_s,
         "per_s_per_core": (done - r.reused) / r.wall_s / workers if r.wall_s else 0.0,
     }  # fmt: skip
 
@@ -147,6 +179,14 @@ def _print(row: dict[str, object]) -> None:
     for n, s in row["per_size"].items():  # type: ignore[attr-defined]
         paths = " ".join(f"{k}:{v}" for k, v in s["paths"].items())
         print(f"   n={n}: {s['solved']} solved, p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms; paths {paths}")
+    e = row.get("estimate")
+    if isinstance(e, dict):
+        print(
+            f"   estimate: n={e['level']} sampled {e['sampled']} of {e['level_multisets']} (seed 0), mean"
+            f" {e['mean_s'] * 1e3:.0f} ms each: that level about {e['level_core_s'] / 3600:.2f} core-hours; the"
+            f" whole job about {e['job_core_s'] / 3600:.2f} core-hours (levels below: {e['below_core_s']:.0f} s"
+            " of solves in this run)"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -81,6 +82,8 @@ class BuildReport:
     wall_s: float = 0.0
     workers: int = 1
     unfinished: int = 0
+    top_level: int = 0
+    """With ``sample_top``: how many multisets the N_max level has in all (every job together)."""
 
 
 _PERF: PerfModel | None = None
@@ -136,11 +139,16 @@ def build_library(
     profile_files: Sequence[Path] = (),
     progress: Callable[[int, int], None] | None = None,
     deadline_s: float | None = None,
+    sample_top: int = 0,
 ) -> BuildReport:
     """Build (or resume) the template library of every job into ``store``.
 
     With ``deadline_s`` the build stops taking new multisets after that many wall seconds; what was
     solved is stored (a later build resumes there) and ``report.unfinished`` counts the rest.
+
+    ``sample_top`` (> 0): of the N_max level, solve only a seeded random sample of that many multisets
+    per job (every smaller level in full, so their floors are the real ones), to estimate what the whole
+    level costs (``bench/templates.py --sample-top``); ``report.top_level`` counts the whole level.
 
     ``nmax`` and ``rho`` choose which multisets are solved, not what a multiset's outcome is: that
     depends only on the multiset and its sub-multisets, and every sub-multiset of an enumerated one is
@@ -158,7 +166,13 @@ def build_library(
     report = BuildReport(workers=workers)
     t_start = time.perf_counter()
     params: dict[str, object] = {"time_limit": time_limit, "formulation": FORMULATION}
+    if isinstance(sample_top, bool) or not isinstance(sample_top, int) or sample_top < 0:
+        raise ValueError(f"sample_top must be an integer >= 0, got {sample_top!r}")
     levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
+    if sample_top:
+        for lv in levels.values():
+            report.top_level += len(lv[nmax])
+            lv[nmax] = sorted(random.Random(0).sample(lv[nmax], min(sample_top, len(lv[nmax]))))
     total = sum(len(v) for lv in levels.values() for v in lv.values())
     report.enumerated = total
     done = 0

@@ -205,3 +205,23 @@ def test_unproven_outcomes_turn_off_the_spanning_search() -> None:
     assert not _spanning(("a", "b", "b"), unsure)
     assert _spanning(("a", "c", "c"), unsure)
     assert _spanning(("a", "a", "b"), [])
+
+
+def test_sample_top_solves_a_seeded_sample_of_the_top_level(tmp_path: Path, perf: PerfModel) -> None:
+    """``sample_top`` builds the levels below N_max in full and a seeded sample of the top level, with the
+    same outcomes as a full build; the report counts the whole level. A bad value changes nothing."""
+    with TemplateStore(tmp_path / "full.sqlite") as store:
+        build_library(perf, store, [JOB32], NODES, nmax=3, rho=12.0)
+        full = dict(store.db.execute("SELECT nodes, outcome || ':' || capacity FROM outcomes").fetchall())
+    level = enumerate_multisets(perf, JOB32.model, NODES, JOB32.shape, nmax=3, rho=12.0)[3]
+    path = tmp_path / "sample.sqlite"
+    with TemplateStore(path) as store:
+        with pytest.raises(ValueError, match="sample_top"):
+            build_library(perf, store, [JOB32], NODES, nmax=3, rho=12.0, sample_top=-1)
+        assert store.counts() == {}
+        rep = build_library(perf, store, [JOB32], NODES, nmax=3, rho=12.0, sample_top=2)
+        got = dict(store.db.execute("SELECT nodes, outcome || ':' || capacity FROM outcomes").fetchall())
+        again = build_library(perf, store, [JOB32], NODES, nmax=3, rho=12.0, sample_top=2)
+    top = [n for n in got if n.count(",") == 2]
+    assert rep.top_level == len(level) > 2 and len(top) == 2 and again.solved == 0
+    assert all(full[n] == c for n, c in got.items())
