@@ -77,7 +77,7 @@ from coral.sim.engine import SimConfig
 from coral.store import TemplateStore
 from coral.templates import Template
 from solvers.allocation import SolverEffort
-from solvers.library import is_current
+from solvers.library import distinct, is_current
 from solvers.planning import POLICIES, policy_admits
 
 MESH_SOURCE = "mesh"
@@ -104,21 +104,24 @@ def library_for(
     store: TemplateStore, scenario: Scenario, perf_version: str | None = None, *, vllm_only: bool = False
 ) -> dict[str, list[Template]]:
     """Per deployment, every current stored template of its model and shape on the scenario's node types
-    (any SLO; stale ones of an older formulation or, when given, another perf model are left out);
+    (any SLO; stale ones of an older formulation or, when given, another perf model are left out; one per
+    multiset and SLO, ``solvers.library.distinct``);
     ``vllm_only``: only those vLLM can run as they are."""
     allowed = set(scenario.node_types)
     out: dict[str, list[Template]] = {}
     for d in scenario.deployments:
-        out[d.name] = sorted(
-            (
-                t
-                for t in store.query(model=d.model)
-                if t.shape == d.shape
-                and set(t.nodes) <= allowed
-                and is_current(t, perf_version)
-                and (t.vllm_ok or not vllm_only)
-            ),
-            key=lambda t: t.id,
+        out[d.name] = distinct(
+            sorted(
+                (
+                    t
+                    for t in store.query(model=d.model)
+                    if t.shape == d.shape
+                    and set(t.nodes) <= allowed
+                    and is_current(t, perf_version)
+                    and (t.vllm_ok or not vllm_only)
+                ),
+                key=lambda t: t.id,
+            )
         )
     return out
 

@@ -47,6 +47,22 @@ def is_current(t: Template, perf_version: str | None = None) -> bool:
     return t.formulation == formulation_of(len(t.nodes)) and (perf_version is None or t.perf_version == perf_version)
 
 
+def distinct(templates: Sequence[Template]) -> list[Template]:
+    """``templates`` with one per model, mode, SLO, shape, perf model and node multiset, in their order.
+
+    A store can hold two templates of one multiset, built under different solver parameters (a time
+    limit) or an older key layout. The one kept is proven optimal if either is, then has the most
+    prefill and decode capacity, then the smaller id."""
+    best: dict[tuple[object, ...], tuple[tuple[object, ...], str]] = {}
+    for t in templates:
+        key = (t.model, t.mode, t.slo, t.shape, t.perf_version, tuple(sorted(t.nodes)))
+        rank = (t.status != "optimal", -t.prefill_tok_s, -t.decode_tok_s, t.id)
+        if key not in best or rank < best[key][0]:
+            best[key] = (rank, t.id)
+    keep = {tid for _, tid in best.values()}
+    return [t for t in templates if t.id in keep]
+
+
 def template_from_result(
     perf: PerfModel,
     problem: PlacementProblem,

@@ -12,7 +12,7 @@ from coral.plan import Plan, PlanRequest
 from coral.scenario import Scenario
 from coral.store import TemplateStore
 from coral.templates import Template
-from solvers.library import is_current
+from solvers.library import distinct, is_current
 from solvers.planning import PLAN_POLICIES, POLICIES, Planner, policy_admits, request_at
 
 __all__ = [
@@ -37,7 +37,8 @@ def deployment_templates(
     perf_version: str | None = None,
 ) -> dict[str, list[Template]]:
     """Templates usable by each deployment under a policy (matching model, SLO, shape and node types, made
-    by the current formulation and, when given, perf model: stale ones from an older build are left out)."""
+    by the current formulation and, when given, perf model: stale ones from an older build are left out;
+    one per multiset, ``solvers.library.distinct``)."""
     if policy not in PLAN_POLICIES:
         raise CoralError(f"unknown policy {policy!r}; choose from {', '.join(PLAN_POLICIES)}")
     allowed = set(sc.node_types)
@@ -52,7 +53,7 @@ def deployment_templates(
             and (t.vllm_ok or not exclude_vllm_incompatible)
             and is_current(t, perf_version)
         ]
-        out[d.name] = tpls
+        out[d.name] = distinct(tpls)
     return out
 
 
