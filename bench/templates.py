@@ -17,6 +17,8 @@ floors are the real ones), and of the N_max level only a seeded random sample of
 mode. The report adds the sample's mean solve time, the whole level's estimated cost (mean x its size, in
 core-hours) and the whole job's (plus the solve time of the levels below, in this run: on a store that
 already holds them, those were not solved and do not count). Core-seconds are the workers' solve times.
+Sampled multisets already in the store are not solved and are left out of the mean; when the whole
+sample is there (a second run on the same store) there is no estimate.
 
 ``--catalog``: the default catalog instead of a scenario: every model and every node type of the built-in
 catalog, each model under the scenario's SLO and shape where the scenario deploys it, else the "chat"
@@ -113,8 +115,10 @@ def main() -> int:
                 _print(row)
     total = time.perf_counter() - t_all
     print(f"total wall {total:.0f} s on {args.workers} workers")
-    if args.sample_top:
-        est = [r["estimate"] for r in out if r.get("estimate")]
+    est = [r["estimate"] for r in out if r.get("estimate")]
+    if args.sample_top and not est:
+        print("no estimate: every sampled multiset was in the store already (use a store without them)")
+    elif args.sample_top:
         core = sum(e["job_core_s"] for e in est)  # type: ignore[index]
         print(
             f"estimated whole build at N_max {args.nmax} ({len(est)} model-modes): {core / 3600:.1f} core-hours,"
@@ -132,9 +136,9 @@ def _row(model: str, mode: str, r: object, workers: int, sample: tuple[int, int]
     assert isinstance(r, BuildReport)
     done = r.enumerated - r.unfinished
     estimate = None
-    if sample is not None and not r.unfinished and r.top_level:
-        level, k = sample
-        n = min(k, r.top_level)
+    level, k = sample or (0, 0)
+    n = min(k, r.top_level) - r.top_reused  # the sampled multisets solved in this run
+    if sample is not None and not r.unfinished and n > 0:
         # bound-skipped multisets of the sample are not timed (no solve): they count as costing nothing
         mean = sum(r.seconds_by_size.get(level, [])) / n
         below = sum(sum(v) for size, v in r.seconds_by_size.items() if size != level)

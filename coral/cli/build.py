@@ -84,6 +84,8 @@ class BuildReport:
     unfinished: int = 0
     top_level: int = 0
     """With ``sample_top``: how many multisets the N_max level has in all (every job together)."""
+    top_reused: int = 0
+    """With ``sample_top``: how many of the sampled ones were in the store already (not solved)."""
 
 
 _PERF: PerfModel | None = None
@@ -163,11 +165,11 @@ def build_library(
     for n in node_types:
         if n not in perf.catalog.nodes:
             raise ValueError(f"unknown node type {n!r}; known: {', '.join(sorted(perf.catalog.nodes))}")
+    if isinstance(sample_top, bool) or not isinstance(sample_top, int) or sample_top < 0:
+        raise ValueError(f"sample_top must be an integer >= 0, got {sample_top!r}")
     report = BuildReport(workers=workers)
     t_start = time.perf_counter()
     params: dict[str, object] = {"time_limit": time_limit, "formulation": FORMULATION}
-    if isinstance(sample_top, bool) or not isinstance(sample_top, int) or sample_top < 0:
-        raise ValueError(f"sample_top must be an integer >= 0, got {sample_top!r}")
     levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
     if sample_top:
         for lv in levels.values():
@@ -203,6 +205,8 @@ def build_library(
                         if UNPROVEN in known[key].detail:
                             unsure[job].append(Counter(s))
                         report.reused += 1
+                        if sample_top and size == nmax:
+                            report.top_reused += 1
                         done += 1
                         continue
                     pending.append((job, s, key, split, sub, _spanning(s, unsure[job])))

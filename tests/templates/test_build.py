@@ -223,5 +223,6 @@ def test_sample_top_solves_a_seeded_sample_of_the_top_level(tmp_path: Path, perf
         got = dict(store.db.execute("SELECT nodes, outcome || ':' || capacity FROM outcomes").fetchall())
         again = build_library(perf, store, [JOB32], NODES, nmax=3, rho=12.0, sample_top=2)
     top = [n for n in got if n.count(",") == 2]
-    assert rep.top_level == len(level) > 2 and len(top) == 2 and again.solved == 0
+    assert rep.top_level == len(level) > 2 and len(top) == 2 and rep.top_reused == 0
+    assert again.solved == 0 and again.top_reused == 2
     assert all(full[n] == c for n, c in got.items())
