@@ -30,7 +30,7 @@ def _fix_cpu_pp_eager() -> bool:
         return False
     if getattr(vllm, "__version__", "") not in BUGGY_VERSIONS:
         return False
-    runner = cpu_model_runner.CPUModelRunner
+    runner: Any = cpu_model_runner.CPUModelRunner
     original = runner.sync_and_gather_intermediate_tensors
     if getattr(original, "_coral_fix", False):
         return True
@@ -43,7 +43,7 @@ def _fix_cpu_pp_eager() -> bool:
         return original(self, *args, **kwargs)
 
     sync_and_gather_intermediate_tensors._coral_fix = True  # type: ignore[attr-defined]
-    runner.sync_and_gather_intermediate_tensors = sync_and_gather_intermediate_tensors  # type: ignore[method-assign]
+    runner.sync_and_gather_intermediate_tensors = sync_and_gather_intermediate_tensors
     return True
 
 
