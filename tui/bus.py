@@ -60,7 +60,7 @@ from tui.state import (
 def default_endpoints() -> Endpoints:
     """Where ``coral tui`` finds a local ``coral up`` when given no address: ``coral up``'s default
     ``--bind`` (``tcp://127.0.0.1:7450``, the PUB at the next port)."""
-    from coral.cli.up_cmd import DEFAULT_BIND
+    from coral.kernel.address import DEFAULT_BIND
 
     return parse_address(DEFAULT_BIND)
 
@@ -68,7 +68,7 @@ def default_endpoints() -> Endpoints:
 def parse_address(text: str) -> Endpoints:
     """Endpoints from ``--connect``: what ``coral up --bind`` took (``tcp://HOST:PORT``: the ROUTER at PORT
     and the PUB at PORT+1; ``ipc://PATH``: ``PATH.router`` and ``PATH.pub``), or ``ROUTER,PUB``."""
-    from coral.cli.up_cmd import parse_bind
+    from coral.kernel.address import parse_bind
 
     text = text.strip()
     if "," in text:

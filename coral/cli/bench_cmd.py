@@ -40,15 +40,15 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         "--policies", default=",".join(POLICIES),
         help=f"comma-separated policies to run (default: {','.join(POLICIES)}; coral is always run)",
     )  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the demand perturbations (default: 0)")
     p.add_argument("--deadline", type=float, default=None, help="solver deadline in seconds (default: scenario's)")
     p.add_argument(
         "--helix-limit", type=float, default=None,
         help="helix: time limit in seconds of each cluster's placement MILP (default: the deadline)",
     )  # fmt: skip
-    p.add_argument("--store", type=Path, default=None)
-    p.add_argument("--no-build", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
+    p.add_argument("--no-build", action="store_true", help="fail instead of building missing templates")
+    p.add_argument("--json", action="store_true", help="print one row per scenario and policy as JSON")
     p.set_defaults(func=run_bench)
 
 

@@ -22,14 +22,14 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run_catalog)
 
     q = sub.add_parser("perf", parents=[parent], help="query the performance model for one stage")
-    q.add_argument("--model", required=True)
+    q.add_argument("--model", required=True, help="catalog model name (see `coral catalog models`)")
     q.add_argument("--node", required=True, help="node type, e.g. g6e.12xlarge")
     q.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: all GPUs of the node)")
     q.add_argument("--layers", type=int, default=None, help="layers held (default: the whole model)")
-    q.add_argument("--batch", type=int, default=1)
+    q.add_argument("--batch", type=int, default=1, help="sequences in the batch (default: 1)")
     q.add_argument("--prompt", type=int, default=1024, help="prompt tokens per sequence for prefill_s")
     q.add_argument("--context", type=int, default=1024, help="KV context per sequence for decode_step_s")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the prediction as JSON")
     q.set_defaults(func=run_perf)
 
 

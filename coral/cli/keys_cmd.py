@@ -1,6 +1,6 @@
 """``coral keys``: the CurveZMQ key directory of a kernel and its clients (see ``coral.kernel.keys``).
 
-``coral keys init [--dir DIR]`` creates the directory and the kernel's key pair; ``add NAME`` creates and
+``coral keys init [DIR]`` creates the directory and the kernel's key pair; ``add NAME`` creates and
 allows a client key pair (print where its secret is, to copy to the client's machine with ``server.key``);
 ``revoke NAME`` refuses that key from the next connection on; ``list`` shows every client. DIR defaults to
 ``$CORAL_KEYS``, else ``coral-keys`` in the user data directory.
@@ -13,6 +13,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+from coral.cli.common import print_json
 from coral.errors import CoralError
 from coral.kernel import ClientKeys, Endpoints, ServerKeys, client_keys, server_keys
 from coral.kernel.keys import ENV_VAR, add_client, init_keys, keys_dir, list_clients, revoke_client
@@ -29,38 +30,52 @@ def default_keys_dir() -> Path:
 
 
 def add(sub: Any, parent: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("keys", parents=[parent], help="manage the CurveZMQ keys of the kernel and its clients")
+    p = sub.add_parser("keys", help="manage the CurveZMQ keys of the kernel and its clients")
     p.add_argument(
         "--dir", type=Path, default=None, help=f"key directory (default: ${ENV_VAR}, else coral-keys in the data dir)"
     )
     # --dir also after the action (``coral keys init --dir DIR``); SUPPRESS keeps the group's value otherwise
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--dir", type=Path, default=argparse.SUPPRESS, help="key directory (as above)")
+    where.add_argument("--json", action="store_true", help="print the outcome as JSON")
     ks = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    ks.add_parser("init", parents=[where], help="create the key directory and the kernel's key pair")
+    i = ks.add_parser("init", parents=[where], help="create the key directory and the kernel's key pair")
+    i.add_argument("path", nargs="?", type=Path, default=None, metavar="DIR", help="key directory (same as --dir)")
     a = ks.add_parser("add", parents=[where], help="create and allow a client key pair")
-    a.add_argument("name")
+    a.add_argument("name", help="the client's name (1-64 letters, digits or _.-)")
     r = ks.add_parser("revoke", parents=[where], help="stop allowing a client key")
-    r.add_argument("name")
+    r.add_argument("name", help="the client's name")
     ks.add_parser("list", parents=[where], help="list the client keys")
     p.set_defaults(func=run_keys)
 
 
 def run_keys(args: argparse.Namespace) -> int:
-    d = args.dir if args.dir is not None else default_keys_dir()
+    d = getattr(args, "path", None) or (args.dir if args.dir is not None else default_keys_dir())
+    out: Any
     if args.keys_command == "init":
         init_keys(d)
-        print(f"coral keys: created {d} (kernel key pair; add clients with `coral keys --dir {d} add NAME`)")
+        out = {"dir": str(d), "server_key": str(d / "server.key")}
+        text = [f"coral keys: created {d} (kernel key pair; add clients with `coral keys --dir {d} add NAME`)"]
     elif args.keys_command == "add":
         secret = add_client(d, args.name)
-        print(f"coral keys: allowed client {args.name!r}; its secret is {secret} (mode 0600)")
-        print(f"  on the client's machine put {d / 'server.key'} and that file in the same layout")
+        out = {"name": args.name, "secret": str(secret), "server_key": str(d / "server.key")}
+        text = [
+            f"coral keys: allowed client {args.name!r}; its secret is {secret} (mode 0600)",
+            f"  on the client's machine put {d / 'server.key'} and that file in the same layout",
+        ]
     elif args.keys_command == "revoke":
         revoke_client(d, args.name)
-        print(f"coral keys: revoked {args.name!r}; the kernel refuses its next connection")
+        out = {"name": args.name, "revoked": True}
+        text = [f"coral keys: revoked {args.name!r}; the kernel refuses its next connection"]
     else:
-        for name, status in list_clients(d):
-            print(f"{name}\t{status}")
+        clients = list_clients(d)
+        out = [{"name": name, "status": status} for name, status in clients]
+        text = [f"{name}\t{status}" for name, status in clients]
+    if args.json:
+        print_json(out)
+    else:
+        for line in text:
+            print(line)
     return 0
 
 

@@ -10,12 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from coral.catalog.types import Catalog
-from coral.cli.common import catalog_files, catalog_from, perf_from, print_json
+from coral.cli.common import catalog_files, catalog_from, open_store, perf_from, print_json
 from coral.errors import CoralError
 from coral.perf import PerfModel
 from coral.plan import Plan
 from coral.scenario import Scenario, load_scenario
-from coral.store import TemplateStore, default_store_path
+from coral.store import TemplateStore
 
 PLAN_POLICIES = ("coral", "homo", "pd-homo", "helix")
 """``solvers.planning.PLAN_POLICIES``, repeated so that the parser does not import the solvers."""
@@ -39,7 +39,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--vllm-only", action="store_true", help="use only templates that vLLM can run as they are (see templates show)"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the plan and its templates as JSON")
     p.set_defaults(func=run_plan)
 
 
@@ -69,12 +69,11 @@ def run_plan(args: argparse.Namespace) -> int:
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
-    if args.at < 0:
-        raise CoralError(f"--at must be >= 0, got {args.at}")
+    if not 0 <= args.at <= sc.duration_s:
+        raise CoralError(f"--at must be within the scenario, 0..{sc.duration_s:g} s, got {args.at:g}")
     if args.deadline is not None and not args.deadline > 0:
         raise CoralError(f"--deadline must be positive, got {args.deadline}")
-    path = args.store or default_store_path()
-    with TemplateStore(path) as store:
+    with open_store(args, readonly=args.no_build, scenario=args.scenario) as store:
         if not args.no_build:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         plan_fn, templates = make_planner(

@@ -9,20 +9,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from coral.cli.common import catalog_from, perf_from, print_json
+from coral.cli.common import add_policy, catalog_from, check_output, open_store, perf_from, print_json
 from coral.errors import CoralError
 from coral.scenario import load_scenario
 from coral.sim import SimResult, simulate
-from coral.store import TemplateStore, default_store_path
 
 
 def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p = sub.add_parser("simulate", parents=[parent], help="simulate a scenario request by request")
     p.add_argument("--scenario", default="default", help="scenario NAME (bundled) or FILE (default: default)")
-    p.add_argument("--policy", default="coral", choices=("coral", "homo", "pd-homo"))
+    add_policy(p)
     p.add_argument("--trace", type=Path, default=None, help="Azure-format trace CSV that drives every deployment")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every arrival rate (default 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals, lengths and faults (default: 0)")
     p.add_argument("--duration", type=float, default=None, help="seconds to simulate (default: the scenario's)")
     p.add_argument("--interval", type=float, default=60.0, help="seconds per row of the time series")
     p.add_argument("--on-bad-row", choices=("stop", "skip"), default="stop", help="what a malformed trace row does")
@@ -50,13 +49,23 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise CoralError(f"--interval must be positive, got {args.interval}")
     if args.trace is not None and not args.trace.exists():
         raise CoralError(f"--trace {args.trace}: file not found")
-    if args.plot is not None and args.plot.suffix.lower() != ".png":
-        raise CoralError(f"--plot must name a .png file, got {args.plot}")
+    if args.plot is not None:
+        if args.plot.suffix.lower() != ".png":
+            raise CoralError(f"--plot must name a .png file, got {args.plot}")
+        check_output(args.plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401  (optional: the plot extra)
+        except ImportError:
+            raise CoralError(
+                "--plot needs matplotlib, which is not installed; pip install matplotlib "
+                "(or install Coral with its plot extra: pip install -e '.[plot]')"
+            ) from None
+    if args.csv is not None:
+        check_output(args.csv, "--csv")
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
-    path = args.store or default_store_path()
-    with TemplateStore(path) as store:
+    with open_store(args, readonly=args.no_build, scenario=args.scenario) as store:
         if not args.no_build:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         plan_fn, templates = make_planner(args.policy, sc, cat, perf, store)

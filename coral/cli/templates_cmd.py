@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from coral.cli.common import catalog_files, catalog_from, perf_from, print_json
+from coral.cli.common import catalog_files, catalog_from, open_store, perf_from, print_json, store_path
+from coral.display import abbreviate, abbreviate_all, fit_table
 from coral.errors import CoralError
-from coral.store import TemplateStore, default_store_path
+from coral.store import TemplateStore
 from coral.templates import SINK, SOURCE, Template
 from coral.workload import MODES
 
@@ -55,16 +58,16 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     b.set_defaults(func=run_build)
 
     ls = tsub.add_parser("list", parents=[parent], help="list templates in the store")
-    ls.add_argument("--model", default=None)
-    ls.add_argument("--mode", default=None, choices=MODES)
-    ls.add_argument("--store", type=Path, default=None)
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--model", default=None, help="only this catalog model's templates")
+    ls.add_argument("--mode", default=None, choices=MODES, help="only templates of this mode")
+    ls.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
+    ls.add_argument("--json", action="store_true", help="print every template in full as JSON")
     ls.set_defaults(func=run_list)
 
-    sh = tsub.add_parser("show", parents=[parent], help="show one template: stages, routes and capacities")
+    sh = tsub.add_parser("show", help="show one template: stages, routes and capacities")
     sh.add_argument("id", help="template id (a unique prefix is enough)")
-    sh.add_argument("--store", type=Path, default=None)
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
+    sh.add_argument("--json", action="store_true", help="print the template as JSON")
     sh.set_defaults(func=run_show)
 
 
@@ -74,11 +77,13 @@ def run_build(args: argparse.Namespace) -> int:
 
     cat = catalog_from(args)
     perf = perf_from(args, cat)
+    if not (args.time_limit > 0 and math.isfinite(args.time_limit)):
+        raise CoralError(f"--time-limit: seconds per solve must be positive, got {args.time_limit:g}")
     jobs, node_types, nmax, rho = jobs_from_args(args, cat)
     workers = args.workers if args.workers is not None else default_workers()
     if workers < 1:
         raise CoralError(f"--workers must be at least 1, got {workers}")
-    path = args.store or default_store_path()
+    path = store_path(args)
     con = Console(stderr=True)
     with (
         TemplateStore(path) as store,
@@ -146,34 +151,71 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_ro(args: argparse.Namespace) -> TemplateStore:
-    return TemplateStore(args.store or default_store_path(), readonly=True)
+LIST_HEADS = ("id", "model", "mode", "nodes", "stages", "prefill tok/s", "decode tok/s", "TTFT", "TPOT", "status")
+LIST_PRIORITY = (9, 8, 8, 7, 4, 6, 6, 3, 3, 2)
+"""Which columns of ``templates list`` stay longest as the terminal narrows (higher stays)."""
+LIST_SHORT = {"prefill tok/s": "pre tok/s", "decode tok/s": "dec tok/s"}
+BAR = 24
+NARROW_BAR = 10
+NODES_WRAP = 18
+"""The width of the nodes column when the table is too wide: a template of many nodes takes two lines."""
 
 
 def run_list(args: argparse.Namespace) -> int:
-    with _open_ro(args) as store:
+    if args.model is not None:
+        known = catalog_from(args).models
+        if args.model not in known:
+            raise CoralError(f"--model: unknown model {args.model!r}; known: {', '.join(sorted(known))}")
+    with open_store(args, readonly=True) as store:
         tpls = store.query(model=args.model, mode=args.mode)
     if args.json:
         print_json([t.to_json() for t in tpls])
         return 0
+    con = Console()
+    rows = list_rows(tpls, short=False)
+    if rows and not fits(LIST_HEADS, rows, con.width - 1):
+        rows = list_rows(tpls, short=True)
+    keep, heads = fit_table(LIST_HEADS, [[str(c) for c in r] for r in rows], LIST_PRIORITY, con.width,
+                            short_heads=LIST_SHORT, wrap={3: NODES_WRAP})  # fmt: skip
     t = Table(title=f"{len(tpls)} templates")
-    for c in ("id", "model", "mode", "nodes", "stages", "prefill tok/s", "decode tok/s", "TTFT", "TPOT", "status"):
-        t.add_column(c, justify="right" if "tok" in c else "left", no_wrap=c in ("id", "stages"))
+    for i, h in zip(keep, heads, strict=True):
+        wraps = i == 3 and max((len(r[3]) for r in rows), default=0) > NODES_WRAP
+        t.add_column(h, justify="right" if "tok" in h else "left", no_wrap=not wraps,
+                     max_width=NODES_WRAP if wraps else None)  # fmt: skip
+    for r in rows:
+        t.add_row(*(r[i] for i in keep))
+    con.print(t)
+    return 0
+
+
+def fits(heads: Sequence[str], rows: Sequence[Sequence[Any]], width: int) -> bool:
+    """Whether a table of these cells fits ``width`` with every column."""
+    widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(heads)]
+    return sum(widths) + 3 * len(widths) + 1 <= width
+
+
+def list_rows(tpls: Sequence[Template], *, short: bool) -> list[list[Any]]:
+    """The cells of ``templates list`` (``short``: names abbreviated and a narrower stage bar)."""
+    models = abbreviate_all([t.model for t in tpls], 10) if short else {}
+    nodes = abbreviate_all([n for t in tpls for n in t.node_counts], 9) if short else {}
+    rows: list[list[Any]] = []
     for tpl in tpls:
-        t.add_row(
-            tpl.id[:10],
-            tpl.model,
-            tpl.mode,
-            _nodes_text(tpl),
-            stage_bar(tpl, 24),
+        status = tpl.status if tpl.proven else f"{tpl.status} gap {tpl.gap:.2%}"
+        rows.append([
+            tpl.id[:8] if short else tpl.id[:10],
+            models.get(tpl.model, tpl.model),
+            abbreviate(tpl.mode, 3) if short else tpl.mode,
+            " + ".join(
+                f"{c}x{nodes.get(n, n)}" if short else f"{c} x {n}" for n, c in sorted(tpl.node_counts.items())
+            ),
+            stage_bar(tpl, NARROW_BAR if short else BAR),
             f"{tpl.prefill_tok_s:,.0f}",
             f"{tpl.decode_tok_s:,.0f}",
-            f"{tpl.ttft_s * 1e3:.0f} ms",
+            f"{tpl.ttft_s * 1e3:.0f} ms" if tpl.mode != "decode" else "-",
             f"{tpl.tpot_s * 1e3:.1f} ms",
-            tpl.status if tpl.proven else f"{tpl.status} gap {tpl.gap:.2%}",
-        )
-    Console().print(t)
-    return 0
+            abbreviate(status, 9) if short and tpl.proven else status,
+        ])  # fmt: skip
+    return rows
 
 
 def _nodes_text(tpl: Template) -> str:
@@ -201,7 +243,7 @@ def stage_bar(tpl: Template, width: int) -> Text:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    with _open_ro(args) as store:
+    with open_store(args, readonly=True) as store:
         tpl = store.get(args.id)
     if args.json:
         print_json(tpl.to_json())

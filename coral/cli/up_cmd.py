@@ -40,18 +40,17 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from coral.cli.common import catalog_files, catalog_from, perf_from
+from coral.cli.common import add_policy, catalog_files, catalog_from, check_output, open_store, perf_from, store_path
 from coral.errors import CoralError
 from coral.gateway import Gateway, MeshLink, parse_address, serving
 from coral.gateway.server import bind
 from coral.kernel import Endpoints, Mesh, ServerKeys
+from coral.kernel.address import DEFAULT_BIND, check_free, parse_bind
 from coral.messages.mesh import CloudSetup, Host, MeshTiming
 from coral.scenario import Scenario, load_scenario
-from coral.store import TemplateStore, default_store_path
 
 DEFAULT_SPEED = 60.0
-DEFAULT_BIND = "tcp://127.0.0.1:7450"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h)?\s*$")
+_DURATION = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?|[-+]?\.\d+)\s*(ms|s|m|min|h)?\s*$")
 _UNIT = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
@@ -101,7 +100,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="run on these machines instead of the simulated cloud: TOML with [[host]] name, region, node",
     )
-    p.add_argument("--policy", default="coral", choices=("coral", "homo", "pd-homo"))
+    add_policy(p)
     p.add_argument(
         "--backend",
         default="sim",
@@ -223,24 +222,6 @@ def parse_speed(text: str) -> float | None:
     return v
 
 
-def parse_bind(text: str) -> Endpoints | None:
-    """The kernel's endpoints for ``--bind`` (None: in-process only)."""
-    t = text.strip()
-    if t == "inproc":
-        return None
-    m = re.match(r"^tcp://([^:/]+):(\d+)$", t)
-    if m:
-        host, port = m.group(1), int(m.group(2))
-        if port == 0:
-            return Endpoints(f"tcp://{host}:0", f"tcp://{host}:0")
-        if not 0 < port < 65535:
-            raise CoralError(f"--bind: port must be in 1..65534 (or 0 for any), got {port}")
-        return Endpoints(f"tcp://{host}:{port}", f"tcp://{host}:{port + 1}")
-    if t.startswith("ipc://") and len(t) > len("ipc://"):
-        return Endpoints(f"{t}.router", f"{t}.pub")
-    raise CoralError(f"--bind: expected tcp://HOST:PORT, ipc://PATH or inproc, got {text!r}")
-
-
 def load_hosts(path: Path, scenario: Scenario) -> tuple[Host, ...]:
     """The machines of a ``--hosts`` file: ``[[host]]`` tables with ``name``, ``region`` and ``node``."""
     try:
@@ -288,8 +269,10 @@ def run_up(args: argparse.Namespace) -> int:
     curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
         raise CoralError(f"--seed: must be >= 0, got {args.seed}")
-    if args.resume is None and args.record is not None and args.record.exists() and args.record.stat().st_size > 0:
-        raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+    if args.resume is None and args.record is not None:
+        if args.record.is_file() and args.record.stat().st_size > 0:
+            raise CoralError(f"--record: {args.record} exists; give a new file (a journal holds one run)")
+        check_output(args.record, "--record")
     vllm = args.backend == "vllm"
     if vllm:
         if args.speed != str(DEFAULT_SPEED) and speed != 1.0:
@@ -306,6 +289,10 @@ def run_up(args: argparse.Namespace) -> int:
         raise CoralError(f"--gateway-active: must be at least 1, got {args.gateway_active}")
     if args.gateway_queue < 0:
         raise CoralError(f"--gateway-queue: must not be negative, got {args.gateway_queue}")
+    check_free(endpoints)
+    for addr, flag in ((gw_addr, "--gateway"), (metrics_addr, "--metrics")):
+        if addr is not None and addr[1] != 0:
+            bind(*addr, flag).close()  # a taken port fails now, not after the templates are built
     if args.resume is not None:
         if vllm:
             raise CoralError("--resume: a crashed run on the vllm backend cannot be resumed (its servers died with it)")
@@ -315,8 +302,8 @@ def run_up(args: argparse.Namespace) -> int:
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
-    path = args.store or default_store_path()
-    with TemplateStore(path, readonly=args.no_build) as store:
+    path = store_path(args)
+    with open_store(args, readonly=args.no_build, scenario=args.scenario) as store:
         if not args.no_build:
             from coral.cli.plan_cmd import ensure_templates
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -12,19 +11,10 @@ import anyio
 import uvicorn
 
 from coral.errors import CoralError
+from coral.kernel.address import parse_host_port
 
-_ADDR = re.compile(r"^\s*(?:([^:\s]+|\[[0-9a-fA-F:]+\]):)?(\d+)\s*$")
-
-
-def parse_address(text: str, what: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``PORT`` (host 127.0.0.1) for option ``what``; port 0 picks a free one."""
-    m = _ADDR.match(text)
-    if m is None:
-        raise CoralError(f"{what}: expected HOST:PORT or PORT, got {text!r}")
-    host, port = (m.group(1) or "127.0.0.1").strip("[]"), int(m.group(2))
-    if not 0 <= port <= 65535:
-        raise CoralError(f"{what}: port must be in 0..65535, got {port}")
-    return host, port
+parse_address = parse_host_port
+"""``HOST:PORT`` or ``PORT`` of ``--gateway`` and ``--metrics`` (``coral.kernel.address``)."""
 
 
 class _Server(uvicorn.Server):

