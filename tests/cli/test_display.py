@@ -71,6 +71,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_templates_list_at_80_columns(coral: Coral, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     r = coral("templates", "list", "--store", str(store), "--json")
     models = {t["model"] for t in json.loads(r.out)}

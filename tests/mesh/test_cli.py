@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 import coral.cli
-from coral.cli.up_cmd import parse_bind, parse_duration, parse_speed
+from coral.cli.up_setup import parse_duration, parse_speed
 from coral.errors import CoralError
+from coral.kernel import Endpoints
+from coral.kernel.address import parse_bind
 
 from .helpers import ROOT, World
 
@@ -149,3 +151,27 @@ def test_up_runs_on_static_hosts_and_checks_the_file(
     hosts.write_text('[[host]]\nname = "box-1"\n')
     assert coral.cli.main([*base, "--hosts", str(hosts)]) == 2
     assert "key 'region' must be a non-empty string" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [80, 100])
+async def test_up_status_fits_the_terminal(world: World, width: int) -> None:
+    from rich.console import Console
+
+    from coral.cli.up_status import render_status
+
+    res = await world.run("mesh-stockout", until=100.0)  # mid-run: instances up, demand on
+    setup = world.setup("mesh-stockout")
+    eps = Endpoints("tcp://127.0.0.1:7450", "tcp://127.0.0.1:7451")
+    con = Console(width=width, record=True, color_system=None)
+    con.print(render_status(setup, res.state, 10.0, 60.0, eps, width))
+    lines = con.export_text().splitlines()
+    assert max(len(line) for line in lines) <= width
+    header = next(line for line in lines if "deployment" in line and "┃" in line)
+    assert "SLO" in header and ("demand" in header) and ("cap" in header)
+    names = [d.deployment for d in res.state.stats.deployments]
+    assert names and all(any(f" {n} " in line for line in lines) for n in names)
+    wide = Console(width=200, record=True, color_system=None)
+    wide.print(render_status(setup, res.state, 10.0, 60.0, eps, 200))
+    text = wide.export_text()
+    assert "TTFT p50" in text and "capacity req/s" in text and "provisioning" in text

@@ -1,0 +1,183 @@
+"""``coral up``'s driver: runs the mesh with the live status, the TUI, the HTTP endpoints, the signals and
+the wall-time limit around it, and returns the summary."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from rich.console import Console
+from rich.live import Live
+
+from coral.cli.up_serve import Serve, start_serving
+from coral.cli.up_status import render_status, summarize
+from coral.gateway import MeshLink
+from coral.kernel import Endpoints, Mesh, ServerKeys
+
+
+async def run_up_async(
+    setup: Any,
+    scenario: Any,
+    catalog: Any,
+    perf: Any,
+    *,
+    journal: Path | None,
+    endpoints: Endpoints | None,
+    speed: float | None,
+    wall_limit: float | None,
+    console: Console,
+    live: bool,
+    on_start: Callable[[Mesh, Any], Awaitable[None]] | None = None,
+    tui_store: Path | None = None,
+    curve: ServerKeys | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
+    serve: Serve | None = None,
+    engine_factory: Callable[[str], Any] | None = None,
+    until_idle: bool = False,
+) -> dict[str, Any]:
+    """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
+
+    With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
+    store), and quitting it stops the mesh. ``serve`` adds the HTTP gateway and the metrics endpoint.
+    """
+    from actors.compose import RunState, run_mesh
+    from actors.recovery import provider_state_path
+    from coral.cli.resume import resume_summary
+
+    stop = anyio.Event()
+    state = RunState()
+    t0 = time.monotonic()
+    info: dict[str, Any] = {"endpoints": None}
+    links: list[MeshLink] = []
+
+    async def started(mesh: Mesh, cm: Any) -> None:
+        info["endpoints"] = mesh.endpoints
+        if not live:
+            console.print(f"coral up: {setup.scenario_name}, kernel at {mesh.endpoints.router} / {mesh.endpoints.pub}")
+        if on_start is not None:
+            await on_start(mesh, cm)
+        if serve is not None:
+            await start_serving(serve, mesh, scenario, setup.seed, tg, links, console)
+        if tui_store is not None:
+            tg.start_soon(tui, mesh)
+
+    def stepped(now: float) -> None:
+        for link in links:
+            link.step(now)
+
+    async def tui(mesh: Mesh) -> None:
+        from tui.app import run_tui_async
+
+        await run_tui_async(mesh.endpoints, store=tui_store, curve=mesh.local_keys)
+        stop.set()
+
+    async with anyio.create_task_group() as tg:
+
+        async def signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+                async for _ in sigs:
+                    stop.set()
+                    return
+
+        async def limit() -> None:
+            assert wall_limit is not None
+            await anyio.sleep(wall_limit)
+            stop.set()
+
+        async def show() -> None:
+            with Live(console=console, refresh_per_second=4, transient=False) as view:
+                while True:
+                    view.update(
+                        render_status(setup, state, time.monotonic() - t0, speed, info["endpoints"], console.width)
+                    )
+                    await anyio.sleep(0.25)
+
+        async def idle() -> None:
+            while True:
+                await anyio.sleep(0.5)
+                st = state.stats
+                if (
+                    st is not None
+                    and st.at >= setup.duration_s
+                    and all(d.in_flight + d.queued == 0 for d in st.deployments)
+                ):
+                    stop.set()
+                    return
+
+        tg.start_soon(signals)
+        if wall_limit is not None:
+            tg.start_soon(limit)
+        if until_idle:
+            tg.start_soon(idle)
+        if live:
+            tg.start_soon(show)
+        result = await run_mesh(
+            setup,
+            scenario,
+            catalog,
+            perf,
+            journal=journal,
+            endpoints=endpoints,
+            pace=speed,
+            stop=stop,
+            gateway=True,
+            state=state,
+            on_start=started,
+            curve=curve,
+            provider_state=provider_state_path(journal) if journal is not None else None,
+            resume=resume,
+            unknown_nodes=unknown_nodes,
+            on_step=stepped,
+            engine_factory=engine_factory,
+        )
+        tg.cancel_scope.cancel()
+    out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
+    if result.resumed is not None:
+        out["resumed"] = resume_summary(result.resumed, resume)
+    return out
+
+
+async def run_up_args(
+    setup: Any,
+    sc: Any,
+    cat: Any,
+    perf: Any,
+    journal: Path | None,
+    endpoints: Endpoints | None,
+    speed: float | None,
+    wall_limit: float | None,
+    console: Console,
+    live: bool,
+    tui_store: Path | None,
+    curve: ServerKeys | None = None,
+    serve: Serve | None = None,
+    resume: Any = None,
+    unknown_nodes: str = "release",
+    engine_factory: Callable[[str], Any] | None = None,
+    until_idle: bool = False,
+) -> dict[str, Any]:
+    """``run_up_async`` with positional arguments, as ``anyio.run`` passes them."""
+    return await run_up_async(
+        setup,
+        sc,
+        cat,
+        perf,
+        journal=journal,
+        endpoints=endpoints,
+        speed=speed,
+        wall_limit=wall_limit,
+        console=console,
+        live=live,
+        tui_store=tui_store,
+        curve=curve,
+        resume=resume,
+        unknown_nodes=unknown_nodes,
+        serve=serve,
+        engine_factory=engine_factory,
+        until_idle=until_idle,
+    )
