@@ -94,10 +94,26 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         res.plot(args.plot)
     if args.json:
-        print_json(res.to_json())
+        print_json(result_json(res))
         return 0
     print_result(res, Console())
     return 0
+
+
+def result_json(res: SimResult) -> dict[str, Any]:
+    """``--json``: the stable result (``SimResult.to_json``) with, in total and per deployment, the latency
+    percentiles and the cost per million tokens, and the re-plan, fault, retry and preemption counts (no
+    wall-clock figures: identical input gives identical output)."""
+    out = res.to_json()
+    s = res.summary()
+    for key in ("latency", "cost_per_million_tokens"):
+        out[key] = s[key]
+        for name, m in out["per_model"].items():
+            m[key] = s["per_model"][name][key]
+    out["replans"] = {"count": s["replans"]["count"], "plan_changes": s["replans"]["plan_changes"]}
+    for key in ("failed_by_reason", "faults", "retries", "preemptions"):
+        out[key] = s[key]
+    return out
 
 
 def print_result(res: SimResult, con: Console) -> None:

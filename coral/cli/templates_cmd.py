@@ -65,7 +65,12 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     ls.set_defaults(func=run_list)
 
     sh = tsub.add_parser("show", help="show one template: stages, routes and capacities")
-    sh.add_argument("id", help="template id (a unique prefix is enough)")
+    sh.add_argument("id", nargs="?", default=None, help="template id (a unique prefix is enough)")
+    sh.add_argument("--model", default=None, help="instead of an id: the template of this model ...")
+    sh.add_argument(
+        "--nodes", default=None, help="... on these node types, comma-separated (e.g. g6e.xlarge,p5.4xlarge)"
+    )
+    sh.add_argument("--mode", default="aggregated", choices=MODES, help="... in this mode (default: aggregated)")
     sh.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     sh.add_argument("--json", action="store_true", help="print the template as JSON")
     sh.set_defaults(func=run_show)
@@ -242,9 +247,26 @@ def stage_bar(tpl: Template, width: int) -> Text:
     return txt
 
 
+def find_template(store: TemplateStore, model: str, nodes: str, mode: str) -> Template:
+    """The one template of ``model`` in ``mode`` on exactly these node types (a query, not a pasted id)."""
+    want = sorted(n.strip() for n in nodes.split(",") if n.strip())
+    found = [t for t in store.query(model=model, mode=mode) if sorted(t.nodes) == want]
+    if not found:
+        raise CoralError(
+            f"--model {model} --nodes {','.join(want)}: no {mode} template in {store.path} "
+            "(see `coral templates list --model ...`)"
+        )
+    if len({t.id for t in found}) > 1:
+        ids = ", ".join(t.id[:10] for t in found)
+        raise CoralError(f"--model {model} --nodes {','.join(want)}: several {mode} templates ({ids}); give an id")
+    return found[0]
+
+
 def run_show(args: argparse.Namespace) -> int:
+    if (args.id is None) == (args.model is None or args.nodes is None):
+        raise CoralError("templates show: give a template id, or --model and --nodes (not both)")
     with open_store(args, readonly=True) as store:
-        tpl = store.get(args.id)
+        tpl = store.get(args.id) if args.id is not None else find_template(store, args.model, args.nodes, args.mode)
     if args.json:
         print_json(tpl.to_json())
         return 0
