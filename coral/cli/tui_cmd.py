@@ -7,7 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from coral.cli import up_setup
 from coral.errors import CoralError
+from coral.kernel.address import default_endpoints, parse_connect
 
 
 def add(sub: Any, parent: argparse.ArgumentParser) -> None:
@@ -41,33 +43,23 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
 
 
 def parse_speed(text: str) -> float:
-    """``--speed``: a positive number, or ``max`` (as fast as possible)."""
-    t = text.strip().lower()
-    if t in ("max", "inf"):
-        return math.inf
-    try:
-        v = float(t)
-    except ValueError:
-        raise CoralError(f"--speed: expected a positive number or 'max', got {text!r}") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise CoralError(f"--speed: must be a positive number or 'max', got {text!r}")
-    return v
+    """``--speed``: a positive number, or ``max`` (as fast as possible: infinite)."""
+    v = up_setup.parse_speed("max" if text.strip().lower() == "inf" else text)
+    return math.inf if v is None else v
 
 
 def run_tui_cmd(args: argparse.Namespace) -> int:
     from tui.app import run_tui
-    from tui.bus import parse_address
 
     speed = parse_speed(args.speed)
     if args.replay is None and args.speed != "1":
         raise CoralError("--speed: only with --replay")
     if args.replay is not None and not args.replay.is_file():
         raise CoralError(f"--replay: {args.replay}: no such journal file")
-    endpoints = parse_address(args.connect) if args.connect is not None else None
+    endpoints = parse_connect(args.connect) if args.connect is not None else None
     curve = None
     if args.replay is None:
         from coral.cli.keys_cmd import client_keys_for
-        from tui.bus import default_endpoints
 
         curve = client_keys_for(endpoints or default_endpoints(), args.keys, args.key_name)
     return run_tui(

@@ -89,3 +89,18 @@ def test_templates_list_at_80_columns(coral: Coral, store: Path, monkeypatch: py
     monkeypatch.setenv("COLUMNS", "200")
     wide = coral("templates", "list", "--store", str(store)).out
     assert all(f" {m} " in wide for m in models) and "prefill tok/s" in wide and "status" in wide
+
+
+@pytest.mark.slow
+def test_show_finds_a_template_by_query(coral: Coral, store: Path) -> None:
+    tpls = json.loads(coral("templates", "list", "--store", str(store), "--mode", "aggregated", "--json").out)
+    tpl = max(tpls, key=lambda t: len(set(t["nodes"])))
+    nodes = ",".join(reversed(tpl["nodes"]))  # in any order
+    by_query = coral("templates", "show", "--model", tpl["model"], "--nodes", nodes, "--store", str(store), "--json")
+    assert by_query.rc == 0 and json.loads(by_query.out)["id"] == tpl["id"]
+    by_id = coral("templates", "show", tpl["id"][:8], "--store", str(store), "--json")
+    assert by_id.out == by_query.out
+    miss = coral("templates", "show", "--model", tpl["model"], "--nodes", "p5.4xlarge", "--store", str(store))
+    assert miss.rc == 2 and "no aggregated template" in miss.err and len(miss.err.splitlines()) == 1
+    both = coral("templates", "show", tpl["id"], "--model", tpl["model"], "--nodes", nodes, "--store", str(store))
+    assert both.rc == 2 and "not both" in both.err
