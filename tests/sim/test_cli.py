@@ -53,7 +53,9 @@ def test_simulate_command_json_csv_plot(tmp_path: Path, capsys: pytest.CaptureFi
     args = parse(argv)
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"requests", "completed", "failed", "goodput_rps", "attainment", "cost", "per_model"}
+    assert set(out) == {"requests", "completed", "failed", "goodput_rps", "attainment", "cost", "per_model", "latency",
+                        "cost_per_million_tokens", "replans", "failed_by_reason", "faults", "retries",
+                        "preemptions"}  # fmt: skip
     assert out["requests"] == out["completed"] + out["failed"] > 500
     assert out["cost"] > 0
     assert csv_path.read_text().startswith("t_start,t_end,model,")
