@@ -172,3 +172,13 @@ def test_a_closed_pipe_ends_quietly() -> None:
     finally:
         os.close(write)
     assert p.returncode == EXIT_PIPE and p.stderr == ""
+
+
+def test_a_journal_that_cannot_be_opened(coral: Coral, tmp_path: Path) -> None:
+    missing = tmp_path / "none.journal"
+    one_line(coral("up", "--bind", "inproc", "--resume", str(missing)), "--resume", str(missing))
+    junk = tmp_path / "junk.journal"
+    junk.write_bytes(b"not a journal")
+    (tmp_path / "junk.journal.cloud.json").write_text("{}")
+    one_line(coral("up", "--bind", "inproc", "--resume", str(junk)), str(junk), "not a coral journal")
+    assert junk.read_bytes() == b"not a journal"
