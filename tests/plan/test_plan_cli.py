@@ -102,7 +102,8 @@ def test_missing_templates_names_the_build_command(
     empty = tmp_path / "empty.sqlite"
     assert main(["plan", "--scenario", str(sc), "--store", str(empty), "--no-build"]) == 2
     err = capsys.readouterr().err
-    assert "has no templates" in err and "coral templates build --scenario" in err
+    assert "no template store here" in err and f"coral templates build --scenario {sc} --store {empty}" in err
+    assert not empty.exists()  # --no-build creates no store
 
 
 def test_infeasible_slo_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -117,7 +118,7 @@ def test_infeasible_slo_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--at", "-5"], "--at must be >= 0"),
+        (["--at", "-5"], "--at must be within the scenario, 0.."),
         (["--deadline", "0"], "--deadline must be positive"),
         (["--scenario", "nowhere"], "unknown scenario 'nowhere'"),
     ],
