@@ -40,6 +40,8 @@ from textual.message import Message
 
 from coral.errors import CoralError
 from coral.kernel import BusClient, BusError, ClientKeys, DecodeError, Endpoints, Envelope, ErrorEvent, RequestError
+from coral.kernel.address import default_endpoints as default_endpoints
+from coral.kernel.address import parse_connect
 from coral.kernel.journal import read_journal
 from coral.messages.control import OPERATOR
 from coral.templates import Template
@@ -56,35 +58,8 @@ from tui.state import (
     wanted,
 )
 
-
-def default_endpoints() -> Endpoints:
-    """Where ``coral tui`` finds a local ``coral up`` when given no address: ``coral up``'s default
-    ``--bind`` (``tcp://127.0.0.1:7450``, the PUB at the next port)."""
-    from coral.kernel.address import DEFAULT_BIND
-
-    return parse_address(DEFAULT_BIND)
-
-
-def parse_address(text: str) -> Endpoints:
-    """Endpoints from ``--connect``: what ``coral up --bind`` took (``tcp://HOST:PORT``: the ROUTER at PORT
-    and the PUB at PORT+1; ``ipc://PATH``: ``PATH.router`` and ``PATH.pub``), or ``ROUTER,PUB``."""
-    from coral.kernel.address import parse_bind
-
-    text = text.strip()
-    if "," in text:
-        router, pub = (p.strip() for p in text.split(",", 1))
-        try:
-            return Endpoints(router, pub)
-        except BusError as exc:
-            raise BusError(f"--connect: {exc}") from None
-    expected = f"--connect: expected tcp://HOST:PORT (port 1..65534), ipc://PATH or ROUTER,PUB, got {text!r}"
-    try:
-        eps = parse_bind(text)
-    except CoralError:
-        raise BusError(expected) from None
-    if eps is None or eps.router.endswith(":0"):
-        raise BusError(expected)
-    return eps
+parse_address = parse_connect
+"""``--connect``'s address (``coral.kernel.address.parse_connect``)."""
 
 
 # -- messages posted to the app ---------------------------------------------------------------------
