@@ -258,13 +258,18 @@ class SolverEffort:
     cost: int | None = None
     dive: int | None = None
     """LP solves the diving heuristic made, when it stopped early (None: ran to completion or not needed)."""
+    decompose: int | None = None
+    """0: the decomposition by model was skipped (the deadline came first); None: it ran or was not needed."""
     split: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_pairs)
     """(group, improving solutions taken) of each MIP of the decomposition by model stopped early (group:
     the bitmask of its model indices); a group not listed ran to completion or was not needed."""
 
     def as_mapping(self) -> dict[str, int]:
         """Flat ``{phase: k}`` for a plan record (``split.M`` per model); phases run to completion left out."""
-        phases = (("lp", self.lp), ("serve", self.serve), ("cost", self.cost), ("dive", self.dive))
+        phases = (
+            ("lp", self.lp), ("serve", self.serve), ("cost", self.cost), ("dive", self.dive),
+            ("decompose", self.decompose),
+        )  # fmt: skip
         out = {k: v for k, v in phases if v is not None}
         out.update({f"split.{m}": k for m, k in self.split})
         return out
@@ -281,11 +286,11 @@ class SolverEffort:
 class AllocationResult:
     """A plan: instances per (template index, region index), its cost, service and solver status.
 
-    ``status``: ``optimal`` (service proven maximal and cost within ``mip_gap`` of the bound),
-    ``feasible`` (a MIP improved the plan; not proven), ``lp-rounded`` (the heuristic plan, with the LP
-    relaxation solved), ``greedy`` (the heuristic plan without the LP: the deadline came first).
+    ``status`` says only what was proven: ``optimal`` (service proven maximal and cost within ``mip_gap``
+    of the bound), ``feasible`` (service proven maximal; the cost's ``gap`` is to a proven ``bound`` > 0)
+    or ``no bound`` (the service level is not proven, or no cost bound above 0 is: ``bound`` 0, ``gap`` 1).
     ``objective`` is cost plus churn (USD/h); ``bound`` a proven lower bound on it at the plan's service
-    level (0 when none was proven); ``gap`` = (objective - bound) / objective. ``unmet_bound`` is a
+    level; ``gap`` = (objective - bound) / objective. ``unmet_bound`` is a
     proven lower bound on the total unmet req/s; ``service_proven`` says the plan's unmet demand meets
     it (within ``mip_gap``). ``phase_s``: seconds per phase (build, lp, heuristic, serve, cost);
     ``simplex_iterations`` and ``mip_nodes`` count the work HiGHS reported (nodes of a killed run as
@@ -1115,6 +1120,25 @@ def _matrix(c: _Columns) -> _Matrix:
     )
 
 
+@attrs.frozen
+class _Deadline:
+    """A point in time on ``clock`` (seconds) by which a phase must end."""
+
+    at: float
+    clock: Callable[[], float]
+
+    def left(self) -> float:
+        return self.at - self.clock()
+
+    def passed(self) -> bool:
+        return self.left() <= 0
+
+    def share(self, fraction: float) -> _Deadline:
+        """The deadline after ``fraction`` of the time left now."""
+        now = self.clock()
+        return _Deadline(now + fraction * max(self.at - now, 0.0), self.clock)
+
+
 _LIVE_THREADS: set[threading.Thread] = set()
 
 
@@ -1141,7 +1165,7 @@ class _LpThread:
         if data_in is not None and self.stop:
             data_in.user_interrupt = True
 
-    def run(self, job: Callable[[], None], deadline_at: float | None) -> bool:
+    def run(self, job: Callable[[], None], deadline: _Deadline | None) -> bool:
         """Run ``job()`` in a thread; True if it finished before the deadline."""
 
         def target() -> None:
@@ -1155,7 +1179,7 @@ class _LpThread:
         thread = threading.Thread(target=target, daemon=True)
         _LIVE_THREADS.add(thread)
         thread.start()
-        thread.join(None if deadline_at is None else max(deadline_at - time.perf_counter(), 0.0))
+        thread.join(None if deadline is None else max(deadline.left(), 0.0))
         if thread.is_alive():
             self.stop = True
             return False
@@ -1288,7 +1312,7 @@ class _ForkedMip:
 
 
 def _run_all(
-    jobs: list[tuple[_ForkedMip, Callable[[], highspy.Highs], int]], workers: int, deadline_at: float | None
+    jobs: list[tuple[_ForkedMip, Callable[[], highspy.Highs], int]], workers: int, deadline: _Deadline | None
 ) -> None:
     """Run the MIPs in order, at most ``workers`` children at a time, until each is done or the deadline
     passes; those not started by then stay unstarted (none with limit 0 is started)."""
@@ -1300,7 +1324,7 @@ def _run_all(
                 run, build, num_int = queue.pop(0)
                 run.start(build, num_int)
                 live.append(run)
-            timeout = None if deadline_at is None else deadline_at - time.perf_counter()
+            timeout = None if deadline is None else deadline.left()
             if timeout is not None and timeout <= 0:
                 return
             ready = select.select([r.fd for r in live], [], [], timeout)[0]
@@ -1503,6 +1527,8 @@ class _DiveOutcome:
     steps: int = 0
     done: bool = False
     plan: IntArray | None = None
+    snapshot: tuple[int, IntArray | None, bool] = (0, None, False)
+    """(steps, plan, done) written in one assignment after each step, for a reader that abandons the dive."""
 
 
 def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out: _DiveOutcome,
@@ -1527,6 +1553,7 @@ def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out:
         base = np.floor(v + 1e-6)
         x = np.bincount(col_of, weights=base, minlength=c.J).round().astype(np.int64)
         out.plan = x
+        out.snapshot = (out.steps, x, False)
         frac = v - base
         state = _State(c, x)
         ups: list[int] = []
@@ -1541,6 +1568,7 @@ def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out:
             part = np.where(frac > 1e-6, frac, np.inf)
             if not np.isfinite(part).any():
                 out.done = True
+                out.snapshot = (out.steps, x, True)
                 return
             down = int(np.argmin(part))  # nothing fits once more: the least fractional one goes down
             hi[down] = base[down]
@@ -1638,14 +1666,14 @@ def _mip_phase(
     service_hi: float,
     start: IntArray,
     limit: int | None,
-    deadline_at: float | None,
+    deadline: _Deadline | None,
     mip_gap: float,
     cols: IntArray | None,
     cuts: list[tuple[IntArray, float]] | None = None,
 ) -> tuple[_ForkedMip, list[IntArray]]:
     """One MIP in a child process: (the run, the plans it found, in order)."""
     job = _mip_job(c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts)
-    _run_all([job], 1, deadline_at)
+    _run_all([job], 1, deadline)
     return job[0], _mip_plans(c, mat, job[0], cols)
 
 
@@ -1690,7 +1718,7 @@ def _split_phase(
     mat: _Matrix,
     start: IntArray,
     limits: Mapping[int, int],
-    deadline_at: float | None,
+    deadline: _Deadline | None,
     mip_gap: float,
 ) -> _Split:
     """Decomposition by model, exact: solve each group of models' cost MIP alone, with all its demand
@@ -1747,7 +1775,7 @@ def _split_phase(
             job = _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo, cuts=cuts)
             jobs.append((g, cols, job))
         jobs.sort(key=lambda job: -len(job[1]))  # largest first: the workers finish closer together
-        _run_all([job for _g, _cols, job in jobs], SPLIT_WORKERS, deadline_at)
+        _run_all([job for _g, _cols, job in jobs], SPLIT_WORKERS, deadline)
         out.groups += len(jobs)
         complete = True
         for g, cols, (run, _build, _n) in jobs:
@@ -1793,6 +1821,15 @@ def _split_phase(
             proven_of.pop(users[0], None)
 
 
+def _status(proven: bool, service_proven: bool, bound: float) -> str:
+    """``optimal`` when proven; ``feasible`` when the service level is proven and a cost bound above 0
+    exists (the gap is to it); else ``no bound``: without a proven service level a cost bound says
+    nothing of the lexicographic optimum."""
+    if proven:
+        return "optimal"
+    return "feasible" if service_proven and bound > 0 else "no bound"
+
+
 def solve_allocation(
     problem: AllocationProblem,
     *,
@@ -1801,6 +1838,7 @@ def solve_allocation(
     effort: SolverEffort | None = None,
     columns: str = "auto",
     decompose: bool | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
@@ -1819,6 +1857,9 @@ def solve_allocation(
     columns, merging models whose plans overrun the same availability (see ``_split_phase``); the full
     MIP runs only when that does not prove the plan optimal, with the group bounds as cuts. ``None``
     (default) decomposes from ``SPLIT_MIN_COLUMNS`` columns up.
+
+    ``clock`` (seconds) measures the deadline; a test passes a fake one to cut the solve at any phase.
+    Every phase that the deadline cuts or skips is recorded in the result's ``effort``.
     """
     if columns not in ("auto", "all", "generated"):
         raise AllocationInputError(f"columns: must be 'auto', 'all' or 'generated', got {columns!r}")
@@ -1827,7 +1868,7 @@ def solve_allocation(
     if not (0 <= mip_gap < 1):
         raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
     t0 = time.perf_counter()
-    deadline_at = None if effort is not None else t0 + deadline_s
+    deadline = None if effort is not None else _Deadline(clock() + deadline_s, clock)
     limits = effort if effort is not None else SolverEffort()
     phase_s: dict[str, float] = {}
     c = _columns(problem)
@@ -1838,10 +1879,10 @@ def solve_allocation(
     phase_s["build"] = t1 - t0
     svc_tol = 1e-7 * max(1.0, float(c.demand.sum()))
     iters = nodes = 0
-    used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None}
+    used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None, "split": None}
 
     def out_of_time() -> bool:
-        return deadline_at is not None and time.perf_counter() >= deadline_at
+        return deadline is not None and deadline.passed()
 
     def mip_vars(plan: IntArray) -> IntArray | None:
         """All variables, or with generated columns those plus the plan's and the current ones."""
@@ -1863,7 +1904,7 @@ def solve_allocation(
                 job = functools.partial(_lp_job, h, c, mat, lp)
             else:
                 job = functools.partial(_cg_job, c, mat, mip_gap, lp, thread)
-            if thread.run(job, deadline_at):
+            if thread.run(job, deadline):
                 iters += lp.iterations
             else:
                 lp = _LpOutcome()
@@ -1873,7 +1914,6 @@ def solve_allocation(
 
     # rounding and greedy repair: from the LP, and from the current deployment
     best = np.zeros(c.J, dtype=np.int64)
-    source = "heuristic"
     if c.J > 0:
         if not lp.done or np.any(c.cur > 0):
             best = _repair(c, _fit_current(c))
@@ -1884,17 +1924,21 @@ def solve_allocation(
             if not _better(c, best, rounded):
                 best = rounded
     # LP diving when not every demand can be served (rounding loses most there)
-    if c.J > 0 and lp.done and lp.unmet > svc_tol and limits.dive != 0 and not out_of_time():
-        dive = _DiveOutcome()
-        thread = _LpThread()
-        share = None if deadline_at is None else t2 + DIVE_SHARE * (deadline_at - t2)
-        finished = thread.run(functools.partial(_dive_job, c, mat, mip_gap, limits.dive, dive, thread), share)
-        if not finished or (limits.dive is not None and not dive.done):
-            used["dive"] = dive.steps
-        if dive.plan is not None:
-            dived = _repair(c, _fit(c, dive.plan))
-            if _better(c, dived, best):
-                best = dived
+    if c.J > 0 and lp.done and lp.unmet > svc_tol:
+        if limits.dive == 0 or out_of_time():
+            used["dive"] = 0
+        else:
+            dive = _DiveOutcome()
+            thread = _LpThread()
+            share = None if deadline is None else deadline.share(DIVE_SHARE)
+            finished = thread.run(functools.partial(_dive_job, c, mat, mip_gap, limits.dive, dive, thread), share)
+            steps, plan, done = dive.snapshot  # one read: an abandoned dive thread may still write
+            if not finished or (limits.dive is not None and not done):
+                used["dive"] = steps
+            if plan is not None:
+                dived = _repair(c, _fit(c, plan))
+                if _better(c, dived, best):
+                    best = dived
     t3 = time.perf_counter()
     phase_s["heuristic"] = t3 - t2
 
@@ -1903,14 +1947,16 @@ def solve_allocation(
     split_optimal = False
     if decompose is None:
         decompose = c.J >= SPLIT_MIN_COLUMNS
-    if decompose and c.J > 0 and lp.done and lp.unmet <= svc_tol and not out_of_time():
-        share = None if deadline_at is None else t3 + SPLIT_SHARE * (deadline_at - t3)
+    if decompose and c.J > 0 and lp.done and lp.unmet <= svc_tol and (limits.decompose == 0 or out_of_time()):
+        used["split"] = 0
+    elif decompose and c.J > 0 and lp.done and lp.unmet <= svc_tol:
+        share = None if deadline is None else deadline.share(SPLIT_SHARE)
         split = _split_phase(c, mat, best, dict(limits.split), share, mip_gap)
         iters, nodes = iters + split.iterations, nodes + split.nodes
         if split.plan is not None:
             x = split.plan if split.fits else _repair(c, _fit(c, split.plan))
             if _better(c, x, best) or (split.fits and split.proven):
-                best, source = x, "mip"
+                best = x
             split_optimal = split.fits and split.proven and _unmet_total(c, best) <= svc_tol
     t_split = time.perf_counter()
     phase_s["split"] = t_split - t3
@@ -1924,13 +1970,13 @@ def solve_allocation(
         if limits.serve == 0 or out_of_time():
             used["serve"] = 0
         else:
-            half = None if deadline_at is None else t3 + 0.5 * (deadline_at - t3)
+            half = None if deadline is None else deadline.share(0.5)
             run, plans = _mip_phase(c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap, mip_vars(best))
             iters, nodes = iters + run.iterations, nodes + run.nodes
             used["serve"] = None if run.finished else len(run.taken())
             for x in plans:
                 if _better(c, x, best):
-                    best, source = x, "mip"
+                    best = x
             if columns == "all":
                 unmet_bound = max(unmet_bound, run.dual_bound)
             if columns == "all" and run.status == highspy.HighsModelStatus.kOptimal:
@@ -1950,13 +1996,13 @@ def solve_allocation(
             hi = _service_hi(c, unmet_best)
             cuts = split.cuts if unmet_best <= svc_tol else None
             run, plans = _mip_phase(
-                c, mat, mat.cost_obj, hi, best, limits.cost, deadline_at, mip_gap, mip_vars(best), cuts
+                c, mat, mat.cost_obj, hi, best, limits.cost, deadline, mip_gap, mip_vars(best), cuts
             )  # fmt: skip
             iters, nodes = iters + run.iterations, nodes + run.nodes
             used["cost"] = None if run.finished else len(run.taken())
             for x in plans:
                 if _unmet_total(c, x) <= unmet_best + svc_tol and _better(c, x, best):
-                    best, source = x, "mip"
+                    best = x
             if columns == "all":
                 cost_bound = run.dual_bound
                 cost_optimal = run.status == highspy.HighsModelStatus.kOptimal
@@ -1972,12 +2018,10 @@ def solve_allocation(
         bounds.append(split.bound)
     bound = min(max(bounds), objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
-    if c.J == 0 or split_optimal or (service_proven and (cost_optimal or gap <= mip_gap)):
-        status = "optimal"
-    elif source == "mip":
-        status = "feasible"
-    else:
-        status = "lp-rounded" if lp.done else "greedy"
+    status = _status(c.J == 0 or split_optimal or (service_proven and (cost_optimal or gap <= mip_gap)),
+                     service_proven, bound)  # fmt: skip
+    if status == "no bound":
+        bound, gap = 0.0, 1.0 if objective > 0 else 0.0
     served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
     return AllocationResult(
         counts=_counts(c, best),
@@ -1994,7 +2038,12 @@ def solve_allocation(
         solve_s=time.perf_counter() - t0,
         phase_s=phase_s,
         effort=SolverEffort(
-            lp=used["lp"], serve=used["serve"], cost=used["cost"], dive=used["dive"], split=split.stopped.items()
+            lp=used["lp"],
+            serve=used["serve"],
+            cost=used["cost"],
+            dive=used["dive"],
+            decompose=used["split"],
+            split=split.stopped.items(),
         ),
         simplex_iterations=iters,
         mip_nodes=nodes,

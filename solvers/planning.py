@@ -258,10 +258,15 @@ class Planner:
         base = to_plan(self, req, sprob, [index[j] for j in sub], sres, seq=seq)
         if not _plan_better(base, plan):
             return attrs.evolve(plan, solve_s=plan.solve_s + base.solve_s)
+        # only Coral's own bound bounds the whole problem; the restriction's gap is within its subset
         objective = base.cost_per_hour + base.churn_cost
-        gap = max(0.0, (objective - res.bound) / objective) if objective > 0 and res.bound > 0 else base.gap
+        if res.service_proven and res.bound > 0 and objective > 0:
+            gap = max(0.0, (objective - res.bound) / objective)
+            status, bound = ("optimal" if gap <= MIP_GAP else "feasible"), res.bound
+        else:
+            status, gap, bound = "no bound", 1.0 if objective > 0 else 0.0, 0.0
         return attrs.evolve(
-            base, policy="coral", status="feasible" if gap > 1e-4 else "optimal", gap=gap, bound=res.bound,
+            base, policy="coral", status=status, gap=gap, bound=bound,
             solve_s=base.solve_s + plan.solve_s, effort=plan.effort,
         )  # fmt: skip
 
@@ -325,6 +330,9 @@ class Planner:
 
 HELIX_HARD = 2.0
 """A Helix placement is killed after this many times its time limit (plus 0.5 s): HiGHS overruns its own."""
+
+MIP_GAP = 1e-4
+"""The allocation MIPs' relative gap (``solve_allocation``'s default)."""
 
 HOMO_SHARE = 0.25
 """Share of the deadline kept for the homogeneous restriction when Coral's solve is not proven optimal."""

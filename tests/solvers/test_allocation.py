@@ -178,6 +178,39 @@ def test_tiny_instances_match_exhaustive_enumeration(seed: int) -> None:
     assert res.objective == pytest.approx(best_obj, rel=1e-6, abs=1e-6)
 
 
+EFFORTS = [
+    SolverEffort(lp=0, serve=0, cost=0),
+    SolverEffort(serve=0, cost=0),
+    SolverEffort(serve=1, cost=0),
+    SolverEffort(cost=0),
+    SolverEffort(cost=1),
+    SolverEffort(dive=1, serve=1, cost=1),
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_status_claims_only_what_is_proven(seed: int) -> None:
+    """Whatever phase a solve stops in: ``optimal`` is the true optimum; ``feasible`` serves the most
+    and its bound is below the true optimum; ``no bound`` carries bound 0 and gap 1."""
+    p = tiny_instance(seed, with_current=seed % 3 == 0)
+    if seed % 2:
+        p = attrs.evolve(p, avail=p.avail // 2)  # scarce: not every demand served
+    best_unmet, best_obj = brute_force(p)
+    for effort in EFFORTS:
+        res = solve_allocation(p, effort=effort, mip_gap=0.0)
+        check_plan(p, res)
+        assert res.status in ("optimal", "feasible", "no bound")
+        if res.status == "optimal":
+            assert res.total_unmet_rps == pytest.approx(best_unmet, abs=1e-6)
+            assert res.objective == pytest.approx(best_obj, rel=1e-6, abs=1e-6)
+        elif res.status == "feasible":
+            assert res.total_unmet_rps == pytest.approx(best_unmet, abs=1e-6)
+            assert 0 < res.bound <= best_obj * (1 + 1e-9) + 1e-9
+            assert res.gap == pytest.approx((res.objective - res.bound) / res.objective)
+        else:
+            assert res.bound == 0.0 and res.gap == (1.0 if res.objective > 0 else 0.0)
+
+
 def test_generated_instance_plan_is_consistent() -> None:
     p = generate("core", 50, seed=3, load=0.15)
     res = solve_allocation(p, deadline_s=1.0)
@@ -519,11 +552,49 @@ def test_scarce_replays_and_diving() -> None:
     assert full.total_unmet_rps < none.total_unmet_rps - 1.0
 
 
+class FakeClock:
+    """A clock that stands still for its first ``ticks`` readings and then jumps past every deadline."""
+
+    def __init__(self, ticks: int | None) -> None:
+        self.ticks = ticks
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return 0.0 if self.ticks is None or self.reads <= self.ticks else 1e18
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "decompose"), [("scarce", False), ("plenty", True), ("plenty", False)], ids=["scarce", "split", "full"]
+)
+def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool) -> None:
+    """Cut the solve at each of its first clock readings (the phase boundaries: LP, dive, decomposition,
+    serve, cost) and at readings inside its MIPs: each result's effort replays its plan exactly."""
+    if kind == "scarce":
+        p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
+    else:
+        p = generate("core", 8, seed=2, load=0.2)
+    kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2}
+    counting = FakeClock(None)
+    solve_allocation(p, deadline_s=3600.0, clock=counting, **kw)  # type: ignore[arg-type]
+    seen = set()
+    n = counting.reads
+    for ticks in sorted({*range(1, min(n, 8) + 1), n // 3, 2 * n // 3} - {0}):
+        first = solve_allocation(p, deadline_s=3600.0, clock=FakeClock(ticks), **kw)  # type: ignore[arg-type]
+        replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
+        assert replay.effort == first.effort, ticks
+        assert replay.counts == first.counts, ticks
+        assert replay.objective == first.objective
+        seen.add(tuple(sorted(first.effort.as_mapping().items())))
+    assert len(seen) >= 3  # the cuts fell in different phases
+
+
 def test_deadline_cuts_to_the_greedy_path() -> None:
     p = generate("core", 400, seed=4, load=0.2)
     res = solve_allocation(p, deadline_s=1e-6)
     check_plan(p, res)
-    assert res.status == "greedy"
+    assert res.status == "no bound" and res.bound == 0.0 and res.gap == 1.0
     assert res.effort == SolverEffort(lp=0, serve=None, cost=0)
     assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
     # and the replay of that path needs no clock
