@@ -107,6 +107,9 @@ IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
 MODES = ("aggregated", "prefill", "decode")
+RESTRICTIONS = ("homo", "pd-homo", "homo-pd")
+"""The portfolio's restrictions, each the template subset of a baseline: homogeneous aggregated templates,
+homogeneous prefill and decode templates, and their union (every homogeneous template)."""
 _AGG, _PRE, _DEC = 0, 1, 2
 _TOL = 1e-9
 _INTERRUPT_CALLBACKS = (
@@ -174,6 +177,10 @@ def _conv_nic_bytes_s(value: Any) -> FloatArray:
 
 def _conv_price(value: Any) -> FloatArray:
     return _to_floats("AllocationProblem.price", value)
+
+
+def _subs(value: Iterable[tuple[str, SolverEffort]]) -> tuple[tuple[str, SolverEffort], ...]:
+    return tuple(sorted(((str(a), b) for a, b in value), key=lambda item: item[0]))
 
 
 def _pairs(value: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -260,6 +267,9 @@ class SolverEffort:
     """LP solves the diving heuristic made, when it stopped early (None: ran to completion or not needed)."""
     decompose: int | None = None
     """0: the decomposition by model was skipped (the deadline came first); None: it ran or was not needed."""
+    restricted: tuple[tuple[str, SolverEffort], ...] = attrs.field(default=(), converter=_subs)
+    """(restriction, the effort of its sub-solve) of each restriction of the portfolio (``RESTRICTIONS``)
+    whose sub-solve was cut short; one not listed ran to completion or was not needed."""
     split: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_pairs)
     """(group, improving solutions taken) of each MIP of the decomposition by model stopped early (group:
     the bitmask of its model indices); a group not listed ran to completion or was not needed."""
@@ -272,14 +282,25 @@ class SolverEffort:
         )  # fmt: skip
         out = {k: v for k, v in phases if v is not None}
         out.update({f"split.{m}": k for m, k in self.split})
+        for name, sub in self.restricted:
+            out.update({f"{name}.{k}": v for k, v in sub.as_mapping().items()})
         return out
 
     @classmethod
     def from_mapping(cls, record: Mapping[str, int]) -> SolverEffort:
         """The effort that ``as_mapping`` wrote."""
-        split = [(int(k.split(".", 1)[1]), int(v)) for k, v in record.items() if k.startswith("split.")]
-        phases = {k: int(v) for k, v in record.items() if not k.startswith("split.")}
-        return cls(**phases, split=split)
+        subs: dict[str, dict[str, int]] = {}
+        own: dict[str, int] = {}
+        for k, v in record.items():
+            head, _, rest = k.partition(".")
+            if head in RESTRICTIONS:
+                subs.setdefault(head, {})[rest] = int(v)
+            else:
+                own[k] = int(v)
+        split = [(int(k.split(".", 1)[1]), v) for k, v in own.items() if k.startswith("split.")]
+        phases = {k: v for k, v in own.items() if not k.startswith("split.")}
+        restricted = [(name, cls.from_mapping(sub)) for name, sub in subs.items()]
+        return cls(**phases, split=split, restricted=restricted)
 
 
 @attrs.frozen
@@ -1821,6 +1842,46 @@ def _split_phase(
             proven_of.pop(users[0], None)
 
 
+_SKIP_ALL = SolverEffort(lp=0, serve=0, cost=0, dive=0, decompose=0)
+"""The effort of a solve cut before it began: the greedy plan alone."""
+
+RESTRICT_SHARE = 0.2
+"""Share of the time left that each restriction of the portfolio may use."""
+
+
+def _restrictions(p: AllocationProblem) -> list[tuple[str, IntArray]]:
+    """(name, template indices) of each restriction of ``RESTRICTIONS`` that selects some but not all of
+    p's templates, and not the same ones as an earlier restriction."""
+    homo = np.array([int((t.node_counts > 0).sum()) == 1 for t in p.templates], dtype=bool)
+    agg = np.array([t.mode == "aggregated" for t in p.templates], dtype=bool)
+    masks = {"homo": homo & agg, "pd-homo": homo & ~agg, "homo-pd": homo}
+    out: list[tuple[str, IntArray]] = []
+    seen: set[bytes] = set()
+    for name in RESTRICTIONS:
+        mask = masks[name]
+        if mask.any() and not mask.all() and mask.tobytes() not in seen:
+            seen.add(mask.tobytes())
+            out.append((name, np.nonzero(mask)[0]))
+    return out
+
+
+def _restrict(p: AllocationProblem, idx: IntArray) -> AllocationProblem:
+    """The same problem over the templates ``idx`` (and their running instances)."""
+    keep = {p.templates[i].key for i in idx}
+    return attrs.evolve(
+        p, templates=[p.templates[i] for i in idx], current={k: v for k, v in p.current.items() if k[0] in keep}
+    )
+
+
+def _column_of(c: _Columns) -> dict[tuple[int, int], int]:
+    """Column of each (original template index, region) that has one."""
+    out: dict[tuple[int, int], int] = {}
+    for j in range(c.J):
+        for i in c.members[int(c.tu[j])]:
+            out[(i, int(c.r[j]))] = j
+    return out
+
+
 def _status(proven: bool, service_proven: bool, bound: float) -> str:
     """``optimal`` when proven; ``feasible`` when the service level is proven and a cost bound above 0
     exists (the gap is to it); else ``no bound``: without a proven service level a cost bound says
@@ -1839,6 +1900,7 @@ def solve_allocation(
     columns: str = "auto",
     decompose: bool | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    portfolio: bool = True,
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
@@ -1857,6 +1919,10 @@ def solve_allocation(
     columns, merging models whose plans overrun the same availability (see ``_split_phase``); the full
     MIP runs only when that does not prove the plan optimal, with the group bounds as cuts. ``None``
     (default) decomposes from ``SPLIT_MIN_COLUMNS`` columns up.
+
+    ``portfolio``: first solve each restriction of ``RESTRICTIONS`` that selects some but not all of the
+    templates (a baseline's problem) alone, in ``RESTRICT_SHARE`` of the time left each; its plan is a
+    plan of this problem, so the result is never worse than a restriction solved to its optimum.
 
     ``clock`` (seconds) measures the deadline; a test passes a fake one to cut the solve at any phase.
     Every phase that the deadline cuts or skips is recorded in the result's ``effort``.
@@ -1923,6 +1989,30 @@ def solve_allocation(
             rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
             if not _better(c, best, rounded):
                 best = rounded
+    # the portfolio: each baseline's restriction solved alone; its plan is a plan of this problem too
+    restricted: list[tuple[str, SolverEffort]] = []
+    t_restrict = time.perf_counter()
+    if portfolio and c.J > 0:
+        where = _column_of(c)
+        for name, idx in _restrictions(problem):
+            sub = _restrict(problem, idx)
+            kw: dict[str, Any] = {"mip_gap": mip_gap, "columns": columns, "portfolio": False}
+            if deadline is None:
+                res = solve_allocation(sub, effort=dict(limits.restricted).get(name, SolverEffort()), **kw)
+            elif out_of_time():
+                res = solve_allocation(sub, effort=_SKIP_ALL, **kw)
+            else:
+                left = max(RESTRICT_SHARE * deadline.left(), 1e-6)
+                res = solve_allocation(sub, deadline_s=left, clock=clock, **kw)
+            if res.effort != SolverEffort():
+                restricted.append((name, res.effort))
+            x = np.zeros(c.J, dtype=np.int64)
+            for (i, reg), n in res.counts.items():
+                x[where[(int(idx[i]), reg)]] += n
+            if _better(c, x, best):
+                best = x
+    phase_s["restrict"] = time.perf_counter() - t_restrict
+
     # LP diving when not every demand can be served (rounding loses most there)
     if c.J > 0 and lp.done and lp.unmet > svc_tol:
         if limits.dive == 0 or out_of_time():
@@ -2044,6 +2134,7 @@ def solve_allocation(
             dive=used["dive"],
             decompose=used["split"],
             split=split.stopped.items(),
+            restricted=restricted,
         ),
         simplex_iterations=iters,
         mip_nodes=nodes,

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 from solvers.allocation import (
+    RESTRICTIONS,
     AllocationInputError,
     AllocationProblem,
     AllocationResult,
     AllocTemplate,
     SolverEffort,
+    _restrict,
+    _restrictions,
     solve_allocation,
 )
 from tests.solvers.alloc_instances import generate
@@ -218,6 +221,29 @@ def test_generated_instance_plan_is_consistent() -> None:
     assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
     assert 0.0 <= res.gap < 0.2
     assert res.num_columns < len(p.templates) * p.num_regions  # availability-filtered
+
+
+def _no_worse(c: AllocationResult, b: AllocationResult) -> bool:
+    """Plan c serves at least as much as plan b, and when as much, costs no more (cost plus churn)."""
+    tol = 1e-7 * max(1.0, float(c.served_rps.sum() + c.unmet_rps.sum()))
+    if c.total_unmet_rps < b.total_unmet_rps - tol:
+        return True
+    return c.total_unmet_rps <= b.total_unmet_rps + tol and c.objective <= b.objective * (1 + 1e-9) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_never_worse_than_a_baseline_on_the_same_inputs(seed: int) -> None:
+    """Each baseline (homogeneous aggregated, homogeneous prefill/decode, their union) solved to its optimum
+    on its own templates never beats Coral, even when Coral's own MIPs are all skipped."""
+    p = generate("core", 6, seed=seed, scarcity=(1.0, 2.5)[seed % 2], load=(0.2, 0.5)[seed % 2])
+    cut = solve_allocation(p, effort=SolverEffort(serve=0, cost=0, decompose=0), columns="all")
+    restrictions = _restrictions(p)
+    assert restrictions and {name for name, _ in restrictions} <= set(RESTRICTIONS)
+    for _name, idx in restrictions:
+        base = solve_allocation(_restrict(p, idx), effort=SolverEffort(), columns="all", portfolio=False)
+        assert base.status == "optimal"
+        check_plan(p, cut)
+        assert _no_worse(cut, base)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -595,7 +621,8 @@ def test_deadline_cuts_to_the_greedy_path() -> None:
     res = solve_allocation(p, deadline_s=1e-6)
     check_plan(p, res)
     assert res.status == "no bound" and res.bound == 0.0 and res.gap == 1.0
-    assert res.effort == SolverEffort(lp=0, serve=None, cost=0)
+    assert (res.effort.lp, res.effort.serve, res.effort.cost) == (0, None, 0)
+    assert res.effort.restricted and all(e.lp == 0 and e.cost == 0 for _name, e in res.effort.restricted)
     assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
     # and the replay of that path needs no clock
     assert solve_allocation(p, effort=res.effort).counts == res.counts
