@@ -16,10 +16,16 @@ from solvers.allocation import (
     AllocationResult,
     AllocTemplate,
     SolverEffort,
-    _restrict,
-    _restrictions,
+    columns,
+    model,
+    process,
+    relaxation,
     solve_allocation,
 )
+from solvers.allocation.columns import _columns
+from solvers.allocation.decomposition import _split_phase
+from solvers.allocation.model import _matrix
+from solvers.allocation.solve import _restrict, _restrictions
 from tests.solvers.alloc_instances import generate
 
 # --------------------------------------------------------------------------------------------------
@@ -437,14 +443,13 @@ def test_resolve_with_current_plan_keeps_most_instances() -> None:
 
 @pytest.mark.parametrize("scarcity", [1.0, 5.0])
 def test_column_generation_reaches_the_full_lp_bound(scarcity: float) -> None:
-    from solvers import allocation as alloc
 
     p = generate("core", 100, seed=7, scarcity=scarcity)
-    c = alloc._columns(p)
-    mat = alloc._matrix(c)
-    full, generated = alloc._LpOutcome(), alloc._LpOutcome()
-    alloc._lp_job(alloc._highs(mat, mat.cost_obj, alloc._service_hi(c, 0.0), 1e-4, mip=False), c, mat, full)
-    alloc._cg_job(c, mat, 1e-4, generated, alloc._LpThread())
+    c = columns._columns(p)
+    mat = model._matrix(c)
+    full, generated = relaxation._LpOutcome(), relaxation._LpOutcome()
+    relaxation._lp_job(model._highs(mat, mat.cost_obj, model._service_hi(c, 0.0), 1e-4, mip=False), c, mat, full)
+    relaxation._cg_job(c, mat, 1e-4, generated, process._LpThread())
     assert full.done and generated.done
     assert generated.columns is not None and len(generated.columns) < c.J
     assert generated.unmet == pytest.approx(full.unmet, rel=1e-6, abs=1e-6)
@@ -499,7 +504,6 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
 
 def test_decomposition_prunes_only_against_a_start_that_serves_the_demand() -> None:
     """A start that under-serves a model costs less than its optimum: it must not prune the columns."""
-    from solvers.allocation import _columns, _matrix, _split_phase
 
     def agg(key: str, rate: float) -> AllocTemplate:  # rate req/s at in 100 / out 10, utilisation 1
         return AllocTemplate(0, "aggregated", np.array([1]) if key == "small" else np.array([3]), 200 * rate,
