@@ -15,6 +15,8 @@ Solution path
    the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
    When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
    round up what fits, else bound the least fractional variable down, re-solve, until integral).
+   The portfolio (``_restrict_phase``): each baseline's restriction (``RESTRICTIONS``) solved alone by
+   this same driver, in a share of the time left; each plan is a plan of the whole problem.
 4. Decomposition by model, when the LP serves every demand. Models share only the availability
    rows (the service row is then fixed at full service), so each group of models solves its own cost
    MIP over all its columns with the whole availability (every model alone at first, each in a
@@ -85,7 +87,8 @@ DIVE_SHARE = 0.3
 
 
 _SKIP_ALL = SolverEffort(lp=0, serve=0, cost=0, dive=0, decompose=0)
-"""The effort of a solve cut before it began: the greedy plan alone."""
+"""The effort recorded for a restriction not solved at all (the deadline came first); no solve that ran
+records it (with ``lp`` 0 a solve never records ``dive``)."""
 
 RESTRICT_SHARE = 0.2
 """Share of the time left that each restriction of the portfolio may use."""
@@ -175,214 +178,287 @@ def solve_allocation(
         raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
     if not (0 <= mip_gap < 1):
         raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
-    t0 = time.perf_counter()
-    deadline = None if effort is not None else _Deadline(clock() + deadline_s, clock)
-    limits = effort if effort is not None else SolverEffort()
-    phase_s: dict[str, float] = {}
-    c = _columns(problem)
-    mat = _matrix(c)
-    if columns == "auto":
-        columns = "generated" if c.J >= _AUTO_GENERATED else "all"
-    t1 = time.perf_counter()
-    phase_s["build"] = t1 - t0
-    svc_tol = 1e-7 * max(1.0, float(c.demand.sum()))
-    iters = nodes = 0
-    used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None, "split": None}
+    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock)
+    phases: list[tuple[str, Callable[[_Run], None]]] = [
+        ("lp", _lp_phase),
+        ("heuristic", _heuristic_phase),
+        ("restrict", _restrict_phase if portfolio else _no_phase),
+        ("dive", _dive_phase),
+        ("split", _decompose_phase),
+        ("serve", _serve_phase),
+        ("cost", _cost_phase),
+    ]
+    for name, phase in phases:
+        t = time.perf_counter()
+        phase(run)
+        run.phase_s[name] = time.perf_counter() - t
+    return run.result()
 
-    def out_of_time() -> bool:
-        return deadline is not None and deadline.passed()
 
-    def mip_vars(plan: IntArray) -> IntArray | None:
-        """All variables, or with generated columns those plus the plan's and the current ones."""
-        if columns == "all" or lp.columns is None:
+class _Run:
+    """One solve's state, shared by its phases: the columns and model, the best plan so far, the bounds
+    proven, and the effort each phase took."""
+
+    def __init__(
+        self,
+        problem: AllocationProblem,
+        effort: SolverEffort | None,
+        deadline_s: float,
+        mip_gap: float,
+        columns: str,
+        decompose: bool | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.t0 = time.perf_counter()
+        self.problem = problem
+        self.clock = clock
+        self.deadline = None if effort is not None else _Deadline(clock() + deadline_s, clock)
+        self.limits = effort if effort is not None else SolverEffort()
+        self.mip_gap = mip_gap
+        self.phase_s: dict[str, float] = {}
+        self.c = _columns(problem)
+        self.mat = _matrix(self.c)
+        self.columns = ("generated" if self.c.J >= _AUTO_GENERATED else "all") if columns == "auto" else columns
+        self.decompose = self.c.J >= SPLIT_MIN_COLUMNS if decompose is None else decompose
+        self.phase_s["build"] = time.perf_counter() - self.t0
+        self.svc_tol = 1e-7 * max(1.0, float(self.c.demand.sum()))
+        self.iters = self.nodes = 0
+        self.used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None, "split": None}
+        self.lp = _LpOutcome()
+        self.best = np.zeros(self.c.J, dtype=np.int64)
+        self.restricted: list[tuple[str, SolverEffort]] = []
+        self.split = _Split()
+        self.split_optimal = False
+        self.unmet_bound = float(self.c.demand.sum()) if self.c.J == 0 else 0.0
+        self.cost_bound = -math.inf
+        self.cost_optimal = False
+        self.service = (0.0, False)  # the best plan's unmet req/s and whether it is proven least (cost phase)
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and self.deadline.passed()
+
+    def offer(self, x: IntArray) -> None:
+        """Keep plan x if it beats the best so far."""
+        if _better(self.c, x, self.best):
+            self.best = x
+
+    def mip_vars(self) -> IntArray | None:
+        """All variables, or with generated columns those plus the best plan's and the current ones."""
+        c, lp = self.c, self.lp
+        if self.columns == "all" or lp.columns is None:
             return None
-        x_cols = np.union1d(lp.columns, np.nonzero((plan > 0) | (c.cur > 0))[0])
-        return np.concatenate([x_cols, np.arange(c.J, mat.num_cols)])
+        x_cols = np.union1d(lp.columns, np.nonzero((self.best > 0) | (c.cur > 0))[0])
+        return np.concatenate([x_cols, np.arange(c.J, self.mat.num_cols)])
 
-    # LP relaxation
-    lp = _LpOutcome()
-    if c.J > 0:
-        if limits.lp == 0 or out_of_time():
-            used["lp"] = 0
-        else:
-            thread = _LpThread()
-            if columns == "all":
-                h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), mip_gap, mip=False)
-                thread.attach(h)
-                job = functools.partial(_lp_job, h, c, mat, lp)
-            else:
-                job = functools.partial(_cg_job, c, mat, mip_gap, lp, thread)
-            if thread.run(job, deadline):
-                iters += lp.iterations
-            else:
-                lp = _LpOutcome()
-                used["lp"] = 0
-    t2 = time.perf_counter()
-    phase_s["lp"] = t2 - t1
+    def result(self) -> AllocationResult:
+        c, best, lp, split = self.c, self.best, self.lp, self.split
+        unmet_best, service_proven = self.service
+        cost, churn = _objective(c, best)
+        objective = cost + churn
+        bounds = [0.0, self.cost_bound]
+        if lp.done and unmet_best <= lp.unmet + self.svc_tol:
+            bounds.append(lp.bound)
+        if unmet_best <= self.svc_tol:
+            bounds.append(split.bound)
+        bound = min(max(bounds), objective)
+        gap = (objective - bound) / objective if objective > 0 else 0.0
+        proven = c.J == 0 or self.split_optimal or (service_proven and (self.cost_optimal or gap <= self.mip_gap))
+        status = _status(proven, service_proven, bound)
+        if status == "no bound":
+            bound, gap = 0.0, 1.0 if objective > 0 else 0.0
+        served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
+        used = self.used
+        return AllocationResult(
+            counts=_counts(c, best),
+            cost_per_hour=cost,
+            churn_cost=churn,
+            served_rps=served,
+            unmet_rps=c.demand - served,
+            status=status,
+            objective=objective,
+            bound=bound,
+            gap=gap,
+            unmet_bound=self.unmet_bound,
+            service_proven=service_proven,
+            solve_s=time.perf_counter() - self.t0,
+            phase_s=self.phase_s,
+            effort=SolverEffort(
+                lp=used["lp"],
+                serve=used["serve"],
+                cost=used["cost"],
+                dive=used["dive"],
+                decompose=used["split"],
+                split=split.stopped.items(),
+                restricted=self.restricted,
+            ),
+            simplex_iterations=self.iters,
+            mip_nodes=self.nodes,
+            num_columns=self.mat.num_cols,
+            num_rows=self.mat.num_rows,
+            merged_templates=sum(len(ms) - 1 for ms in c.members),
+            column_generation=self.columns == "generated",
+            split_groups=split.groups,
+        )
 
-    # rounding and greedy repair: from the LP, and from the current deployment
-    best = np.zeros(c.J, dtype=np.int64)
-    if c.J > 0:
-        if not lp.done or np.any(c.cur > 0):
-            best = _repair(c, _fit_current(c))
-        if lp.values is not None:
-            v = lp.values[: c.J].copy()
-            v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
-            rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
-            if not _better(c, best, rounded):
-                best = rounded
-    # the portfolio: each baseline's restriction solved alone; its plan is a plan of this problem too
-    restricted: list[tuple[str, SolverEffort]] = []
-    t_restrict = time.perf_counter()
-    if portfolio and c.J > 0:
-        where = _column_of(c)
-        for name, idx in _restrictions(problem):
-            sub = _restrict(problem, idx)
-            kw: dict[str, Any] = {"mip_gap": mip_gap, "columns": columns, "portfolio": False}
-            if deadline is None:
-                res = solve_allocation(sub, effort=dict(limits.restricted).get(name, SolverEffort()), **kw)
-            elif out_of_time():
-                res = solve_allocation(sub, effort=_SKIP_ALL, **kw)
-            else:
-                left = max(RESTRICT_SHARE * deadline.left(), 1e-6)
-                res = solve_allocation(sub, deadline_s=left, clock=clock, **kw)
-            if res.effort != SolverEffort():
-                restricted.append((name, res.effort))
-            x = np.zeros(c.J, dtype=np.int64)
-            for (i, reg), n in res.counts.items():
-                x[where[(int(idx[i]), reg)]] += n
-            if _better(c, x, best):
-                best = x
-    phase_s["restrict"] = time.perf_counter() - t_restrict
+    def prove_service(self) -> None:
+        """Fix the best plan's unmet demand, and whether the bound proves it least, for the cost phase."""
+        unmet_best = _unmet_total(self.c, self.best)
+        proven = unmet_best <= self.unmet_bound + self.svc_tol or unmet_best * (1 - self.mip_gap) <= self.unmet_bound
+        self.service = (unmet_best, proven)
 
-    # LP diving when not every demand can be served (rounding loses most there)
-    if c.J > 0 and lp.done and lp.unmet > svc_tol:
-        if limits.dive == 0 or out_of_time():
-            used["dive"] = 0
-        else:
-            dive = _DiveOutcome()
-            thread = _LpThread()
-            share = None if deadline is None else deadline.share(DIVE_SHARE)
-            finished = thread.run(functools.partial(_dive_job, c, mat, mip_gap, limits.dive, dive, thread), share)
-            steps, plan, done = dive.snapshot  # one read: an abandoned dive thread may still write
-            if not finished or (limits.dive is not None and not done):
-                used["dive"] = steps
-            if plan is not None:
-                dived = _repair(c, _fit(c, plan))
-                if _better(c, dived, best):
-                    best = dived
-    t3 = time.perf_counter()
-    phase_s["heuristic"] = t3 - t2
 
-    # per-model MIPs, when the LP serves every demand: their union is optimal when it fits
-    split = _Split()
-    split_optimal = False
-    if decompose is None:
-        decompose = c.J >= SPLIT_MIN_COLUMNS
-    if decompose and c.J > 0 and lp.done and lp.unmet <= svc_tol and (limits.decompose == 0 or out_of_time()):
-        used["split"] = 0
-    elif decompose and c.J > 0 and lp.done and lp.unmet <= svc_tol:
-        share = None if deadline is None else deadline.share(SPLIT_SHARE)
-        split = _split_phase(c, mat, best, dict(limits.split), share, mip_gap)
-        iters, nodes = iters + split.iterations, nodes + split.nodes
-        if split.plan is not None:
-            x = split.plan if split.fits else _repair(c, _fit(c, split.plan))
-            if _better(c, x, best) or (split.fits and split.proven):
-                best = x
-            split_optimal = split.fits and split.proven and _unmet_total(c, best) <= svc_tol
-    t_split = time.perf_counter()
-    phase_s["split"] = t_split - t3
-    t3 = t_split
+def _no_phase(run: _Run) -> None:
+    """A phase left out."""
 
-    # MIP phase 1 (serve), only when the LP bound does not already prove the service level
-    unmet_bound = lp.unmet if lp.done else 0.0
+
+def _lp_phase(run: _Run) -> None:
+    """The LP relaxation (directly, or by column generation), in a thread abandoned at the deadline."""
+    c, mat = run.c, run.mat
     if c.J == 0:
-        unmet_bound = float(c.demand.sum())
-    if c.J > 0 and _unmet_total(c, best) > unmet_bound + svc_tol:
-        if limits.serve == 0 or out_of_time():
-            used["serve"] = 0
-        else:
-            half = None if deadline is None else deadline.share(0.5)
-            run, plans = _mip_phase(c, mat, mat.serve_obj, math.inf, best, limits.serve, half, mip_gap, mip_vars(best))
-            iters, nodes = iters + run.iterations, nodes + run.nodes
-            used["serve"] = None if run.finished else len(run.taken())
-            for x in plans:
-                if _better(c, x, best):
-                    best = x
-            if columns == "all":
-                unmet_bound = max(unmet_bound, run.dual_bound)
-            if columns == "all" and run.status == highspy.HighsModelStatus.kOptimal:
-                unmet_bound = max(unmet_bound, _unmet_total(c, best) * (1 - mip_gap))
-    unmet_best = _unmet_total(c, best)
-    service_proven = unmet_best <= unmet_bound + svc_tol or unmet_best * (1 - mip_gap) <= unmet_bound
-    t4 = time.perf_counter()
-    phase_s["serve"] = t4 - t3
+        return
+    if run.limits.lp == 0 or run.out_of_time():
+        run.used["lp"] = 0
+        return
+    thread = _LpThread()
+    lp = _LpOutcome()
+    if run.columns == "all":
+        h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), run.mip_gap, mip=False)
+        thread.attach(h)
+        job = functools.partial(_lp_job, h, c, mat, lp)
+    else:
+        job = functools.partial(_cg_job, c, mat, run.mip_gap, lp, thread)
+    if thread.run(job, run.deadline):
+        run.iters += lp.iterations
+        run.lp = lp
+        run.unmet_bound = lp.unmet
+    else:
+        run.used["lp"] = 0
 
-    # MIP phase 2 (cost) at the best service level found
-    cost_bound = -math.inf
-    cost_optimal = False
-    if c.J > 0 and not split_optimal:
-        if limits.cost == 0 or out_of_time():
-            used["cost"] = 0
-        else:
-            hi = _service_hi(c, unmet_best)
-            cuts = split.cuts if unmet_best <= svc_tol else None
-            run, plans = _mip_phase(
-                c, mat, mat.cost_obj, hi, best, limits.cost, deadline, mip_gap, mip_vars(best), cuts
-            )  # fmt: skip
-            iters, nodes = iters + run.iterations, nodes + run.nodes
-            used["cost"] = None if run.finished else len(run.taken())
-            for x in plans:
-                if _unmet_total(c, x) <= unmet_best + svc_tol and _better(c, x, best):
-                    best = x
-            if columns == "all":
-                cost_bound = run.dual_bound
-                cost_optimal = run.status == highspy.HighsModelStatus.kOptimal
-    t5 = time.perf_counter()
-    phase_s["cost"] = t5 - t4
 
-    cost, churn = _objective(c, best)
-    objective = cost + churn
-    bounds = [0.0, cost_bound]
-    if lp.done and unmet_best <= lp.unmet + svc_tol:
-        bounds.append(lp.bound)
-    if unmet_best <= svc_tol:
-        bounds.append(split.bound)
-    bound = min(max(bounds), objective)
-    gap = (objective - bound) / objective if objective > 0 else 0.0
-    status = _status(c.J == 0 or split_optimal or (service_proven and (cost_optimal or gap <= mip_gap)),
-                     service_proven, bound)  # fmt: skip
-    if status == "no bound":
-        bound, gap = 0.0, 1.0 if objective > 0 else 0.0
-    served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
-    return AllocationResult(
-        counts=_counts(c, best),
-        cost_per_hour=cost,
-        churn_cost=churn,
-        served_rps=served,
-        unmet_rps=c.demand - served,
-        status=status,
-        objective=objective,
-        bound=bound,
-        gap=gap,
-        unmet_bound=unmet_bound,
-        service_proven=service_proven,
-        solve_s=time.perf_counter() - t0,
-        phase_s=phase_s,
-        effort=SolverEffort(
-            lp=used["lp"],
-            serve=used["serve"],
-            cost=used["cost"],
-            dive=used["dive"],
-            decompose=used["split"],
-            split=split.stopped.items(),
-            restricted=restricted,
-        ),
-        simplex_iterations=iters,
-        mip_nodes=nodes,
-        num_columns=mat.num_cols,
-        num_rows=mat.num_rows,
-        merged_templates=sum(len(ms) - 1 for ms in c.members),
-        column_generation=columns == "generated",
-        split_groups=split.groups,
-    )
+def _heuristic_phase(run: _Run) -> None:
+    """Rounding and greedy repair: from the LP, and from the current deployment."""
+    c, mat, lp = run.c, run.mat, run.lp
+    if c.J == 0:
+        return
+    if not lp.done or np.any(c.cur > 0):
+        run.best = _repair(c, _fit_current(c))
+    if lp.values is not None:
+        v = lp.values[: c.J].copy()
+        v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
+        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
+        if not _better(c, run.best, rounded):
+            run.best = rounded
+
+
+def _restrict_phase(run: _Run) -> None:
+    """The portfolio: each baseline's restriction solved alone; its plan is a plan of this problem too."""
+    c, problem, limits = run.c, run.problem, run.limits
+    if c.J == 0:
+        return
+    where = _column_of(c)
+    for name, idx in _restrictions(problem):
+        sub = _restrict(problem, idx)
+        kw: dict[str, Any] = {"mip_gap": run.mip_gap, "columns": run.columns, "portfolio": False}
+        if run.deadline is None and dict(limits.restricted).get(name) == _SKIP_ALL:
+            run.restricted.append((name, _SKIP_ALL))
+            continue
+        if run.deadline is None:
+            res = solve_allocation(sub, effort=dict(limits.restricted).get(name, SolverEffort()), **kw)
+        elif run.out_of_time():  # not even its heuristic: that is not cut by the deadline
+            run.restricted.append((name, _SKIP_ALL))
+            continue
+        else:
+            left = max(RESTRICT_SHARE * run.deadline.left(), 1e-6)
+            res = solve_allocation(sub, deadline_s=left, clock=run.clock, **kw)
+        if res.effort != SolverEffort():
+            run.restricted.append((name, res.effort))
+        x = np.zeros(c.J, dtype=np.int64)
+        for (i, reg), n in res.counts.items():
+            x[where[(int(idx[i]), reg)]] += n
+        run.offer(x)
+
+
+def _dive_phase(run: _Run) -> None:
+    """LP diving when not every demand can be served (rounding loses most there)."""
+    c, lp = run.c, run.lp
+    if not (c.J > 0 and lp.done and lp.unmet > run.svc_tol):
+        return
+    if run.limits.dive == 0 or run.out_of_time():
+        run.used["dive"] = 0
+        return
+    dive = _DiveOutcome()
+    thread = _LpThread()
+    share = None if run.deadline is None else run.deadline.share(DIVE_SHARE)
+    job = functools.partial(_dive_job, c, run.mat, run.mip_gap, run.limits.dive, dive, thread)
+    finished = thread.run(job, share)
+    steps, plan, done = dive.snapshot  # one read: an abandoned dive thread may still write
+    if not finished or (run.limits.dive is not None and not done):
+        run.used["dive"] = steps
+    if plan is not None:
+        run.offer(_repair(c, _fit(c, plan)))
+
+
+def _decompose_phase(run: _Run) -> None:
+    """Per-model MIPs, when the LP serves every demand: their union is optimal when it fits."""
+    c, lp = run.c, run.lp
+    if not (run.decompose and c.J > 0 and lp.done and lp.unmet <= run.svc_tol):
+        return
+    if run.limits.decompose == 0 or run.out_of_time():
+        run.used["split"] = 0
+        return
+    share = None if run.deadline is None else run.deadline.share(SPLIT_SHARE)
+    split = _split_phase(c, run.mat, run.best, dict(run.limits.split), share, run.mip_gap)
+    run.split = split
+    run.iters, run.nodes = run.iters + split.iterations, run.nodes + split.nodes
+    if split.plan is not None:
+        x = split.plan if split.fits else _repair(c, _fit(c, split.plan))
+        if _better(c, x, run.best) or (split.fits and split.proven):
+            run.best = x
+        run.split_optimal = split.fits and split.proven and _unmet_total(c, run.best) <= run.svc_tol
+
+
+def _serve_phase(run: _Run) -> None:
+    """MIP phase 1 (serve), only when the LP bound does not already prove the service level."""
+    c, mat = run.c, run.mat
+    if not (c.J > 0 and _unmet_total(c, run.best) > run.unmet_bound + run.svc_tol):
+        return
+    if run.limits.serve == 0 or run.out_of_time():
+        run.used["serve"] = 0
+        return
+    half = None if run.deadline is None else run.deadline.share(0.5)
+    mip, plans = _mip_phase(
+        c, mat, mat.serve_obj, math.inf, run.best, run.limits.serve, half, run.mip_gap, run.mip_vars()
+    )  # fmt: skip
+    run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
+    run.used["serve"] = None if mip.finished else len(mip.taken())
+    for x in plans:
+        run.offer(x)
+    if run.columns == "all":
+        run.unmet_bound = max(run.unmet_bound, mip.dual_bound)
+        if mip.status == highspy.HighsModelStatus.kOptimal:
+            run.unmet_bound = max(run.unmet_bound, _unmet_total(c, run.best) * (1 - run.mip_gap))
+
+
+def _cost_phase(run: _Run) -> None:
+    """MIP phase 2 (cost) at the best service level found, with the decomposition's bounds as cuts."""
+    c, mat = run.c, run.mat
+    run.prove_service()
+    if not (c.J > 0 and not run.split_optimal):
+        return
+    if run.limits.cost == 0 or run.out_of_time():
+        run.used["cost"] = 0
+        return
+    unmet_best = run.service[0]
+    hi = _service_hi(c, unmet_best)
+    cuts = run.split.cuts if unmet_best <= run.svc_tol else None
+    mip, plans = _mip_phase(
+        c, mat, mat.cost_obj, hi, run.best, run.limits.cost, run.deadline, run.mip_gap, run.mip_vars(), cuts
+    )  # fmt: skip
+    run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
+    run.used["cost"] = None if mip.finished else len(mip.taken())
+    for x in plans:
+        if _unmet_total(c, x) <= unmet_best + run.svc_tol:
+            run.offer(x)
+    if run.columns == "all":
+        run.cost_bound = mip.dual_bound
+        run.cost_optimal = mip.status == highspy.HighsModelStatus.kOptimal
