@@ -14,7 +14,6 @@ from solvers.allocation.problem import MODES, AllocationProblem
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
 
 
 _AGG, _PRE, _DEC = 0, 1, 2

@@ -18,7 +18,6 @@ from solvers.allocation.process import _Deadline, _ForkedMip, _run_all
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
 
 
 def _mip_job(

@@ -57,7 +57,6 @@ from solvers.allocation.heuristics import _State
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
 
 
 @attrs.frozen(eq=False)

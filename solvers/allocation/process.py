@@ -19,9 +19,7 @@ import numpy as np
 from highspy import cb
 from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
 
 
 _INTERRUPT_CALLBACKS = (

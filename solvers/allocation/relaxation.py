@@ -16,7 +16,6 @@ from solvers.allocation.process import _LpThread
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
 
 
 @attrs.define

@@ -77,9 +77,7 @@ from solvers.allocation.problem import (
 from solvers.allocation.process import _Deadline, _LpThread
 from solvers.allocation.relaxation import _AUTO_GENERATED, _cg_job, _dive_job, _DiveOutcome, _lp_job, _LpOutcome
 
-FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
 
 
 DIVE_SHARE = 0.3

@@ -531,8 +531,9 @@ def test_decomposition_agrees_with_the_full_mip() -> None:
     merged = 0
     for scarcity, load, seed in itertools.product((1.5, 2.0), (0.15, 0.2), (0, 3, 4, 7)):
         p = generate("core", 12, seed=seed, scarcity=scarcity, load=load)
-        a = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=True)
-        b = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=False)
+        # run to completion (no clock): a 60 s deadline was not enough on a loaded 2-core machine
+        a = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=True)
+        b = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=False)
         check_plan(p, a)
         assert a.status == b.status == "optimal"
         assert a.total_unmet_rps == pytest.approx(b.total_unmet_rps, abs=1e-6)
