@@ -41,6 +41,7 @@ Format (every key is documented in ``fixtures/scenarios/README.md``)::
 from __future__ import annotations
 
 import bisect
+import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -208,6 +209,8 @@ def _err(path: Path, where: str, msg: str) -> ScenarioError:
 def _num(path: Path, where: str, v: Any, *, positive: bool = False, nonneg: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _err(path, where, f"must be a number, got {v!r}")
+    if not math.isfinite(v):
+        raise _err(path, where, f"must be a finite number, got {v}")
     if positive and not v > 0:
         raise _err(path, where, f"must be positive, got {v}")
     if nonneg and v < 0:
@@ -254,9 +257,12 @@ def _parse(path: Path, data: Mapping[str, Any], cat: Catalog) -> Scenario:
     _known(path, "table [planner]", planner_d, list(PLANNER_KEYS))
     pk: dict[str, Any] = {}
     for k, v in planner_d.items():
-        num = _num(path, f"[planner] key '{k}'", v, positive=True)
+        where = f"[planner] key '{k}'"
+        num = _num(path, where, v, nonneg=True) if k == "churn_factor" else _num(path, where, v, positive=True)
+        if k == "utilisation" and num > 1:
+            raise _err(path, where, f"must be at most 1 (a fraction of capacity), got {v}")
         if PLANNER_KEYS[k] is int and num != int(num):
-            raise _err(path, f"[planner] key '{k}'", f"must be an integer, got {v}")
+            raise _err(path, where, f"must be an integer, got {v}")
         pk[k] = PLANNER_KEYS[k](num)
     deployments = []
     names: set[str] = set()

@@ -240,30 +240,9 @@ class Planner:
         if self.policy == "helix":
             return self.helix_plan(req, seq=seq, effort=effort)[0]
         prob, index = self.problem(req)
-        if self.policy != "coral":
-            res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
-            return to_plan(self, req, prob, index, res, seq=seq)
-        # A portfolio: Coral's own solve first, in most of the deadline; when it does not prove its plan
-        # optimal, the homogeneous-replica restriction (a few hundred columns, optimal in a fraction of the
-        # deadline) runs in the rest. Every plan it gives is also a Coral plan; the better plan wins,
-        # judged against Coral's bound.
-        res = solve_allocation(prob, deadline_s=(1 - HOMO_SHARE) * self.deadline_s, effort=effort, columns=self.columns)
-        plan = to_plan(self, req, prob, index, res, seq=seq)
-        sub = [j for j, (_d, t) in enumerate(index) if policy_admits("homo", t)]
-        if res.status == "optimal" or not sub:
-            return plan
-        sprob = _restrict(prob, sub)
-        left = max(self.deadline_s - res.solve_s, HOMO_SHARE * self.deadline_s)
-        sres = solve_allocation(sprob, deadline_s=left, columns=self.columns)
-        base = to_plan(self, req, sprob, [index[j] for j in sub], sres, seq=seq)
-        if not _plan_better(base, plan):
-            return attrs.evolve(plan, solve_s=plan.solve_s + base.solve_s)
-        objective = base.cost_per_hour + base.churn_cost
-        gap = max(0.0, (objective - res.bound) / objective) if objective > 0 and res.bound > 0 else base.gap
-        return attrs.evolve(
-            base, policy="coral", status="feasible" if gap > 1e-4 else "optimal", gap=gap, bound=res.bound,
-            solve_s=base.solve_s + plan.solve_s, effort=plan.effort,
-        )  # fmt: skip
+        # Coral's solve is a portfolio that contains each baseline's restriction (solvers.allocation)
+        res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
+        return to_plan(self, req, prob, index, res, seq=seq)
 
     def helix_plan(
         self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None
@@ -325,29 +304,6 @@ class Planner:
 
 HELIX_HARD = 2.0
 """A Helix placement is killed after this many times its time limit (plus 0.5 s): HiGHS overruns its own."""
-
-HOMO_SHARE = 0.25
-"""Share of the deadline kept for the homogeneous restriction when Coral's solve is not proven optimal."""
-
-
-def _restrict(prob: AllocationProblem, cols: Sequence[int]) -> AllocationProblem:
-    """The same allocation problem over a subset of its templates."""
-    keep = {prob.templates[j].key for j in cols}
-    return attrs.evolve(
-        prob,
-        templates=[prob.templates[j] for j in cols],
-        current={k: v for k, v in prob.current.items() if k[0] in keep},
-    )
-
-
-def _plan_better(a: Plan, b: Plan) -> bool:
-    """Whether plan ``a`` serves more than ``b``, or as much for less (cost plus churn)."""
-    tol = 1e-7 * max(1.0, a.demand_rps)
-    if a.unmet_rps < b.unmet_rps - tol:
-        return True
-    if a.unmet_rps > b.unmet_rps + tol:
-        return False
-    return a.cost_per_hour + a.churn_cost < b.cost_per_hour + b.churn_cost - 1e-9
 
 
 def to_plan(

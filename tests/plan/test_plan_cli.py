@@ -58,7 +58,7 @@ def test_plan_meets_demand_and_lists_stages(env: tuple[Path, Path], capsys: pyte
         tpl = p["templates"][inst["template_id"]]
         assert tpl["stages"] and tpl["model"] in ("llama-3.1-8b", "qwen3-14b")
         assert sorted(inst["nodes"]) == sorted(tpl["nodes"])
-    assert p["status"] in ("optimal", "feasible", "lp-rounded")
+    assert p["status"] in ("optimal", "feasible", "no bound")
 
 
 def test_coral_is_never_costlier_than_baselines(env: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,6 +24,9 @@ demand = 1.0
 """
 
 
+PLANNER = "demand = 1.0\n[planner]\n"
+
+
 @pytest.mark.parametrize("name", ["default", "core", "scarce"])
 def test_bundled_scenarios_load(catalog: Catalog, name: str) -> None:
     sc = load_scenario(name, catalog)
@@ -67,6 +70,12 @@ def test_series_demand_and_market_changes(catalog: Catalog, tmp_path: Path) -> N
         ("demand = 1.0", "demand = { series = [[10, 1.0], [5, 2.0]] }", "increasing times"),
         ("demand = 1.0", 'demand = { trace = "missing.csv" }', "cannot open trace"),
         ('node_types = ["g6e.xlarge", "g6.xlarge"]', 'node_types = ["warp"]', "unknown node type 'warp'"),
+        ("demand = 1.0", "demand = nan", "key 'demand': must be a finite number, got nan"),
+        ("demand = 1.0", "demand = inf", "key 'demand': must be a finite number, got inf"),
+        ("demand = 1.0", PLANNER + "utilisation = 1.5", r"\[planner\] key 'utilisation': must be at most 1"),
+        ("demand = 1.0", PLANNER + "utilisation = 0", r"\[planner\] key 'utilisation': must be positive"),
+        ("demand = 1.0", PLANNER + "churn_factor = -1", r"\[planner\] key 'churn_factor': must not be negative"),
+        ("demand = 1.0", PLANNER + "deadline_s = inf", r"\[planner\] key 'deadline_s': must be a finite"),
     ],
 )
 def test_bad_scenarios(catalog: Catalog, tmp_path: Path, old: str, new: str, needle: str) -> None:
@@ -76,6 +85,12 @@ def test_bad_scenarios(catalog: Catalog, tmp_path: Path, old: str, new: str, nee
     with pytest.raises(ScenarioError, match=needle) as e:
         load_scenario(str(p), catalog)
     assert str(p) in str(e.value)
+
+
+def test_zero_churn_factor_is_allowed(catalog: Catalog, tmp_path: Path) -> None:
+    p = tmp_path / "z.toml"
+    p.write_text(BASE.replace("demand = 1.0", PLANNER + "churn_factor = 0", 1))
+    assert load_scenario(str(p), catalog).planner.churn_factor == 0.0
 
 
 def test_bad_market_and_events(catalog: Catalog, tmp_path: Path) -> None:

@@ -10,13 +10,22 @@ import numpy as np
 import pytest
 
 from solvers.allocation import (
+    RESTRICTIONS,
     AllocationInputError,
     AllocationProblem,
     AllocationResult,
     AllocTemplate,
     SolverEffort,
+    columns,
+    model,
+    process,
+    relaxation,
     solve_allocation,
 )
+from solvers.allocation.columns import _columns
+from solvers.allocation.decomposition import _split_phase
+from solvers.allocation.model import _matrix
+from solvers.allocation.solve import _restrict, _restrictions
 from tests.solvers.alloc_instances import generate
 
 # --------------------------------------------------------------------------------------------------
@@ -178,6 +187,39 @@ def test_tiny_instances_match_exhaustive_enumeration(seed: int) -> None:
     assert res.objective == pytest.approx(best_obj, rel=1e-6, abs=1e-6)
 
 
+EFFORTS = [
+    SolverEffort(lp=0, serve=0, cost=0),
+    SolverEffort(serve=0, cost=0),
+    SolverEffort(serve=1, cost=0),
+    SolverEffort(cost=0),
+    SolverEffort(cost=1),
+    SolverEffort(dive=1, serve=1, cost=1),
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_status_claims_only_what_is_proven(seed: int) -> None:
+    """Whatever phase a solve stops in: ``optimal`` is the true optimum; ``feasible`` serves the most
+    and its bound is below the true optimum; ``no bound`` carries bound 0 and gap 1."""
+    p = tiny_instance(seed, with_current=seed % 3 == 0)
+    if seed % 2:
+        p = attrs.evolve(p, avail=p.avail // 2)  # scarce: not every demand served
+    best_unmet, best_obj = brute_force(p)
+    for effort in EFFORTS:
+        res = solve_allocation(p, effort=effort, mip_gap=0.0)
+        check_plan(p, res)
+        assert res.status in ("optimal", "feasible", "no bound")
+        if res.status == "optimal":
+            assert res.total_unmet_rps == pytest.approx(best_unmet, abs=1e-6)
+            assert res.objective == pytest.approx(best_obj, rel=1e-6, abs=1e-6)
+        elif res.status == "feasible":
+            assert res.total_unmet_rps == pytest.approx(best_unmet, abs=1e-6)
+            assert 0 < res.bound <= best_obj * (1 + 1e-9) + 1e-9
+            assert res.gap == pytest.approx((res.objective - res.bound) / res.objective)
+        else:
+            assert res.bound == 0.0 and res.gap == (1.0 if res.objective > 0 else 0.0)
+
+
 def test_generated_instance_plan_is_consistent() -> None:
     p = generate("core", 50, seed=3, load=0.15)
     res = solve_allocation(p, deadline_s=1.0)
@@ -185,6 +227,29 @@ def test_generated_instance_plan_is_consistent() -> None:
     assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
     assert 0.0 <= res.gap < 0.2
     assert res.num_columns < len(p.templates) * p.num_regions  # availability-filtered
+
+
+def _no_worse(c: AllocationResult, b: AllocationResult) -> bool:
+    """Plan c serves at least as much as plan b, and when as much, costs no more (cost plus churn)."""
+    tol = 1e-7 * max(1.0, float(c.served_rps.sum() + c.unmet_rps.sum()))
+    if c.total_unmet_rps < b.total_unmet_rps - tol:
+        return True
+    return c.total_unmet_rps <= b.total_unmet_rps + tol and c.objective <= b.objective * (1 + 1e-9) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_never_worse_than_a_baseline_on_the_same_inputs(seed: int) -> None:
+    """Each baseline (homogeneous aggregated, homogeneous prefill/decode, their union) solved to its optimum
+    on its own templates never beats Coral, even when Coral's own MIPs are all skipped."""
+    p = generate("core", 6, seed=seed, scarcity=(1.0, 2.5)[seed % 2], load=(0.2, 0.5)[seed % 2])
+    cut = solve_allocation(p, effort=SolverEffort(serve=0, cost=0, decompose=0), columns="all")
+    restrictions = _restrictions(p)
+    assert restrictions and {name for name, _ in restrictions} <= set(RESTRICTIONS)
+    for _name, idx in restrictions:
+        base = solve_allocation(_restrict(p, idx), effort=SolverEffort(), columns="all", portfolio=False)
+        assert base.status == "optimal"
+        check_plan(p, cut)
+        assert _no_worse(cut, base)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -378,14 +443,13 @@ def test_resolve_with_current_plan_keeps_most_instances() -> None:
 
 @pytest.mark.parametrize("scarcity", [1.0, 5.0])
 def test_column_generation_reaches_the_full_lp_bound(scarcity: float) -> None:
-    from solvers import allocation as alloc
 
     p = generate("core", 100, seed=7, scarcity=scarcity)
-    c = alloc._columns(p)
-    mat = alloc._matrix(c)
-    full, generated = alloc._LpOutcome(), alloc._LpOutcome()
-    alloc._lp_job(alloc._highs(mat, mat.cost_obj, alloc._service_hi(c, 0.0), 1e-4, mip=False), c, mat, full)
-    alloc._cg_job(c, mat, 1e-4, generated, alloc._LpThread())
+    c = columns._columns(p)
+    mat = model._matrix(c)
+    full, generated = relaxation._LpOutcome(), relaxation._LpOutcome()
+    relaxation._lp_job(model._highs(mat, mat.cost_obj, model._service_hi(c, 0.0), 1e-4, mip=False), c, mat, full)
+    relaxation._cg_job(c, mat, 1e-4, generated, process._LpThread())
     assert full.done and generated.done
     assert generated.columns is not None and len(generated.columns) < c.J
     assert generated.unmet == pytest.approx(full.unmet, rel=1e-6, abs=1e-6)
@@ -440,7 +504,6 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
 
 def test_decomposition_prunes_only_against_a_start_that_serves_the_demand() -> None:
     """A start that under-serves a model costs less than its optimum: it must not prune the columns."""
-    from solvers.allocation import _columns, _matrix, _split_phase
 
     def agg(key: str, rate: float) -> AllocTemplate:  # rate req/s at in 100 / out 10, utilisation 1
         return AllocTemplate(0, "aggregated", np.array([1]) if key == "small" else np.array([3]), 200 * rate,
@@ -468,8 +531,9 @@ def test_decomposition_agrees_with_the_full_mip() -> None:
     merged = 0
     for scarcity, load, seed in itertools.product((1.5, 2.0), (0.15, 0.2), (0, 3, 4, 7)):
         p = generate("core", 12, seed=seed, scarcity=scarcity, load=load)
-        a = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=True)
-        b = solve_allocation(p, deadline_s=60, mip_gap=0.0, columns="all", decompose=False)
+        # run to completion (no clock): a 60 s deadline was not enough on a loaded 2-core machine
+        a = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=True)
+        b = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=False)
         check_plan(p, a)
         assert a.status == b.status == "optimal"
         assert a.total_unmet_rps == pytest.approx(b.total_unmet_rps, abs=1e-6)
@@ -519,12 +583,51 @@ def test_scarce_replays_and_diving() -> None:
     assert full.total_unmet_rps < none.total_unmet_rps - 1.0
 
 
+class FakeClock:
+    """A clock that stands still for its first ``ticks`` readings and then jumps past every deadline."""
+
+    def __init__(self, ticks: int | None) -> None:
+        self.ticks = ticks
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return 0.0 if self.ticks is None or self.reads <= self.ticks else 1e18
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "decompose"), [("scarce", False), ("plenty", True), ("plenty", False)], ids=["scarce", "split", "full"]
+)
+def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool) -> None:
+    """Cut the solve at each of its first clock readings (the phase boundaries: LP, dive, decomposition,
+    serve, cost) and at readings inside its MIPs: each result's effort replays its plan exactly."""
+    if kind == "scarce":
+        p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
+    else:
+        p = generate("core", 8, seed=2, load=0.2)
+    kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2}
+    counting = FakeClock(None)
+    solve_allocation(p, deadline_s=3600.0, clock=counting, **kw)  # type: ignore[arg-type]
+    seen = set()
+    n = counting.reads
+    for ticks in sorted({*range(1, min(n, 8) + 1), n // 3, 2 * n // 3} - {0}):
+        first = solve_allocation(p, deadline_s=3600.0, clock=FakeClock(ticks), **kw)  # type: ignore[arg-type]
+        replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
+        assert replay.effort == first.effort, ticks
+        assert replay.counts == first.counts, ticks
+        assert replay.objective == first.objective
+        seen.add(tuple(sorted(first.effort.as_mapping().items())))
+    assert len(seen) >= 3  # the cuts fell in different phases
+
+
 def test_deadline_cuts_to_the_greedy_path() -> None:
     p = generate("core", 400, seed=4, load=0.2)
     res = solve_allocation(p, deadline_s=1e-6)
     check_plan(p, res)
-    assert res.status == "greedy"
-    assert res.effort == SolverEffort(lp=0, serve=None, cost=0)
+    assert res.status == "no bound" and res.bound == 0.0 and res.gap == 1.0
+    assert (res.effort.lp, res.effort.serve, res.effort.cost) == (0, None, 0)
+    assert res.effort.restricted and all(e.lp == 0 and e.cost == 0 for _name, e in res.effort.restricted)
     assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
     # and the replay of that path needs no clock
     assert solve_allocation(p, effort=res.effort).counts == res.counts

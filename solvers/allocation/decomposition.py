@@ -1,0 +1,218 @@
+"""MIPs warm-started from a plan, and the exact decomposition by model."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+
+import attrs
+import highspy
+import numpy as np
+from numpy.typing import NDArray
+
+from solvers.allocation.columns import _TOL, _Columns
+from solvers.allocation.heuristics import _better, _fit, _repair, _State
+from solvers.allocation.model import _highs, _highs_solution, _Matrix, _plan_vector, _service_hi
+from solvers.allocation.process import _Deadline, _ForkedMip, _run_all
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+def _mip_job(
+    c: _Columns,
+    mat: _Matrix,
+    objective: FloatArray,
+    service_hi: float,
+    start: IntArray,
+    limit: int | None,
+    mip_gap: float,
+    cols: IntArray | None,
+    *,
+    row_lo: FloatArray | None = None,
+    cuts: list[tuple[IntArray, float]] | None = None,
+) -> tuple[_ForkedMip, Callable[[], highspy.Highs], int]:
+    """One MIP (over the variables ``cols``, default all), warm-started with plan ``start``, ready for
+    ``_run_all``: (the run, its model builder, its number of integer variables)."""
+    vector = _plan_vector(c, mat, start)
+
+    def build() -> highspy.Highs:
+        h = _highs(mat, objective, service_hi, mip_gap, mip=True, cols=cols, row_lo=row_lo, cuts=cuts)
+        h.setSolution(_highs_solution(vector if cols is None else vector[cols]))
+        return h
+
+    n_x = c.J + len(mat.keep_cols)
+    return _ForkedMip(limit), build, n_x if cols is None else int(np.sum(cols < n_x))
+
+
+def _mip_plans(c: _Columns, mat: _Matrix, run: _ForkedMip, cols: IntArray | None) -> list[IntArray]:
+    """The plans (x over the columns) that a MIP run took, in the order it found them."""
+    n_x = c.J + len(mat.keep_cols)
+    plans = []
+    for sol in run.taken():
+        full = np.zeros(n_x, dtype=np.int64)
+        full[np.arange(n_x) if cols is None else cols[cols < n_x]] = sol
+        x = full[: c.J].copy()
+        x[mat.keep_cols] += full[c.J :]
+        plans.append(x)
+    return plans
+
+
+def _mip_phase(
+    c: _Columns,
+    mat: _Matrix,
+    objective: FloatArray,
+    service_hi: float,
+    start: IntArray,
+    limit: int | None,
+    deadline: _Deadline | None,
+    mip_gap: float,
+    cols: IntArray | None,
+    cuts: list[tuple[IntArray, float]] | None = None,
+) -> tuple[_ForkedMip, list[IntArray]]:
+    """One MIP in a child process: (the run, the plans it found, in order)."""
+    job = _mip_job(c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts)
+    _run_all([job], 1, deadline)
+    return job[0], _mip_plans(c, mat, job[0], cols)
+
+
+def _model_vars(c: _Columns, mat: _Matrix) -> list[IntArray]:
+    """Per model: its variables (its columns' new and keep copies, its flows y, its unmet u)."""
+    owner = np.concatenate([c.m, c.m[mat.keep_cols], c.pool_m, mat.dem_models])
+    order = np.argsort(owner, kind="stable")
+    return list(np.split(order, np.searchsorted(owner[order], np.arange(1, c.M))))
+
+
+@attrs.define
+class _Split:
+    """Outcome of the per-group MIPs: the union plan, the sum of their bounds, and cuts for the full MIP."""
+
+    plan: IntArray | None = None
+    bound: float = -math.inf
+    proven: bool = False
+    fits: bool = False
+    cuts: list[tuple[IntArray, float]] = attrs.Factory(list)
+    stopped: dict[int, int] = attrs.Factory(dict)
+    groups: int = 0
+    iterations: int = 0
+    nodes: int = 0
+
+
+SPLIT_MIN_COLUMNS = 300
+"""Columns from which the decomposition runs: below, the full MIP was faster than starting a child
+process per model (core's homogeneous restriction, 206 columns: 0.05 s against 0.14 s)."""
+
+SPLIT_SHARE = 0.75
+"""Share of the time left after the heuristic that the decomposition may use; the full MIP gets the rest."""
+
+SPLIT_WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+"""Per-group MIPs run at once (each a child process with one single-threaded HiGHS)."""
+
+
+def _split_phase(
+    c: _Columns,
+    mat: _Matrix,
+    start: IntArray,
+    limits: Mapping[int, int],
+    deadline: _Deadline | None,
+    mip_gap: float,
+) -> _Split:
+    """Decomposition by model, exact: solve each group of models' cost MIP alone, with all its demand
+    served and the whole availability to itself; merge the groups whose plans together overrun a
+    (region, node type), and repeat.
+
+    Groups share only the availability rows (the service row is fixed at full service), so the sum of
+    the group optima bounds the full program from below, and when the union of their plans fits the
+    availability it is optimal. It ends there, at one group of all models, or at the deadline.
+    In each group's MIP, when ``start`` serves the group's demand, a variable whose one unit costs more
+    than the group's part of ``start`` cannot be in a better plan, and is left out. ``limits``: solutions
+    to take per group (key: the bitmask of its models; a replay), else all.
+    """
+    out = _Split()
+    variables = _model_vars(c, mat)
+    dem_row = np.full(c.M, -1, dtype=np.int64)
+    dem_row[mat.dem_models] = np.arange(len(mat.dem_models))
+    hi = _service_hi(c, 0.0)
+    first_u = mat.num_cols - len(mat.dem_models)
+    owner = {int(m): int(m) for m in mat.dem_models}  # model -> its group's first model
+    groups = {int(m): [int(m)] for m in mat.dem_models}
+    bound_of = {int(m): 0.0 for m in mat.dem_models}  # group -> a proven lower bound on its cost
+    plan_of: dict[int, IntArray] = {}  # group -> the x part of its own optimum (or best found)
+    proven_of: dict[int, bool] = {}
+    found: list[tuple[frozenset[int], IntArray, float]] = []  # finished groups: models, variables, bound
+    while True:
+        vector = _plan_vector(c, mat, start)
+        short = _State(c, start).unmet() > _TOL * np.maximum(c.demand, 1.0)
+        masks = {lead: sum(1 << m for m in ms) for lead, ms in groups.items()}
+        jobs = []
+        for lead, ms in groups.items():
+            if lead in plan_of:
+                continue
+            lo = mat.row_lo.copy()
+            lo[: len(mat.dem_models)] = -np.inf
+            rows = dem_row[ms]
+            lo[rows] = mat.row_lo[rows]
+            cols = np.sort(np.concatenate([variables[m] for m in ms]))
+            cols = cols[cols < first_u]  # every demand is served: no unmet variables
+            # start's part is an upper bound on the group's optimum only where it serves the group's demand
+            incumbent = math.inf if short[ms].any() else float(mat.cost_obj[cols] @ vector[cols])
+            # one unit of a variable of part k costs at most the incumbent less the other parts' bounds;
+            # the parts: the largest finished groups inside this one (groups only merge, so disjoint)
+            inside = [(members, bound) for members, _v, bound in found if members <= set(ms)]
+            parts = [(a, bound) for a, bound in inside if not any(a < b for b, _bound in inside)]
+            slack = np.full(mat.num_cols, incumbent)
+            for members, bound in parts:
+                for members2, _bound2 in parts:
+                    if not members2 & members:
+                        slack[np.concatenate([variables[m] for m in members2])] -= bound
+            cols = cols[mat.cost_obj[cols] <= slack[cols] * (1 + 1e-9) + 1e-9]
+            cuts = [(v, bound) for members, v, bound in found if members <= set(ms)]
+            limit = limits.get(masks[lead])
+            job = _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo, cuts=cuts)
+            jobs.append((lead, cols, job))
+        jobs.sort(key=lambda job: -len(job[1]))  # largest first: the workers finish closer together
+        _run_all([job for _g, _cols, job in jobs], SPLIT_WORKERS, deadline)
+        out.groups += len(jobs)
+        complete = True
+        for lead, cols, (run, _build, _n) in jobs:
+            out.iterations += run.iterations
+            out.nodes += run.nodes
+            if run.finished and run.status == highspy.HighsModelStatus.kInfeasible:
+                return _Split(stopped=out.stopped, groups=out.groups, iterations=out.iterations, nodes=out.nodes)
+            own = np.concatenate([c.by_model[m] for m in groups[lead]])
+            plans = _mip_plans(c, mat, run, cols)
+            plan_of[lead] = (plans[-1] if plans else start)[own]
+            proven_of[lead] = run.finished and run.status == highspy.HighsModelStatus.kOptimal
+            if not run.finished:
+                out.stopped[masks[lead]] = len(run.taken())
+                complete = False
+            elif math.isfinite(run.dual_bound):  # a stopped run's bound depends on the clock: not used
+                bound_of[lead] = max(bound_of[lead], run.dual_bound)
+                v = np.concatenate([variables[m] for m in groups[lead]])
+                found.append((frozenset(groups[lead]), v, run.dual_bound))
+        x = np.zeros(c.J, dtype=np.int64)
+        for lead, ms in groups.items():
+            x[np.concatenate([c.by_model[m] for m in ms])] = plan_of[lead]
+        out.plan = x
+        out.cuts = [(v, bound) for _members, v, bound in found]
+        out.bound = sum(bound_of.values())
+        out.proven = all(proven_of.values())
+        over = _State(c, x).used > c.avail
+        out.fits = not bool(over.any())
+        if out.fits or not complete or len(groups) == 1:
+            return out
+        repaired = _repair(c, _fit(c, x))
+        if _better(c, repaired, start):
+            start = repaired
+        for reg, typ in np.argwhere(over):
+            users = sorted({owner[int(m)] for m in c.m[(x > 0) & (c.r == reg) & (c.nc[:, typ] > 0)]})
+            for lead in users[1:]:
+                for m in groups.pop(lead):
+                    owner[m] = users[0]
+                    groups[users[0]].append(m)
+                bound_of[users[0]] += bound_of.pop(lead)
+                plan_of.pop(lead, None)
+                proven_of.pop(lead, None)
+            plan_of.pop(users[0], None)
+            proven_of.pop(users[0], None)

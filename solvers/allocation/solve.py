@@ -1,0 +1,462 @@
+"""The solve driver.
+
+Solution path
+-------------
+1. Build the columns and rows from numpy arrays (one addRows and one addCols call).
+2. LP relaxation: minimise cost with u fixed to 0; if infeasible, minimise sum u, then cost at that
+   service level. With ``columns="generated"``: the same by column generation.
+3. Heuristic (numpy, deterministic): round the LP down, then round up its fractional columns, most
+   fractional first, while they serve unmet demand; fill what is left (aggregated instances that the
+   demand fully uses, best req/s per USD/h first; the cheapest multiset of up to three aggregated
+   instances for each model's rest; then best unmet-req/s per USD/h among all instances and
+   prefill+decode pairs); drop instances not needed; local search per model (rebuild it from scratch,
+   aggregated-first and disaggregated-first; drop up to three of its least efficient instances for the
+   cheapest multiset of up to three that serves as much). The same from the current deployment cut to
+   the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
+   When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
+   round up what fits, else bound the least fractional variable down, re-solve, until integral).
+   The portfolio (``_restrict_phase``): each baseline's restriction (``RESTRICTIONS``) solved alone by
+   this same driver, in a share of the time left; each plan is a plan of the whole problem.
+4. Decomposition by model, when the LP serves every demand. Models share only the availability
+   rows (the service row is then fixed at full service), so each group of models solves its own cost
+   MIP over all its columns with the whole availability (every model alone at first, each in a
+   child process, two or more at once). The sum of the group optima bounds the program from below,
+   and when the union of their plans fits the availability it is optimal. Groups whose plans overrun
+   a (region, node type) together are merged and solved again, from the repaired union; at worst
+   one group holds every model. In a group's MIP, a variable whose one unit costs more than the
+   group's part of the best plan so far is left out (costs are nonnegative, so it cannot be in a
+   better plan).
+5. MIP phase 1 (only when the plan still leaves more unmet demand than the LP bound), then phase 2
+   (only when the decomposition did not prove the plan optimal; its groups' bounds are added as cuts
+   sum_{v of group} cost_v v >= bound), each warm-started with the best plan so far, on
+   single-threaded HiGHS.
+
+Deadline, enforced from outside HiGHS: it overran its own ``time_limit`` by 2-3x here, and at the root
+of an extended-size model its interrupt checks were up to 16 s apart, so neither its time limit nor
+an interrupt callback stops it in time. The LP runs in a thread (its simplex checks are frequent;
+at the deadline the thread is abandoned and interrupted at its next check). Each MIP runs in a forked
+child process that streams its improving solutions through a pipe; at the deadline the parent keeps
+the solutions fully received and kills the child. Replay: single-threaded HiGHS finds the same
+improving solutions in the same order every run, so the number taken per phase (``SolverEffort``,
+per group for the decomposition) fixes the plan without the clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import highspy
+import numpy as np
+from numpy.typing import NDArray
+
+from solvers.allocation.columns import _Columns, _columns
+from solvers.allocation.decomposition import SPLIT_MIN_COLUMNS, SPLIT_SHARE, _mip_phase, _Split, _split_phase
+from solvers.allocation.heuristics import (
+    _better,
+    _counts,
+    _fit,
+    _fit_current,
+    _objective,
+    _repair,
+    _State,
+    _unmet_total,
+)
+from solvers.allocation.model import _highs, _matrix, _service_hi
+from solvers.allocation.problem import (
+    RESTRICTIONS,
+    AllocationInputError,
+    AllocationProblem,
+    AllocationResult,
+    SolverEffort,
+)
+from solvers.allocation.process import _Deadline, _LpThread
+from solvers.allocation.relaxation import _AUTO_GENERATED, _cg_job, _dive_job, _DiveOutcome, _lp_job, _LpOutcome
+
+IntArray = NDArray[np.int64]
+
+
+DIVE_SHARE = 0.3
+"""Share of the deadline after the LP that the diving heuristic may use."""
+
+
+_SKIP_ALL = SolverEffort(lp=0, serve=0, cost=0, dive=0, decompose=0)
+"""The effort recorded for a restriction not solved at all (the deadline came first); no solve that ran
+records it (with ``lp`` 0 a solve never records ``dive``)."""
+
+RESTRICT_SHARE = 0.2
+"""Share of the time left that each restriction of the portfolio may use."""
+
+
+def _restrictions(p: AllocationProblem) -> list[tuple[str, IntArray]]:
+    """(name, template indices) of each restriction of ``RESTRICTIONS`` that selects some but not all of
+    p's templates, and not the same ones as an earlier restriction."""
+    homo = np.array([int((t.node_counts > 0).sum()) == 1 for t in p.templates], dtype=bool)
+    agg = np.array([t.mode == "aggregated" for t in p.templates], dtype=bool)
+    masks = {"homo": homo & agg, "pd-homo": homo & ~agg, "homo-pd": homo}
+    out: list[tuple[str, IntArray]] = []
+    seen: set[bytes] = set()
+    for name in RESTRICTIONS:
+        mask = masks[name]
+        if mask.any() and not mask.all() and mask.tobytes() not in seen:
+            seen.add(mask.tobytes())
+            out.append((name, np.nonzero(mask)[0]))
+    return out
+
+
+def _restrict(p: AllocationProblem, idx: IntArray) -> AllocationProblem:
+    """The same problem over the templates ``idx`` (and their running instances)."""
+    keep = {p.templates[i].key for i in idx}
+    return attrs.evolve(
+        p, templates=[p.templates[i] for i in idx], current={k: v for k, v in p.current.items() if k[0] in keep}
+    )
+
+
+def _column_of(c: _Columns) -> dict[tuple[int, int], int]:
+    """Column of each (original template index, region) that has one."""
+    out: dict[tuple[int, int], int] = {}
+    for j in range(c.J):
+        for i in c.members[int(c.tu[j])]:
+            out[(i, int(c.r[j]))] = j
+    return out
+
+
+def _status(proven: bool, service_proven: bool, bound: float) -> str:
+    """``optimal`` when proven; ``feasible`` when the service level is proven and a cost bound above 0
+    exists (the gap is to it); else ``no bound``: without a proven service level a cost bound says
+    nothing of the lexicographic optimum."""
+    if proven:
+        return "optimal"
+    return "feasible" if service_proven and bound > 0 else "no bound"
+
+
+def solve_allocation(
+    problem: AllocationProblem,
+    *,
+    deadline_s: float = 1.0,
+    mip_gap: float = 1e-4,
+    effort: SolverEffort | None = None,
+    columns: str = "auto",
+    decompose: bool | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    portfolio: bool = True,
+) -> AllocationResult:
+    """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
+
+    Returns within about ``deadline_s`` (wall clock; HiGHS runs in a worker thread that is abandoned
+    and interrupted at the deadline), always with a feasible plan. With ``effort`` the wall clock is
+    ignored and each phase stops where ``effort`` says, which makes the solve deterministic: pass a
+    result's ``effort`` back to replay exactly its plan.
+
+    ``columns="generated"`` solves the LP by column generation and the MIPs over the generated
+    columns plus the current and the heuristic plan's: the MIPs find better plans in time at the
+    extended size, but their bounds hold only for those columns, so the reported bound is the LP's.
+    ``"all"`` solves the MIPs over all columns; ``"auto"`` (default) generates columns from 5,000
+    (template, region) columns up (the extended size, where it measured 1-5% cheaper plans).
+
+    ``decompose``: when the LP serves every demand, first solve each model's MIP alone over all its
+    columns, merging models whose plans overrun the same availability (see ``_split_phase``); the full
+    MIP runs only when that does not prove the plan optimal, with the group bounds as cuts. ``None``
+    (default) decomposes from ``SPLIT_MIN_COLUMNS`` columns up.
+
+    ``portfolio``: first solve each restriction of ``RESTRICTIONS`` that selects some but not all of the
+    templates (a baseline's problem) alone, in ``RESTRICT_SHARE`` of the time left each; its plan is a
+    plan of this problem, so the result is never worse than a restriction solved to its optimum.
+
+    ``clock`` (seconds) measures the deadline; a test passes a fake one to cut the solve at any phase.
+    Every phase that the deadline cuts or skips is recorded in the result's ``effort``.
+    """
+    if columns not in ("auto", "all", "generated"):
+        raise AllocationInputError(f"columns: must be 'auto', 'all' or 'generated', got {columns!r}")
+    if not (deadline_s > 0 and math.isfinite(deadline_s)):
+        raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
+    if not (0 <= mip_gap < 1):
+        raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
+    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock)
+    phases: list[tuple[str, Callable[[_Run], None]]] = [
+        ("lp", _lp_phase),
+        ("heuristic", _heuristic_phase),
+        ("restrict", _restrict_phase if portfolio else _no_phase),
+        ("dive", _dive_phase),
+        ("split", _decompose_phase),
+        ("serve", _serve_phase),
+        ("cost", _cost_phase),
+    ]
+    for name, phase in phases:
+        t = time.perf_counter()
+        phase(run)
+        run.phase_s[name] = time.perf_counter() - t
+    return run.result()
+
+
+class _Run:
+    """One solve's state, shared by its phases: the columns and model, the best plan so far, the bounds
+    proven, and the effort each phase took."""
+
+    def __init__(
+        self,
+        problem: AllocationProblem,
+        effort: SolverEffort | None,
+        deadline_s: float,
+        mip_gap: float,
+        columns: str,
+        decompose: bool | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.t0 = time.perf_counter()
+        self.problem = problem
+        self.clock = clock
+        self.deadline = None if effort is not None else _Deadline(clock() + deadline_s, clock)
+        self.limits = effort if effort is not None else SolverEffort()
+        self.mip_gap = mip_gap
+        self.phase_s: dict[str, float] = {}
+        self.c = _columns(problem)
+        self.mat = _matrix(self.c)
+        self.columns = ("generated" if self.c.J >= _AUTO_GENERATED else "all") if columns == "auto" else columns
+        self.decompose = self.c.J >= SPLIT_MIN_COLUMNS if decompose is None else decompose
+        self.phase_s["build"] = time.perf_counter() - self.t0
+        self.svc_tol = 1e-7 * max(1.0, float(self.c.demand.sum()))
+        self.iters = self.nodes = 0
+        self.used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None, "split": None}
+        self.lp = _LpOutcome()
+        self.best = np.zeros(self.c.J, dtype=np.int64)
+        self.restricted: list[tuple[str, SolverEffort]] = []
+        self.split = _Split()
+        self.split_optimal = False
+        self.unmet_bound = float(self.c.demand.sum()) if self.c.J == 0 else 0.0
+        self.cost_bound = -math.inf
+        self.cost_optimal = False
+        self.service = (0.0, False)  # the best plan's unmet req/s and whether it is proven least (cost phase)
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and self.deadline.passed()
+
+    def offer(self, x: IntArray) -> None:
+        """Keep plan x if it beats the best so far."""
+        if _better(self.c, x, self.best):
+            self.best = x
+
+    def mip_vars(self) -> IntArray | None:
+        """All variables, or with generated columns those plus the best plan's and the current ones."""
+        c, lp = self.c, self.lp
+        if self.columns == "all" or lp.columns is None:
+            return None
+        x_cols = np.union1d(lp.columns, np.nonzero((self.best > 0) | (c.cur > 0))[0])
+        return np.concatenate([x_cols, np.arange(c.J, self.mat.num_cols)])
+
+    def result(self) -> AllocationResult:
+        c, best, lp, split = self.c, self.best, self.lp, self.split
+        unmet_best, service_proven = self.service
+        cost, churn = _objective(c, best)
+        objective = cost + churn
+        bounds = [0.0, self.cost_bound]
+        if lp.done and unmet_best <= lp.unmet + self.svc_tol:
+            bounds.append(lp.bound)
+        if unmet_best <= self.svc_tol:
+            bounds.append(split.bound)
+        bound = min(max(bounds), objective)
+        gap = (objective - bound) / objective if objective > 0 else 0.0
+        proven = c.J == 0 or self.split_optimal or (service_proven and (self.cost_optimal or gap <= self.mip_gap))
+        status = _status(proven, service_proven, bound)
+        if status == "no bound":
+            bound, gap = 0.0, 1.0 if objective > 0 else 0.0
+        served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
+        used = self.used
+        return AllocationResult(
+            counts=_counts(c, best),
+            cost_per_hour=cost,
+            churn_cost=churn,
+            served_rps=served,
+            unmet_rps=c.demand - served,
+            status=status,
+            objective=objective,
+            bound=bound,
+            gap=gap,
+            unmet_bound=self.unmet_bound,
+            service_proven=service_proven,
+            solve_s=time.perf_counter() - self.t0,
+            phase_s=self.phase_s,
+            effort=SolverEffort(
+                lp=used["lp"],
+                serve=used["serve"],
+                cost=used["cost"],
+                dive=used["dive"],
+                decompose=used["split"],
+                split=split.stopped.items(),
+                restricted=self.restricted,
+            ),
+            simplex_iterations=self.iters,
+            mip_nodes=self.nodes,
+            num_columns=self.mat.num_cols,
+            num_rows=self.mat.num_rows,
+            merged_templates=sum(len(ms) - 1 for ms in c.members),
+            column_generation=self.columns == "generated",
+            split_groups=split.groups,
+        )
+
+    def prove_service(self) -> None:
+        """Fix the best plan's unmet demand, and whether the bound proves it least, for the cost phase."""
+        unmet_best = _unmet_total(self.c, self.best)
+        proven = unmet_best <= self.unmet_bound + self.svc_tol or unmet_best * (1 - self.mip_gap) <= self.unmet_bound
+        self.service = (unmet_best, proven)
+
+
+def _no_phase(run: _Run) -> None:
+    """A phase left out."""
+
+
+def _lp_phase(run: _Run) -> None:
+    """The LP relaxation (directly, or by column generation), in a thread abandoned at the deadline."""
+    c, mat = run.c, run.mat
+    if c.J == 0:
+        return
+    if run.limits.lp == 0 or run.out_of_time():
+        run.used["lp"] = 0
+        return
+    thread = _LpThread()
+    lp = _LpOutcome()
+    if run.columns == "all":
+        h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), run.mip_gap, mip=False)
+        thread.attach(h)
+        job = functools.partial(_lp_job, h, c, mat, lp)
+    else:
+        job = functools.partial(_cg_job, c, mat, run.mip_gap, lp, thread)
+    if thread.run(job, run.deadline):
+        run.iters += lp.iterations
+        run.lp = lp
+        run.unmet_bound = lp.unmet
+    else:
+        run.used["lp"] = 0
+
+
+def _heuristic_phase(run: _Run) -> None:
+    """Rounding and greedy repair: from the LP, and from the current deployment."""
+    c, mat, lp = run.c, run.mat, run.lp
+    if c.J == 0:
+        return
+    if not lp.done or np.any(c.cur > 0):
+        run.best = _repair(c, _fit_current(c))
+    if lp.values is not None:
+        v = lp.values[: c.J].copy()
+        v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
+        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
+        if not _better(c, run.best, rounded):
+            run.best = rounded
+
+
+def _restrict_phase(run: _Run) -> None:
+    """The portfolio: each baseline's restriction solved alone; its plan is a plan of this problem too."""
+    c, problem, limits = run.c, run.problem, run.limits
+    if c.J == 0:
+        return
+    where = _column_of(c)
+    for name, idx in _restrictions(problem):
+        sub = _restrict(problem, idx)
+        kw: dict[str, Any] = {"mip_gap": run.mip_gap, "columns": run.columns, "portfolio": False}
+        if run.deadline is None and dict(limits.restricted).get(name) == _SKIP_ALL:
+            run.restricted.append((name, _SKIP_ALL))
+            continue
+        if run.deadline is None:
+            res = solve_allocation(sub, effort=dict(limits.restricted).get(name, SolverEffort()), **kw)
+        elif run.out_of_time():  # not even its heuristic: that is not cut by the deadline
+            run.restricted.append((name, _SKIP_ALL))
+            continue
+        else:
+            left = max(RESTRICT_SHARE * run.deadline.left(), 1e-6)
+            res = solve_allocation(sub, deadline_s=left, clock=run.clock, **kw)
+        if res.effort != SolverEffort():
+            run.restricted.append((name, res.effort))
+        x = np.zeros(c.J, dtype=np.int64)
+        for (i, reg), n in res.counts.items():
+            x[where[(int(idx[i]), reg)]] += n
+        run.offer(x)
+
+
+def _dive_phase(run: _Run) -> None:
+    """LP diving when not every demand can be served (rounding loses most there)."""
+    c, lp = run.c, run.lp
+    if not (c.J > 0 and lp.done and lp.unmet > run.svc_tol):
+        return
+    if run.limits.dive == 0 or run.out_of_time():
+        run.used["dive"] = 0
+        return
+    dive = _DiveOutcome()
+    thread = _LpThread()
+    share = None if run.deadline is None else run.deadline.share(DIVE_SHARE)
+    job = functools.partial(_dive_job, c, run.mat, run.mip_gap, run.limits.dive, dive, thread)
+    finished = thread.run(job, share)
+    steps, plan, done = dive.snapshot  # one read: an abandoned dive thread may still write
+    if not finished or (run.limits.dive is not None and not done):
+        run.used["dive"] = steps
+    if plan is not None:
+        run.offer(_repair(c, _fit(c, plan)))
+
+
+def _decompose_phase(run: _Run) -> None:
+    """Per-model MIPs, when the LP serves every demand: their union is optimal when it fits."""
+    c, lp = run.c, run.lp
+    if not (run.decompose and c.J > 0 and lp.done and lp.unmet <= run.svc_tol):
+        return
+    if run.limits.decompose == 0 or run.out_of_time():
+        run.used["split"] = 0
+        return
+    share = None if run.deadline is None else run.deadline.share(SPLIT_SHARE)
+    split = _split_phase(c, run.mat, run.best, dict(run.limits.split), share, run.mip_gap)
+    run.split = split
+    run.iters, run.nodes = run.iters + split.iterations, run.nodes + split.nodes
+    if split.plan is not None:
+        x = split.plan if split.fits else _repair(c, _fit(c, split.plan))
+        if _better(c, x, run.best) or (split.fits and split.proven):
+            run.best = x
+        run.split_optimal = split.fits and split.proven and _unmet_total(c, run.best) <= run.svc_tol
+
+
+def _serve_phase(run: _Run) -> None:
+    """MIP phase 1 (serve), only when the LP bound does not already prove the service level."""
+    c, mat = run.c, run.mat
+    if not (c.J > 0 and _unmet_total(c, run.best) > run.unmet_bound + run.svc_tol):
+        return
+    if run.limits.serve == 0 or run.out_of_time():
+        run.used["serve"] = 0
+        return
+    half = None if run.deadline is None else run.deadline.share(0.5)
+    mip, plans = _mip_phase(
+        c, mat, mat.serve_obj, math.inf, run.best, run.limits.serve, half, run.mip_gap, run.mip_vars()
+    )  # fmt: skip
+    run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
+    run.used["serve"] = None if mip.finished else len(mip.taken())
+    for x in plans:
+        run.offer(x)
+    if run.columns == "all":
+        run.unmet_bound = max(run.unmet_bound, mip.dual_bound)
+        if mip.status == highspy.HighsModelStatus.kOptimal:
+            run.unmet_bound = max(run.unmet_bound, _unmet_total(c, run.best) * (1 - run.mip_gap))
+
+
+def _cost_phase(run: _Run) -> None:
+    """MIP phase 2 (cost) at the best service level found, with the decomposition's bounds as cuts."""
+    c, mat = run.c, run.mat
+    run.prove_service()
+    if not (c.J > 0 and not run.split_optimal):
+        return
+    if run.limits.cost == 0 or run.out_of_time():
+        run.used["cost"] = 0
+        return
+    unmet_best = run.service[0]
+    hi = _service_hi(c, unmet_best)
+    cuts = run.split.cuts if unmet_best <= run.svc_tol else None
+    mip, plans = _mip_phase(
+        c, mat, mat.cost_obj, hi, run.best, run.limits.cost, run.deadline, run.mip_gap, run.mip_vars(), cuts
+    )  # fmt: skip
+    run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
+    run.used["cost"] = None if mip.finished else len(mip.taken())
+    for x in plans:
+        if _unmet_total(c, x) <= unmet_best + run.svc_tol:
+            run.offer(x)
+    if run.columns == "all":
+        run.cost_bound = mip.dual_bound
+        run.cost_optimal = mip.status == highspy.HighsModelStatus.kOptimal
