@@ -17,7 +17,7 @@ lint:
     ruff format --check coral actors solvers tui tests bench
     mypy
 
-# run one benchmark: perf-fit, templates, plan, sim, bus, gateway
+# run one benchmark: perf-fit, templates, plan, sim, bus, gateway, mesh
 bench NAME *ARGS:
     python bench/{{replace(NAME, "-", "_")}}.py {{ARGS}}
 

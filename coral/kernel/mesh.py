@@ -29,7 +29,7 @@ import anyio.abc
 import zmq.asyncio
 
 from coral.errors import CoralError
-from coral.kernel.actor import Actor, ActorHandle, ActorRuntime, ActorState, RestartPolicy, Supervisor
+from coral.kernel.actor import Actor, ActorCounters, ActorHandle, ActorRuntime, ActorState, RestartPolicy, Supervisor
 from coral.kernel.broker import Broker
 from coral.kernel.client import BusClient, LocalBusClient
 from coral.kernel.clock import Clock, RealClock, VirtualClock, let_tasks_run
@@ -130,6 +130,10 @@ class Mesh:
     @property
     def actors(self) -> dict[str, ActorHandle]:
         return {name: rt.handle for name, rt in self._runtimes.items()}
+
+    def counters(self) -> dict[str, ActorCounters]:
+        """Per actor spawned in this mesh (stopped ones too): what it handled and the time it took."""
+        return {name: rt.counters for name, rt in self._runtimes.items()}
 
     async def __aenter__(self) -> Mesh:
         stack = contextlib.AsyncExitStack()
