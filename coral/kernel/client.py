@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -159,52 +159,56 @@ class BusClient:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> BusClient:
+    async def __aenter__(self) -> Self:
         if self._stack is not None or self._closed:
             raise BusError(f"client {self.name!r}: already opened")
         stack = contextlib.AsyncExitStack()
         await stack.__aenter__()
         try:
-            dealer = self._ctx.socket(zmq.DEALER)
-            stack.callback(dealer.close, 0)
-            set_common_options(dealer, self.hwm)
-            dealer.setsockopt(zmq.ROUTING_ID, self._name_b)
-            sub = self._ctx.socket(zmq.SUB)
-            stack.callback(sub.close, 0)
-            set_common_options(sub, self.hwm)
-            for topic in self._topics:
-                sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            # this client's sync marks, subscribed before connecting: a subscription made at each sync
-            # reached the publisher after the mark it was for (a lost mark and a retry per sync)
-            sub.setsockopt(zmq.SUBSCRIBE, self._sync_prefix)
-            if self.curve is not None:
-                self.curve.apply(dealer)
-                self.curve.apply(sub)
-            try:
-                dealer.connect(self.endpoints.router)
-                sub.connect(self.endpoints.pub)
-            except zmq.ZMQError as exc:
-                raise BusError(f"client {self.name!r}: cannot connect to {self.endpoints}: {exc}") from exc
-            self._dealer, self._sub = dealer, sub
-            self._dealer_shadow = zmq.Socket.shadow(dealer.underlying)
-            send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size)
-            self._inbox_recv = recv
-            stack.callback(recv.close)
-            with send:
-                feeds = [send.clone(), send.clone()]
-            self._feeds = feeds
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)
-            tg.start_soon(self._direct_loop, feeds[0])
-            tg.start_soon(self._published_loop, feeds[1])
-            await self._handshake()
-            tg.start_soon(self._heartbeat_loop)
+            await self._connect(stack)
         except BaseException:
             self._closed = True
             await stack.aclose()
             raise
         self._stack = stack
         return self
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> None:
+        """Open the sockets and the inbox, and shake hands; what ``stack`` holds is undone on close."""
+        dealer = self._ctx.socket(zmq.DEALER)
+        stack.callback(dealer.close, 0)
+        set_common_options(dealer, self.hwm)
+        dealer.setsockopt(zmq.ROUTING_ID, self._name_b)
+        sub = self._ctx.socket(zmq.SUB)
+        stack.callback(sub.close, 0)
+        set_common_options(sub, self.hwm)
+        for topic in self._topics:
+            sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        # this client's sync marks, subscribed before connecting: a subscription made at each sync
+        # reached the publisher after the mark it was for (a lost mark and a retry per sync)
+        sub.setsockopt(zmq.SUBSCRIBE, self._sync_prefix)
+        if self.curve is not None:
+            self.curve.apply(dealer)
+            self.curve.apply(sub)
+        try:
+            dealer.connect(self.endpoints.router)
+            sub.connect(self.endpoints.pub)
+        except zmq.ZMQError as exc:
+            raise BusError(f"client {self.name!r}: cannot connect to {self.endpoints}: {exc}") from exc
+        self._dealer, self._sub = dealer, sub
+        self._dealer_shadow = zmq.Socket.shadow(dealer.underlying)
+        send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size)
+        self._inbox_recv = recv
+        stack.callback(recv.close)
+        with send:
+            feeds = [send.clone(), send.clone()]
+        self._feeds = feeds
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(tg.cancel_scope.cancel)
+        tg.start_soon(self._direct_loop, feeds[0])
+        tg.start_soon(self._published_loop, feeds[1])
+        await self._handshake()
+        tg.start_soon(self._heartbeat_loop)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -585,26 +589,15 @@ class LocalBusClient(BusClient):
         self.topics: list[bytes] = [t.encode() for t in self._topics]
         self._feed: MemoryObjectSendStream[Envelope] | None = None
 
-    async def __aenter__(self) -> LocalBusClient:
-        if self._stack is not None or self._closed:
-            raise BusError(f"client {self.name!r}: already opened")
-        stack = contextlib.AsyncExitStack()
-        await stack.__aenter__()
-        try:
-            send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size + self.hwm)
-            self._inbox_recv = recv  # left open: a reader still draining it gets EndOfStream, not an error
-            self._feed = send
-            self._feeds = [send]
-            stack.callback(send.close)
-            self._broker.attach(self._name_b, self)
-            stack.callback(self._broker.detach, self._name_b)
-            await self._handshake()
-        except BaseException:
-            self._closed = True
-            await stack.aclose()
-            raise
-        self._stack = stack
-        return self
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> None:
+        send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size + self.hwm)
+        self._inbox_recv = recv  # left open: a reader still draining it gets EndOfStream, not an error
+        self._feed = send
+        self._feeds = [send]
+        stack.callback(send.close)
+        self._broker.attach(self._name_b, self)
+        stack.callback(self._broker.detach, self._name_b)
+        await self._handshake()
 
     async def _send_frames(self, dest: bytes, msg: object, corr: bytes | None = None) -> None:
         if self._closed:
