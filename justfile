@@ -17,7 +17,7 @@ lint:
     ruff format --check coral actors solvers tui tests bench
     mypy
 
-# run one benchmark: alloc-bench, bus, gateway, helix, overload, perf-fit, placement-bench, placement-paths, plan, recovery, sim, templates
+# run one benchmark: alloc-bench, bus, gateway, helix, mesh, overload, perf-fit, placement-bench, placement-paths, plan, recovery, sim, templates
 bench NAME *ARGS:
     python bench/{{replace(NAME, "-", "_")}}.py {{ARGS}}
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -191,6 +192,16 @@ class ActorContext:
         self._rt.request_shutdown(reason)
 
 
+@attrs.define
+class ActorCounters:
+    """What an actor did (all incarnations): messages handled, timer calls, and the wall seconds spent in
+    them (including any awaits inside, such as a solver's answer)."""
+
+    handled: int = 0
+    timers: int = 0
+    busy_s: float = 0.0
+
+
 @attrs.define(eq=False)
 class ActorHandle:
     """The mesh's record of a spawned actor."""
@@ -241,6 +252,7 @@ class ActorRuntime:
         self.changed = on_change
         self._activity = on_activity
         self.request_shutdown = request_shutdown
+        self.counters = ActorCounters()
         self.busy = 1  # starting counts as busy until the first on_start returns
         self.asleep = 0
         self.timers: anyio.abc.TaskGroup | None = None
@@ -279,10 +291,13 @@ class ActorRuntime:
         while True:
             await self.clock.sleep_until(t)
             self._enter()
+            t0 = time.perf_counter()
             try:
                 with anyio.CancelScope(shield=True):  # shutdown waits for a running tick to finish
                     await fn()
             finally:
+                self.counters.timers += 1
+                self.counters.busy_s += time.perf_counter() - t0
                 self._exit()
             t += period
 
@@ -327,11 +342,15 @@ class ActorRuntime:
                     if not started:
                         started = True
                         task_status.started(handle)
+                    counters = self.counters
                     async for env in bus:
                         self._enter()
+                        t0 = time.perf_counter()
                         try:
                             await actor.handle(env)
                         finally:
+                            counters.handled += 1
+                            counters.busy_s += time.perf_counter() - t0
                             self._exit()
                     timers.cancel_scope.cancel()
             except Exception as exc:

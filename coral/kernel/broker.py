@@ -24,7 +24,7 @@ import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -73,6 +73,18 @@ from coral.kernel.wire import (
     unpack_corr,
     valid_tag,
 )
+
+
+class LocalPeer(Protocol):
+    """A client in the broker's own process (``coral.kernel.client.LocalBusClient``): the broker hands it
+    frames by a call instead of a socket. ``push_*`` return False when its inbox is full (a drop)."""
+
+    topics: list[bytes]
+
+    def push_direct(self, frames: list[bytes]) -> bool: ...
+
+    def push_published(self, frames: list[bytes]) -> bool: ...
+
 
 _DRAIN_BATCH = 256
 _DROP_REPORT_S = 1.0
@@ -175,6 +187,8 @@ class Broker:
         self.codec = codec
         self.on_shutdown_request = on_shutdown_request
         self._peers: dict[bytes, Peer] = {}
+        self._local: dict[bytes, LocalPeer] = {}
+        self._router_sent = False
         self.stats = BrokerStats()
         # A CURVE broker runs its ZAP handler in its own context (one handler per context).
         self._own_ctx = context is None and self.curve is not None
@@ -277,6 +291,23 @@ class Broker:
         self._router.get(zmq.EVENTS)
         return ok
 
+    def attach(self, ident: bytes, peer: LocalPeer) -> None:
+        """Connect an in-process client: it is a peer like any other, reached without a socket."""
+        if ident in self._local:
+            raise BusError(f"client {text(ident)!r}: a local client of that name is already attached")
+        self._local[ident] = peer
+
+    def detach(self, ident: bytes) -> None:
+        """Disconnect an in-process client (after its Goodbye)."""
+        self._local.pop(ident, None)
+
+    def local_frames(self, frames: list[bytes]) -> None:
+        """Handle frames an in-process client sent (identity first), at once."""
+        self._router_sent = False
+        self._on_frames(frames)
+        if self._router_sent:  # a send on the shadow socket may swallow the ROUTER's read notification
+            self._router.get(zmq.EVENTS)
+
     # -- the loops -----------------------------------------------------------------------------------
 
     async def _route_loop(self) -> None:
@@ -300,7 +331,8 @@ class Broker:
         while True:
             await anyio.sleep(period)
             now = anyio.current_time()
-            for ident, peer in [(i, p) for i, p in self._peers.items() if now - p.last_seen > self.peer_timeout]:
+            late = [(i, p) for i, p in self._peers.items() if now - p.last_seen > self.peer_timeout]
+            for ident, peer in [(i, p) for i, p in late if i not in self._local]:
                 del self._peers[ident]
                 self.publish(PeerLost(peer.name, round(now - peer.last_seen, 3)))
             self._report_drops(now)
@@ -414,7 +446,12 @@ class Broker:
             kind, cid = kc
             out = [dest, source, tag, body, corr]
         try:
-            send_nowait(self._router_sync, out)
+            local = self._local.get(dest)
+            if local is None:
+                self._router_sent = True
+                send_nowait(self._router_sync, out)
+            elif not local.push_direct(out[1:]):
+                raise zmq.Again
         except zmq.Again:
             self.stats.dropped += 1
             pending = self._drops.get(dest)
@@ -454,6 +491,11 @@ class Broker:
     def _publish(self, topic: bytes, source: bytes, tag: bytes, body: bytes) -> None:
         with contextlib.suppress(zmq.Again):  # PUB drops at its high-water mark; it never blocks
             send_nowait(self._pub, (topic, source, body))
+        for peer in self._local.values():
+            for prefix in peer.topics:
+                if topic.startswith(prefix):
+                    peer.push_published([topic, source, body])  # a full inbox drops, as PUB does
+                    break
         self.stats.published += 1
         if self.journal is not None and not topic.startswith(SYNC_TOPIC):
             self.journal.append(self.clock.now(), KIND_PUBLISH, text(source), topic.decode(), tag.decode(), body)
@@ -465,6 +507,11 @@ class Broker:
     def _reply(self, ident: bytes, corr: bytes | None, msg: object) -> None:
         tag, body = self.codec.encode(msg)
         out = [ident, KERNEL_B, tag, body] if corr is None else [ident, KERNEL_B, tag, body, corr]
+        local = self._local.get(ident)
+        if local is not None:
+            local.push_direct(out[1:])
+            return
+        self._router_sent = True
         with contextlib.suppress(zmq.ZMQError):
             send_nowait(self._router_sync, out)
 

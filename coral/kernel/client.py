@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -32,6 +32,7 @@ import zmq
 import zmq.asyncio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from coral.kernel.broker import Broker
 from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ErrorEvent, Goodbye, Heartbeat, Hello, Ready, SyncMark, SyncRequest
 from coral.kernel.keys import ClientKeys
@@ -158,52 +159,56 @@ class BusClient:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> BusClient:
+    async def __aenter__(self) -> Self:
         if self._stack is not None or self._closed:
             raise BusError(f"client {self.name!r}: already opened")
         stack = contextlib.AsyncExitStack()
         await stack.__aenter__()
         try:
-            dealer = self._ctx.socket(zmq.DEALER)
-            stack.callback(dealer.close, 0)
-            set_common_options(dealer, self.hwm)
-            dealer.setsockopt(zmq.ROUTING_ID, self._name_b)
-            sub = self._ctx.socket(zmq.SUB)
-            stack.callback(sub.close, 0)
-            set_common_options(sub, self.hwm)
-            for topic in self._topics:
-                sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-            # this client's sync marks, subscribed before connecting: a subscription made at each sync
-            # reached the publisher after the mark it was for (a lost mark and a retry per sync)
-            sub.setsockopt(zmq.SUBSCRIBE, self._sync_prefix)
-            if self.curve is not None:
-                self.curve.apply(dealer)
-                self.curve.apply(sub)
-            try:
-                dealer.connect(self.endpoints.router)
-                sub.connect(self.endpoints.pub)
-            except zmq.ZMQError as exc:
-                raise BusError(f"client {self.name!r}: cannot connect to {self.endpoints}: {exc}") from exc
-            self._dealer, self._sub = dealer, sub
-            self._dealer_shadow = zmq.Socket.shadow(dealer.underlying)
-            send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size)
-            self._inbox_recv = recv
-            stack.callback(recv.close)
-            with send:
-                feeds = [send.clone(), send.clone()]
-            self._feeds = feeds
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)
-            tg.start_soon(self._direct_loop, feeds[0])
-            tg.start_soon(self._published_loop, feeds[1])
-            await self._handshake()
-            tg.start_soon(self._heartbeat_loop)
+            await self._connect(stack)
         except BaseException:
             self._closed = True
             await stack.aclose()
             raise
         self._stack = stack
         return self
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> None:
+        """Open the sockets and the inbox, and shake hands; what ``stack`` holds is undone on close."""
+        dealer = self._ctx.socket(zmq.DEALER)
+        stack.callback(dealer.close, 0)
+        set_common_options(dealer, self.hwm)
+        dealer.setsockopt(zmq.ROUTING_ID, self._name_b)
+        sub = self._ctx.socket(zmq.SUB)
+        stack.callback(sub.close, 0)
+        set_common_options(sub, self.hwm)
+        for topic in self._topics:
+            sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        # this client's sync marks, subscribed before connecting: a subscription made at each sync
+        # reached the publisher after the mark it was for (a lost mark and a retry per sync)
+        sub.setsockopt(zmq.SUBSCRIBE, self._sync_prefix)
+        if self.curve is not None:
+            self.curve.apply(dealer)
+            self.curve.apply(sub)
+        try:
+            dealer.connect(self.endpoints.router)
+            sub.connect(self.endpoints.pub)
+        except zmq.ZMQError as exc:
+            raise BusError(f"client {self.name!r}: cannot connect to {self.endpoints}: {exc}") from exc
+        self._dealer, self._sub = dealer, sub
+        self._dealer_shadow = zmq.Socket.shadow(dealer.underlying)
+        send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size)
+        self._inbox_recv = recv
+        stack.callback(recv.close)
+        with send:
+            feeds = [send.clone(), send.clone()]
+        self._feeds = feeds
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(tg.cancel_scope.cancel)
+        tg.start_soon(self._direct_loop, feeds[0])
+        tg.start_soon(self._published_loop, feeds[1])
+        await self._handshake()
+        tg.start_soon(self._heartbeat_loop)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -557,3 +562,91 @@ def _check_prefix(prefix: str) -> str:
     if prefix.startswith("\x00"):
         raise BusError("subscribe: prefixes starting with NUL are reserved for the kernel")
     return prefix
+
+
+class LocalBusClient(BusClient):
+    """A bus client in the broker's own process: the same protocol as ``BusClient`` (handshake, routing,
+    journal, requests, subscriptions), carried by calls instead of sockets.
+
+    A send is handled by the broker before ``send`` returns, and what the broker routes to this client
+    is in its inbox when the broker's call returns, so ``sync`` has nothing to wait for. The inbox holds
+    ``inbox_size + hwm`` messages (the inbox and the socket queue of a ``BusClient``); beyond that the
+    broker drops and reports, as it does at a socket's high-water mark.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        broker: Broker,
+        *,
+        subscribe: Iterable[str] = (),
+        inbox_size: int = 1024,
+        hwm: int = 10_000,
+        codec: Codec = DEFAULT_CODEC,
+    ) -> None:
+        super().__init__(name, broker.endpoints, subscribe=subscribe, inbox_size=inbox_size, hwm=hwm, codec=codec)
+        self._broker = broker
+        self.topics: list[bytes] = [t.encode() for t in self._topics]
+        self._feed: MemoryObjectSendStream[Envelope] | None = None
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> None:
+        send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size + self.hwm)
+        self._inbox_recv = recv  # left open: a reader still draining it gets EndOfStream, not an error
+        self._feed = send
+        self._feeds = [send]
+        stack.callback(send.close)
+        self._broker.attach(self._name_b, self)
+        stack.callback(self._broker.detach, self._name_b)
+        await self._handshake()
+
+    async def _send_frames(self, dest: bytes, msg: object, corr: bytes | None = None) -> None:
+        if self._closed:
+            raise BusError(f"client {self.name!r}: closed")
+        tag, body = self.codec.encode(msg)
+        frames = [self._name_b, dest, tag, body] if corr is None else [self._name_b, dest, tag, body, corr]
+        self._broker.local_frames(frames)
+        self.stats.sent += 1
+        self._unyielded += 1
+        if self._unyielded >= _YIELD_EVERY:  # a tight send loop must let the receivers run
+            self._unyielded = 0
+            await anyio.lowlevel.checkpoint()
+
+    def _set_sub(self, option: int, topic: bytes) -> None:
+        if option == zmq.SUBSCRIBE:
+            self.topics.append(topic)
+        elif topic in self.topics:
+            self.topics.remove(topic)
+
+    async def sync(self, timeout: float = 10.0, *, fresh: bool = False) -> None:
+        """Nothing is ever in flight between this client and the kernel: a checkpoint."""
+        if self._closed:
+            raise BusError(f"client {self.name!r}: closed")
+        await anyio.lowlevel.checkpoint()
+
+    def push_direct(self, frames: list[bytes]) -> bool:
+        """The broker routes a directed message (``[source, tag, body(, corr)]``) here; False: inbox full."""
+        return self._push(self.on_direct(frames))
+
+    def push_published(self, frames: list[bytes]) -> bool:
+        """The broker publishes ``[topic, source, body]`` to this subscriber; False: inbox full."""
+        return self._push(self.on_published(frames))
+
+    def _push(self, item: Envelope | Malformed | None) -> bool:
+        if isinstance(item, Malformed):
+            self.stats.errors += 1
+            self._broker.publish(ErrorEvent(self.name, item.tag, item.reason), self.name)
+            return True
+        if item is None:
+            return True
+        if not self._accepting or self._feed is None:
+            self.stats.discarded += 1
+            return True
+        try:
+            self._feed.send_nowait(item)
+        except anyio.WouldBlock:
+            return False
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.stats.discarded += 1
+            return True
+        self.stats.received += 1
+        return True

@@ -29,9 +29,9 @@ import anyio.abc
 import zmq.asyncio
 
 from coral.errors import CoralError
-from coral.kernel.actor import Actor, ActorHandle, ActorRuntime, ActorState, RestartPolicy, Supervisor
+from coral.kernel.actor import Actor, ActorCounters, ActorHandle, ActorRuntime, ActorState, RestartPolicy, Supervisor
 from coral.kernel.broker import Broker
-from coral.kernel.client import BusClient
+from coral.kernel.client import BusClient, LocalBusClient
 from coral.kernel.clock import Clock, RealClock, VirtualClock, let_tasks_run
 from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ShutdownRequested
@@ -105,6 +105,7 @@ class Mesh:
         self._broker_stop = anyio.Event()
         self._shutdown = anyio.Event()
         self._changed = anyio.Event()
+        self._watching = False
         self._activity = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -129,6 +130,10 @@ class Mesh:
     @property
     def actors(self) -> dict[str, ActorHandle]:
         return {name: rt.handle for name, rt in self._runtimes.items()}
+
+    def counters(self) -> dict[str, ActorCounters]:
+        """Per actor spawned in this mesh (stopped ones too): what it handled and the time it took."""
+        return {name: rt.counters for name, rt in self._runtimes.items()}
 
     async def __aenter__(self) -> Mesh:
         stack = contextlib.AsyncExitStack()
@@ -240,30 +245,21 @@ class Mesh:
         return handle
 
     def _actor_bus(self, actor: Actor) -> BusClient:
-        return BusClient(
+        return LocalBusClient(
             actor.name,
-            self.endpoints,
+            self._broker,
             subscribe=actor.subscriptions,
             inbox_size=actor.inbox_size,
             hwm=self._hwm,
             codec=self.codec,
-            context=self._context,
-            curve=self._local_keys,
         )
 
     async def client(self, name: str, *, subscribe: Iterable[str] = (), inbox_size: int = 1024) -> BusClient:
         """A connected bus client owned by the mesh (closed after the actors stop); quiesce syncs it."""
         tg = self._require_running("client")
         self._check_free(name)
-        bus = BusClient(
-            name,
-            self.endpoints,
-            subscribe=subscribe,
-            inbox_size=inbox_size,
-            hwm=self._hwm,
-            codec=self.codec,
-            context=self._context,
-            curve=self._local_keys,
+        bus = LocalBusClient(
+            name, self._broker, subscribe=subscribe, inbox_size=inbox_size, hwm=self._hwm, codec=self.codec
         )
         self._clients[name] = bus
         try:
@@ -313,8 +309,10 @@ class Mesh:
     # -- idleness ------------------------------------------------------------------------------------
 
     def _poke(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._watching:
+            self._watching = False
+            self._changed.set()
+            self._changed = anyio.Event()
 
     def _bump(self) -> None:
         self._activity += 1
@@ -325,6 +323,7 @@ class Mesh:
     async def _wait_idle(self) -> None:
         await let_tasks_run()
         while not self._all_idle():
+            self._watching = True
             await self._changed.wait()
             await let_tasks_run()
 
@@ -339,11 +338,13 @@ class Mesh:
             while True:
                 await self._wait_idle()
                 mark = self._activity
-                for _ in range(2):  # first flushes every sender into the kernel, then every receiver
-                    async with anyio.create_task_group() as tg:
-                        for bus in self._buses():
-                            tg.start_soon(_sync_unless_closed, bus)
-                await self._wait_idle()
+                remote = [b for b in self._buses() if not isinstance(b, LocalBusClient)]
+                if remote:  # a local client has nothing in flight: its sends are routed when made
+                    for _ in range(2):  # first flushes every sender into the kernel, then every receiver
+                        async with anyio.create_task_group() as tg:
+                            for bus in remote:
+                                tg.start_soon(_sync_unless_closed, bus)
+                    await self._wait_idle()
                 if self._activity == mark:
                     return
         if scope.cancelled_caught:
