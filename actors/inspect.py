@@ -47,7 +47,7 @@ def clock_info(now: float, pace: tuple[float | None, float, float] | None) -> Cl
     run (speed None: as fast as possible), or None when not known."""
     if pace is None or pace[0] is None:
         return ClockInfo(now, 0.0, 0.0)
-    speed, wall0, v0 = pace
+    speed, wall0, v0 = float(pace[0]), pace[1], pace[2]
     return ClockInfo(now, speed, max(0.0, (time.monotonic() - wall0) * speed - (now - v0)))
 
 
@@ -70,7 +70,8 @@ def scenario(alloc: Allocator) -> ScenarioInfo:
     for d in sc.deployments:
         s = alloc.slo.get(d.name, d.slo)
         deps.append(DeploymentInfo(d.name, d.model, s.ttft_s, s.tpot_s, s.attainment))
-    return ScenarioInfo(sc.name, tuple(sc.regions), tuple(sc.node_types), tuple(deps))
+    gpus = tuple((n, alloc.catalog.nodes[n].gpu) for n in sc.node_types if n in alloc.catalog.nodes)
+    return ScenarioInfo(sc.name, tuple(sc.regions), tuple(sc.node_types), tuple(deps), gpus)
 
 
 async def answer(alloc: Allocator, env: Envelope) -> bool:

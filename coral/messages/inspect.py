@@ -78,12 +78,13 @@ class DeploymentInfo:
 @message("inspect.scenario")
 @attrs.frozen
 class ScenarioInfo:
-    """The scenario's name, regions, node types and deployments."""
+    """The scenario's name, regions, node types (with the GPU type of each) and deployments."""
 
     name: str
     regions: tuple[str, ...]
     node_types: tuple[str, ...]
     deployments: tuple[DeploymentInfo, ...]
+    node_gpus: tuple[tuple[str, str], ...] = ()
 
 
 @message("inspect.preview_req")

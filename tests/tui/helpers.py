@@ -31,11 +31,11 @@ def endpoints(tmp: Path) -> Endpoints:
 def live_app(eps: Endpoints, ping_s: float = 0.1) -> CoralTui:
     """A TUI attached to ``eps``, pinging every ``ping_s`` (often: a lost mesh shows quickly)."""
     source = LiveSource(eps, ping_s=ping_s, ping_timeout_s=0.5, retry_s=0.1, handshake_s=0.5, request_timeout_s=5.0)
-    return quiet(CoralTui(source, gpu_of=GPU_OF, store=None, frame_s=0.02))
+    return quiet(CoralTui(source, frame_s=0.02))
 
 
 def replay_app(path: Path = DEMO, speed: float = math.inf) -> CoralTui:
-    return quiet(CoralTui(ReplaySource(path, speed=speed), gpu_of=GPU_OF, store=None, frame_s=0.02))
+    return quiet(CoralTui(ReplaySource(path, speed=speed), frame_s=0.02))
 
 
 def quiet(app: CoralTui) -> CoralTui:

@@ -11,7 +11,8 @@ import pytest
 
 from coral.catalog import Catalog
 from coral.perf import PerfModel
-from tui import state as S
+from tui import model as M
+from tui import reducer as R
 from tui.bus import TemplateLookup
 
 from .helpers import endpoints, live_app, until
@@ -43,7 +44,7 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
     eps = endpoints(tmp_path)
     stop = anyio.Event()
 
-    def new_plan(after: int, trigger: str) -> S.PlanView | None:
+    def new_plan(after: int, trigger: str) -> M.PlanView | None:
         return next((p for p in app.state.plans if p.seq > after and trigger in p.trigger.split("+")), None)
 
     app = live_app(eps)
@@ -57,7 +58,7 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
             await until(pilot, lambda: app.state.link.state == "lost", "no mesh yet")
             tg.start_soon(mesh)
             await until(pilot, lambda: bool(app.state.plans) and app.state.live_instances > 0, "the first plan", 30)
-            await until(pilot, lambda: not S.missing_templates(app.state), "the stage bars' templates (from the store)")
+            await until(pilot, lambda: not R.missing_templates(app.state), "the stage bars' templates (from the store)")
             seq = app.state.plans[-1].seq
             await pilot.press("2", "d")
             await pilot.press(*"5", "enter")  # the form has chat-8b (the selected row) and waits for the rate
@@ -127,5 +128,5 @@ async def test_attaching_late_shows_the_whole_state(
             assert all(d.demand > 0 for d in st.deployments.values())
             assert st.plans[-1].seq == run.plan.plan.seq
             assert run.plans == plans_before  # paused: what the TUI shows did not come from a new plan
-            assert not S.missing_templates(st)
+            assert not R.missing_templates(st)
         stop.set()
