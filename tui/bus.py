@@ -16,7 +16,8 @@ plan sequence it holds) are skipped. A mesh without a gateway answers nothing; t
 updates arrive.
 
 Asking the mesh: the TUI opens no file of the mesh's. A live source asks the allocator for the scenario's
-deployments (``ScenarioRequest``) after attaching and at each new run, asks the gateway where the clock
+deployments (``ScenarioRequest``) after attaching and at each new run (again at each ping until it
+answers), asks the gateway where the clock
 stands (``ClockRequest``) at every ping, and ``ask`` sends any other inspection request (templates, plan
 previews); replies are posted as ``Answered`` or pushed as envelopes for the reducer to fold.
 
@@ -306,18 +307,21 @@ class LiveSource:
             async with anyio.create_task_group() as tg:
                 self._bus, self._tg = bus, tg
                 covered = await self._attach(bus, sink)
-                tg.start_soon(self._inquire, bus, sink, INSPECTOR, scenario_request())
+                need_scenario = True
 
                 async def read() -> None:
+                    nonlocal need_scenario
                     async for env in bus:
                         if not covered or not covered_by(covered, env):
                             sink.push(env)
-                            if env.tag == "mesh.setup":  # a new run: its deployments
-                                tg.start_soon(self._inquire, bus, sink, INSPECTOR, scenario_request())
+                            if env.tag == "mesh.setup":  # a new run: ask for its deployments
+                                need_scenario = True
 
                 tg.start_soon(read)
                 clock = True
                 while True:
+                    if need_scenario:  # until the allocator answers (it may start after the kernel)
+                        need_scenario = not await self._inquire(bus, sink, INSPECTOR, scenario_request())
                     await anyio.sleep(self.ping_s)
                     try:
                         await bus.sync(timeout=self.ping_timeout_s)

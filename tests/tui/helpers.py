@@ -17,7 +17,7 @@ from coral.kernel import Endpoints, Mesh, read_journal
 from tui.app import CoralTui
 from tui.bus import LiveSource, ReplaySource
 
-from .fake import FakeCoral
+from .fake import FakeCoral, FakeInspector
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "fixtures" / "journals" / "tui-demo.jrnl"
@@ -95,5 +95,6 @@ async def live(tmp: Path, size: tuple[int, int] = (120, 40), fake_name: str = "o
             await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
             fake = FakeCoral(fake_name)
             await mesh.spawn(fake)
+            await mesh.spawn(FakeInspector(fake))
             await until(pilot, lambda: bool(app.state.plans) and bool(app.state.instances), "the first plan")
             yield Live(mesh, fake, app, pilot, journal)

@@ -10,7 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Label, Static
+from textual.widgets import DataTable, Footer, Static
 
 from tui.model import PlanView, State
 from tui.widgets.bars import abbrev_mode, abbrev_region, clock, gap_text, money, rate, stage_bar, stage_summary
@@ -27,6 +27,12 @@ INSTANCE_COLUMNS = (
     Col("rps", "req/s each", 2),
     Col("nodes", "Layers per GPU type", 4, flex=True, min_width=12),
 )
+
+
+SERVING_COLUMNS = (Col("dep", "Deployment", 0), Col("demand", "Demand", 0), Col("cap", "Capacity", 0),
+                   Col("unmet", "Unmet", 0))  # fmt: skip
+DIFF_COLUMNS = (Col("delta", "Change", 0), Col("dep", "Deployment", 0), Col("tpl", "Template", 1),
+                Col("region", "Region", 2))  # fmt: skip
 
 
 class PlanScreen(ModalScreen[None]):
@@ -62,7 +68,7 @@ class PlanScreen(ModalScreen[None]):
             head.append(f" at {clock(p.at)} · {p.policy} · trigger {p.trigger} · {p.status}")
             head.append(f" gap {gap_text(p.gap)}" if gap_text(p.gap) != "0" else "")
             head.append(f" · solved in {p.solve_s * 1000:.0f} ms")
-            yield Label(head, classes="dialog-title")
+            yield Static(head, classes="dialog-title plan-title")
             cost = Text(no_wrap=True, overflow="ellipsis")
             cost.append(f"{money(p.cost_per_hour)}/h", style="bold")
             cost.append(f" (churn {money(p.churn_cost)}) · demand {rate(p.demand)} req/s · ")
@@ -89,19 +95,22 @@ class PlanScreen(ModalScreen[None]):
             ]))  # fmt: skip
         show_table(inst, INSTANCE_COLUMNS, rows, self.app.size.width - 4)
         inst.border_title = f"{sum(r.count for r in p.instances)} instances in {len(p.instances)} rows"
+        half = max(30, (self.app.size.width - 4) // 2)
         serving: DataTable[Any] = self.query_one("#plan-serving", DataTable)
-        serving.add_columns("Deployment", "Demand", "Capacity", "Unmet")
+        srows = []
         for s in p.serving:
             unmet = Text(rate(s.unmet), style="bold red" if s.unmet > 1e-9 else "dim")
-            serving.add_row(s.deployment, rate(s.demand), rate(s.capacity), unmet)
+            srows.append((s.deployment, [s.deployment, rate(s.demand), rate(s.capacity), unmet]))
+        show_table(serving, SERVING_COLUMNS, srows, half)
         serving.border_title = "req/s: demand, capacity"
         diff: DataTable[Any] = self.query_one("#plan-diff", DataTable)
-        diff.add_columns("Change", "Deployment", "Template", "Region")
-        for c in p.diff:
+        drows = []
+        for n, c in enumerate(p.diff):
             ch = Text(f"{c.delta:+d}", style="green" if c.delta > 0 else "red")
-            diff.add_row(ch, c.deployment, c.template_id[:8], abbrev_region(c.region))
+            drows.append((str(n), [ch, c.deployment, c.template_id[:8], abbrev_region(c.region)]))
+        show_table(diff, DIFF_COLUMNS, drows, half)
         diff.border_title = f"diff: {len(p.diff)} changes"
-        inst.focus()
+        self.set_focus(inst)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "template":
