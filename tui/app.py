@@ -131,6 +131,15 @@ class CoralTui(App[int]):
         if not self.blink and isinstance(event.widget, Input):
             event.widget.cursor_blink = False
 
+    def on_key(self, event: events.Key) -> None:
+        """A printable key that reaches the app while a text box has focus was typed before the box took
+        the focus (the UI lagging behind ``/``): it went to the widget focused then. It is text for the box
+        (its hotkey did not fire: ``check_action``)."""
+        box = self.focused
+        if isinstance(box, Input) and event.is_printable and event.character:
+            event.stop()
+            box.insert_text_at_cursor(event.character)
+
     # -- drawing -----------------------------------------------------------------------------------
 
     @property

@@ -95,6 +95,7 @@ async def live(tmp: Path, size: tuple[int, int] = (120, 40), fake_name: str = "o
             await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
             fake = FakeCoral(fake_name)
             await mesh.spawn(fake)
-            await mesh.spawn(FakeInspector(fake))
+            if fake_name != "allocator":
+                await mesh.spawn(FakeInspector(fake))
             await until(pilot, lambda: bool(app.state.plans) and bool(app.state.instances), "the first plan")
             yield Live(mesh, fake, app, pilot, journal)

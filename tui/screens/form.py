@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Footer, Input, Label, OptionList, Static
@@ -104,7 +105,10 @@ class CommandForm(ModalScreen[Any]):
     def refresh_state(self) -> None:
         """Redraw what depends on the mesh's state: the current setting and the template list."""
         state = self.state_fn()
-        vals = self.current()
+        try:
+            vals = self.current()
+        except NoMatches:  # the state changed before the form was composed: on_mount draws it
+            return
         now = current(state, self.action_name, vals)
         self.query_one("#form-current", Static).update(Text(now, style="bold") if now else "")
         if not self.spec.preview:
@@ -119,6 +123,10 @@ class CommandForm(ModalScreen[Any]):
         ol.add_options([Option(template_line(t, t.id in state.forbidden), id=t.id) for t in ts])
         if not ts:
             ol.add_option(Option(Text("no template to choose (yet)", style="dim"), disabled=True))
+        else:  # Enter on the list chooses what the field names (or the first): never a surprise
+            typed = vals.get("template_id", "").strip()
+            tid = state.resolve_template(typed) if typed else None
+            ol.highlighted = ids.index(tid) if tid in ids else 0
         ol.border_title = f"{len(ts)} templates: mode, nodes, capacity per instance"
 
     def current(self) -> dict[str, str]:
