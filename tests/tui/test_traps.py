@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual import events
 from textual.widgets import DataTable, Input
 
@@ -22,6 +23,8 @@ from tui.screens.form import CommandForm
 from tui.screens.plan import PlanScreen
 
 from .helpers import Live, live, until
+
+pytestmark = pytest.mark.slow  # each drives a fake mesh from the keyboard: 10-20 s on two busy cores
 
 
 def header(lv: Live) -> str:

@@ -113,7 +113,9 @@ class FleetView(StateView):
                 rows.append((r, [abbrev_region(r), *(self._cell(state, used, r, n) for n in nodes)]))
         else:
             cols = [Col("node", "Node type", 0), Col("gpu", "GPU", 2), *(Col(r, abbrev_region(r), 1) for r in regions)]
-            for n in nodes:
+            # node types in use first, then stocked-out ones, then the rest: what matters shows first
+            order = sorted(nodes, key=lambda n: (-sum(used.get((r, n), 0) for r in regions), _stocked(state, n), n))
+            for n in order:
                 g = state.gpu(n)
                 gpu = Text(gpu_label(g), style=gpu_colour(g)) if g != "?" else Text("-", style="dim")
                 rows.append((n, [labels[n], gpu, *(self._cell(state, used, r, n) for r in regions)]))
@@ -155,6 +157,11 @@ class FleetView(StateView):
         event.stop()
         if event.data_table.id == "fleet-instances":
             self.detail("instance", event.row_key.value)
+
+
+def _stocked(state: State, node: str) -> bool:
+    """False (sorts first) when ``node`` is out of stock in a region that offers it."""
+    return not any(q.stockout for (r, n), q in state.market.items() if n == node)
 
 
 def _num(instance_id: str) -> int:

@@ -95,6 +95,15 @@ def fit_columns(cols: Sequence[Col], rows: Sequence[Row], width: int) -> tuple[l
         if used + need <= room or not chosen:
             chosen.append(i)
             used += need
+    # a flex column cut short gets the room of the columns that matter less than it
+    for f in [i for i in chosen if cols[i].flex]:
+        short = natural[f] - cols[f].min_width - (room - used)
+        for i in sorted(chosen, key=lambda i: -cols[i].priority):
+            if short <= 0 or cols[i].priority <= cols[f].priority:
+                break
+            chosen.remove(i)
+            used -= natural[i] + PAD
+            short -= natural[i] + PAD
     chosen.sort()
     widths: dict[int, int] = {}
     for i in chosen:
