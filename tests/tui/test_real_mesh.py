@@ -88,7 +88,8 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
             await until(pilot, lambda: isinstance(app.screen, CommandForm), "the pin form")
             form = app.screen
             assert isinstance(form, CommandForm)
-            await until(pilot, lambda: len(form._choices) > 0, "the template list", 20)
+            await until(pilot, lambda: bool(form._choices), "the template list", 20)
+            assert form._choices is not None
             tid = form._choices[0]
             assert app.state.templates[tid].mode == "aggregated" and app.state.templates[tid].capacity_rps > 0
             form.query_one("#field-template_id").value = tid  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Label, Static
 
@@ -80,7 +81,10 @@ class ConfirmScreen(ModalScreen[bool]):
     def set_preview(self, answer: PreviewView | None, error: str = "") -> None:
         """Show the allocator's preview, or why none came."""
         self.answer = answer
-        self.query_one("#confirm-preview", Static).update(preview_text(self.answer, error))
+        try:
+            self.query_one("#confirm-preview", Static).update(preview_text(self.answer, error))
+        except NoMatches:  # answered after the operator closed the question
+            return
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

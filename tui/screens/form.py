@@ -60,7 +60,7 @@ class CommandForm(ModalScreen[Any]):
         self.spec = ACTIONS[action]
         self.values = values
         self.error: FormError | None = None
-        self._choices: list[str] = []
+        self._choices: list[str] | None = None
 
     def compose(self) -> ComposeResult:
         state = self.state_fn()

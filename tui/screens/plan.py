@@ -29,7 +29,7 @@ INSTANCE_COLUMNS = (
 )
 
 
-SERVING_COLUMNS = (Col("dep", "Deployment", 0), Col("demand", "Demand", 0), Col("cap", "Capacity", 0),
+SERVING_COLUMNS = (Col("dep", "Deployment", 0), Col("demand", "Demand", 0), Col("cap", "Cap", 0),
                    Col("unmet", "Unmet", 0))  # fmt: skip
 DIFF_COLUMNS = (Col("delta", "Change", 0), Col("dep", "Deployment", 0), Col("tpl", "Template", 1),
                 Col("region", "Region", 2))  # fmt: skip

@@ -94,9 +94,8 @@ def line_one(state: State, width: int) -> Text:
         alloc = part((("allocator ", "dim"), ("on", "green")), (("alloc on", "green"),), keep=True)
     parts = [u, cost, alloc]
     if state.behind_s >= BEHIND_S and state.link.state == "connected":
-        parts.append(
-            part(((f"{state.behind_s:,.0f} s behind", "bold yellow"),), ((f"-{state.behind_s:,.0f}s", "bold yellow"),))
-        )
+        lag = state.behind_s
+        parts.append(part(((f"{lag:,.0f} s behind", "bold yellow"),), ((f"lag {lag:,.0f}s", "bold yellow"),)))
     label, short, style = _LINK_STYLE.get(state.link.state, (state.link.state, state.link.state[:1], "bold"))
     parts.append(part(((label, style),), ((short, style),)))
     return _fit(parts, width)
