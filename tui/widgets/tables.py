@@ -95,8 +95,9 @@ def fit_columns(cols: Sequence[Col], rows: Sequence[Row], width: int) -> tuple[l
         if used + need <= room or not chosen:
             chosen.append(i)
             used += need
-    # a flex column cut short gets the room of the columns that matter less than it
-    for f in [i for i in chosen if cols[i].flex]:
+    # a flex column cut short gets the room of the columns that matter less than it (unless it is of the
+    # first rank, as an event's text: then the columns around it stay and it takes what is left)
+    for f in [i for i in chosen if cols[i].flex and cols[i].priority > 0]:
         short = natural[f] - cols[f].min_width - (room - used)
         for i in sorted(chosen, key=lambda i: -cols[i].priority):
             if short <= 0 or cols[i].priority <= cols[f].priority:
