@@ -151,6 +151,14 @@ def test_tui_sources_import_only_coral() -> None:
             assert banned not in text, f"{path.relative_to(ROOT)} mentions {banned!r}"
 
 
+def test_tui_opens_no_store_scenario_or_catalog_file() -> None:
+    """Templates, deployments and GPU types come from the mesh, so that the TUI works against a remote one."""
+    for path in sorted((ROOT / "tui").rglob("*.py")):
+        text = path.read_text()
+        for banned in ("sqlite3", "coral.store", "TemplateStore", "tomllib", "load_catalog", "load_scenario"):
+            assert banned not in text, f"{path.relative_to(ROOT)} mentions {banned!r}"
+
+
 def test_only_the_reducer_and_steering_read_message_fields() -> None:
     for path in sorted((ROOT / "tui").rglob("*.py")):
         if path.name in ("model.py", "reducer.py", "steering.py"):
