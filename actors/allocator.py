@@ -36,6 +36,7 @@ import anyio
 import attrs
 
 from actors.base import TickActor
+from actors.inspect import answer as answer_inspection
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import (
@@ -147,6 +148,10 @@ class Allocator(TickActor):
         return base
 
     # -- inputs --------------------------------------------------------------------------------------
+
+    async def handle(self, env: Envelope) -> None:
+        if not await answer_inspection(self, env):  # inspection requests are answered at once, not at a tick
+            await super().handle(env)
 
     async def on_message(self, env: Envelope) -> None:
         msg = env.msg

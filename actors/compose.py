@@ -32,6 +32,7 @@ from actors.allocator import Allocator, servable
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
 from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ScenarioFeed
+from actors.inspect import clock_info
 from actors.price import HostsMarket, MarketSource, PriceWatcher, ScenarioMarket
 from actors.recovery import Recovery
 from actors.router import Router
@@ -67,6 +68,7 @@ from coral.messages.control import (
 )
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetUpdate
+from coral.messages.inspect import ClockRequest
 from coral.messages.market import MarketUpdate
 from coral.messages.mesh import CloudSetup, DemandTuning, MeshEnd, MeshResumed, MeshSetup, MeshTiming
 from coral.messages.plan import NewPlan
@@ -519,6 +521,8 @@ class Gateway:
         self.forwarded = 0
         self.latest: dict[str, Envelope] = {}
         self.plans: deque[Envelope] = deque(maxlen=SNAPSHOT_PLANS)
+        self.pace: tuple[float | None, float, float] | None = None
+        """(speed, wall and kernel time at the start), set by ``drive``, for ``ClockRequest``."""
 
     async def pump(self, mesh: Mesh) -> None:
         """Handle everything queued now."""
@@ -546,6 +550,9 @@ class Gateway:
                 self.latest[env.tag] = env  # encoded only when a snapshot is asked for
             return
         if env.kind not in ("send", "request"):
+            return
+        if isinstance(msg, ClockRequest):
+            await self.bus.reply(env, clock_info(mesh.clock.now(), self.pace))
             return
         if isinstance(msg, SnapshotRequest):
             if env.kind == "request":
@@ -580,6 +587,8 @@ async def drive(
     if not isinstance(clock, VirtualClock):
         raise CoralError(f"drive: needs a mesh on a VirtualClock, got {type(clock).__name__}")
     wall0, v0 = time.monotonic(), clock.now()
+    if gateway is not None:
+        gateway.pace = (pace, wall0, v0)
     await mesh.quiesce()
     while True:
         now = clock.now()

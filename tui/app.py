@@ -1,8 +1,10 @@
 """The Coral terminal UI: watch and steer a live mesh, or replay a recorded journal.
 
-The app is thin: it holds the current ``State`` (``tui.state``), folds what the bus worker
-(``tui.bus.BusWorker``) posts into it, redraws the header and the visible view, and turns the views'
-requests into steering forms and control messages. ``run_tui`` runs it; ``make_app`` builds it.
+The app is thin: it holds the current ``State`` (``tui.model``) in a reactive attribute, folds what the
+bus worker (``tui.bus.BusWorker``) posts into it with the reducer (``tui.reducer``), which redraws the
+header and the visible view, and turns the views' requests into detail pop-ups, steering forms
+(``tui.steering``), previews from the allocator and control messages. It opens no file: what it shows
+comes from the bus. ``run_tui`` runs it; ``make_app`` builds it.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
+from textual.reactive import var
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from coral.kernel import ClientKeys, Endpoints
-from tui import state as S
+from tui import model as M
+from tui import reducer as R
+from tui import steering as St
 from tui.bus import (
+    Answered,
     BusBatch,
     BusWorker,
     CommandDone,
@@ -30,14 +36,17 @@ from tui.bus import (
     LiveSource,
     ReplaySource,
     Source,
-    TemplateLookup,
+    as_envelope,
     check_speed,
     default_endpoints,
 )
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.detail import DetailScreen, details
 from tui.screens.form import CommandForm
 from tui.screens.plan import PlanScreen
 from tui.screens.steer import SteerMenu
+from tui.steering import ACTIONS
+from tui.widgets.base import StateView
 from tui.widgets.events import EventsView
 from tui.widgets.fleet import FleetView
 from tui.widgets.header import StatusHeader
@@ -53,11 +62,15 @@ VIEWS = (
     ("events", "5 Events"),
 )
 STEER_ACTIONS = frozenset({"steer", "replan", "pause", "steer_menu"})
+HOTKEY_ACTIONS = STEER_ACTIONS | {"view", "quit", "replay_pause", "replay_speed"}
+"""Actions bound to printable keys: never fired while a text box has focus."""
 REPLAY_ACTIONS = frozenset({"replay_pause", "replay_speed"})
 
 
 class CoralTui(App[int]):
-    """Fleet, Models, Market, Plans and Events views under a header; steering through forms."""
+    """Fleet, Models, Market, Plans and Events views under a header; steering through forms.
+
+    ``state`` is reactive: setting it redraws the header and the visible view (``watch_state``)."""
 
     CSS_PATH = "app.tcss"
     TITLE = "Coral"
@@ -67,29 +80,32 @@ class CoralTui(App[int]):
         Binding("r", "replan", "Re-plan"),
         Binding("p", "pause", "Pause/resume"),
         *(Binding(a.key if a.key != "$" else "dollar_sign", f"steer('{a.name}')", a.title, show=False)
-          for a in S.ACTIONS.values() if a.name not in ("replan", "pause")),
+          for a in ACTIONS.values() if a.name not in ("replan", "pause")),
         Binding("space", "replay_pause", "Pause replay"),
         Binding("left_square_bracket", "replay_speed(0.5)", "Slower", key_display="["),
         Binding("right_square_bracket", "replay_speed(2.0)", "Faster", key_display="]"),
         Binding("q", "quit", "Quit"),
     ]  # fmt: skip
 
+    state: var[M.State] = var(M.State, always_update=True)
+
     def __init__(
         self,
         source: Source,
         *,
         gpu_of: Mapping[str, str] | None = None,
-        store: Path | None = None,
         frame_s: float = 0.05,
     ) -> None:
         super().__init__()
         self.source = source
-        self.state = S.initial_state(gpu_of=gpu_of, link=S.Link("connecting", "", source.address))
         self.bus = BusWorker(source, self.post_message, frame_s=frame_s)
-        self.templates = TemplateLookup(store)
         self.batches = 0
         self.blink = True
         """Whether text inputs blink their cursor (tests turn it off for stable snapshots)."""
+        self._asked: set[str] = set()
+        self._asks = 0
+        self._previews: dict[str, ConfirmScreen] = {}
+        self.set_reactive(CoralTui.state, M.initial_state(gpu_of=gpu_of, link=M.Link("connecting", "", source.address)))
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="status")
@@ -107,11 +123,7 @@ class CoralTui(App[int]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        base = self.screen  # the views live on the default screen; modal screens come and go above it
-        self._header = base.query_one("#status", StatusHeader)
-        self._tabs = base.query_one("#views", TabbedContent)
-        self._views: dict[str, Any] = {vid: base.query_one(f"#{vid}-view") for vid, _ in VIEWS}
-        self.redraw(all_views=True)
+        self.state = self.state
         self._focus_view("fleet")
         self.run_worker(self.bus.run(), name="bus", group="bus", exit_on_error=False)
 
@@ -119,55 +131,98 @@ class CoralTui(App[int]):
         if not self.blink and isinstance(event.widget, Input):
             event.widget.cursor_blink = False
 
+    def on_key(self, event: events.Key) -> None:
+        """A printable key that reaches the app while a text box has focus was typed before the box took
+        the focus (the UI lagging behind ``/``): it went to the widget focused then. It is text for the box
+        (its hotkey did not fire: ``check_action``)."""
+        box = self.focused
+        if isinstance(box, Input) and event.is_printable and event.character:
+            event.stop()
+            box.insert_text_at_cursor(event.character)
+
     # -- drawing -----------------------------------------------------------------------------------
 
     @property
     def active_view(self) -> str:
-        return self._tabs.active or "fleet"
-
-    def redraw(self, *, all_views: bool = False) -> None:
-        """Draw the header and the visible view (or every view)."""
-        if not hasattr(self, "_header"):
-            return
         try:
-            self._header.show(self.state)
-            ids = [v for v, _ in VIEWS] if all_views else [self.active_view]
-            for vid in ids:
-                self._views[vid].show(self.state)
+            return self.screen_stack[0].query_one("#views", TabbedContent).active or "fleet"
+        except NoMatches:
+            return "fleet"
+
+    def _view(self, vid: str) -> StateView | None:
+        try:
+            return self.screen_stack[0].query_one(f"#{vid}-view", StateView)
         except NoMatches:  # only while the app closes: its widgets are going away under a late message
+            return None
+
+    def watch_state(self, old: M.State, new: M.State) -> None:
+        """Redraw the header and the visible view (the others when they are shown)."""
+        if not self.screen_stack:
             return
+        base = self.screen_stack[0]
+        for header in base.query(StatusHeader):
+            header.state = new
+        view = self._view(self.active_view)
+        if view is not None:
+            view.state = new
+        if isinstance(self.screen, CommandForm):
+            self.screen.refresh_state()
 
     def _focus_view(self, vid: str) -> None:
-        tables = self._views[vid].query(DataTable)
+        view = self._view(vid)
+        if view is None:
+            return
+        tables = view.query(DataTable)
         if tables:
-            tables.last().focus() if vid == "fleet" else tables.first().focus()
+            target = tables.last() if vid == "fleet" else tables.first()
+            self.screen_stack[0].set_focus(target)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        self.redraw()
+        view = self._view(self.active_view)
+        if view is not None:
+            view.state = self.state
         self._focus_view(self.active_view)
 
     # -- the bus -----------------------------------------------------------------------------------
 
     def on_bus_batch(self, message: BusBatch) -> None:
-        st = S.apply_all(self.state, message.envelopes)
-        st = S.with_dropped(st, message.dropped)
-        missing = S.missing_templates(st)
-        if missing:
-            found = self.templates.fetch(missing)
-            if found:
-                st = S.add_templates(st, found)
-        self.state = st
+        st = R.apply_all(self.state, message.envelopes)
+        st = R.with_dropped(st, message.dropped)
         self.batches += 1
-        self.redraw()
+        self.state = st
+        self._ask_templates(R.missing_templates(st))
         self.bus.ack()
 
+    def _ask_templates(self, ids: list[str], deployment: str = "") -> None:
+        """Ask the allocator for templates the state lacks (each id once)."""
+        todo = [i for i in ids if i not in self._asked]
+        if not todo and not deployment:
+            return
+        key = f"templates:{deployment}" if deployment else f"templates:{len(self._asked)}"
+        if deployment and key in self._asked:
+            return
+        self._asked.update(todo)
+        self._asked.add(key)
+        if not self.source.read_only:
+            self.bus.ask(key, St.INSPECTOR, St.templates_request(todo, deployment))
+
+    def on_answered(self, message: Answered) -> None:
+        screen = self._previews.pop(message.key, None)
+        if screen is not None:
+            screen.set_preview(R.preview_view(message.reply), message.error or self._unexpected(message.reply))
+            return
+        if message.reply is not None:
+            self.state = R.apply(self.state, as_envelope(St.INSPECTOR, message.reply))
+
+    @staticmethod
+    def _unexpected(reply: Any) -> str:
+        return "" if reply is None or R.preview_view(reply) is not None else f"unexpected reply {type(reply).__name__}"
+
     def on_link_changed(self, message: LinkChanged) -> None:
-        self.state = S.with_link(self.state, message.link)
-        self.redraw()
+        self.state = R.with_link(self.state, message.link)
 
     def on_command_done(self, message: CommandDone) -> None:
-        self.state = S.note_result(self.state, message.n, message.cmd, message.result, message.error)
-        text = S.describe_command(message.cmd)
+        text = St.describe_command(message.cmd)
         r = message.result
         if r is None:
             self.notify(f"{text}: {message.error}", title="not sent", severity="error")
@@ -175,18 +230,32 @@ class CoralTui(App[int]):
             self.notify(f"{text}: accepted by {r.owner}", title="confirmed")
         else:
             self.notify(f"{text}: {r.field}: {r.reason}", title=f"refused by {r.owner}", severity="warning")
-        self.redraw()
+        self.state = R.note_result(self.state, message.n, message.cmd, message.result, message.error)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.name == "bus" and event.state == WorkerState.ERROR:
             err = event.worker.error
-            self.state = S.with_link(self.state, S.Link("lost", f"bus worker failed: {err}", self.source.address))
             self.notify(str(err), title="bus worker failed", severity="error", timeout=30)
-            self.redraw()
+            self.state = R.with_link(self.state, M.Link("lost", f"bus worker failed: {err}", self.source.address))
+
+    # -- detail --------------------------------------------------------------------------------------
+
+    def on_state_view_detail_requested(self, message: StateView.DetailRequested) -> None:
+        st = self.state
+        if message.kind == "plan":
+            plan = st.plan(int(message.key))
+            if plan is not None:
+                self.push_screen(PlanScreen(st, plan))
+            return
+        found = details(st, message.kind, message.key)
+        if found is not None:
+            self.push_screen(DetailScreen(*found))
 
     # -- steering ----------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if isinstance(self.focused, Input) and action in HOTKEY_ACTIONS:
+            return False  # a key typed into a box is text, never a hotkey
         if isinstance(self.screen, ModalScreen) and (action in STEER_ACTIONS or action == "view"):
             return False
         if action in STEER_ACTIONS:
@@ -196,7 +265,7 @@ class CoralTui(App[int]):
         return True
 
     def action_view(self, vid: str) -> None:
-        self._tabs.active = vid
+        self.screen_stack[0].query_one("#views", TabbedContent).active = vid
         self._focus_view(vid)  # now, not on TabActivated: the next key must find the view's table focused
 
     def action_steer_menu(self) -> None:
@@ -217,34 +286,57 @@ class CoralTui(App[int]):
         if self.source.read_only:
             self.notify("replay is read-only", severity="warning")
             return
-        spec = S.ACTIONS[name]
+        spec = ACTIONS[name]
         if spec.confirm:
             try:
-                cmd = S.build_command(self.state, name, {})
-            except S.FormError as exc:
+                cmd = St.build_command(self.state, name, {})
+            except St.FormError as exc:
                 self.notify(str(exc), title=spec.title, severity="warning")
                 return
-            question = f"{S.describe_command(cmd).capitalize()}?"
-
-            def answered(yes: bool | None) -> None:
-                if yes:
-                    self.send_command(name, cmd)
-
-            self.push_screen(ConfirmScreen(spec.title, question), answered)
+            self.confirm(name, cmd)
             return
+        if spec.preview:
+            deps = (
+                [context.get("deployment", "")]
+                if context and context.get("deployment")
+                else list(self.state.deployments)
+            )
+            for d in deps:
+                self._ask_templates([], d)
 
         def filled(cmd: Any) -> None:
-            if cmd is not None:
+            if cmd is None:
+                return
+            if spec.preview:
+                self.confirm(name, cmd)
+            else:
                 self.send_command(name, cmd)
 
-        self.push_screen(CommandForm(lambda: self.state, name, S.defaults(self.state, name, context)), filled)
+        self.push_screen(CommandForm(lambda: self.state, name, St.defaults(self.state, name, context)), filled)
+
+    def confirm(self, name: str, cmd: Any) -> None:
+        """Ask before sending ``cmd``; for a pin, forbid or allow, with the allocator's preview."""
+        spec = ACTIONS[name]
+        preview = St.preview_of(cmd)
+        screen = ConfirmScreen(spec.title, f"{St.describe_command(cmd).capitalize()}?", preview=preview is not None)
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send_command(name, cmd)
+
+        self.push_screen(screen, answered)
+        if preview is not None:
+            self._asks += 1
+            key = f"preview:{self._asks}"
+            self._previews[key] = screen
+            self.bus.ask(key, St.INSPECTOR, preview)
 
     def send_command(self, action: str, cmd: Any) -> None:
         """Put a control message on the bus; its answer comes back as ``CommandDone``."""
-        self.state, n = S.note_sent(self.state, action, cmd)
-        self.notify(f"{S.describe_command(cmd)}", title="sent")
+        st, n = R.note_sent(self.state, action, cmd)
+        self.notify(f"{St.describe_command(cmd)}", title="sent")
         self.bus.submit(n, cmd)
-        self.redraw()
+        self.state = st
 
     def on_fleet_view_drain_requested(self, message: FleetView.DrainRequested) -> None:
         self.action_steer("drain", {"instance": message.instance})
@@ -255,13 +347,11 @@ class CoralTui(App[int]):
     def on_market_view_steer_entry(self, message: MarketView.SteerEntry) -> None:
         self.action_steer(message.action, {"region": message.region, "node": message.node})
 
-    def on_plans_view_plan_chosen(self, message: PlansView.PlanChosen) -> None:
-        plan = self.state.plan(message.n)
-        if plan is not None:
-            self.push_screen(PlanScreen(self.state, plan))
-
     def on_plan_screen_template_action(self, message: PlanScreen.TemplateAction) -> None:
-        self.action_steer(message.action, {"template_id": message.template_id, "deployment": message.deployment})
+        action = message.action
+        if action == "forbid" and message.template_id in self.state.forbidden:
+            action = "allow"
+        self.action_steer(action, {"template_id": message.template_id, "deployment": message.deployment})
 
     # -- replay ------------------------------------------------------------------------------------
 
@@ -269,22 +359,13 @@ class CoralTui(App[int]):
         if isinstance(self.source, ReplaySource):
             self.source.set_paused(not self.source.paused)
             if self.state.link.state == "replay":
-                self.state = S.with_link(self.state, self.source.link_state())
-            self.redraw()
+                self.state = R.with_link(self.state, self.source.link_state())
 
     def action_replay_speed(self, factor: float) -> None:
         if isinstance(self.source, ReplaySource):
             self.source.set_speed(min(1e6, max(1e-3, self.source.speed * factor)))
             if self.state.link.state == "replay":
-                self.state = S.with_link(self.state, self.source.link_state())
-            self.redraw()
-
-
-def _gpu_of(catalog_files: list[Path] | None = None) -> dict[str, str]:
-    from coral.catalog import load_catalog
-
-    cat = load_catalog(list(catalog_files or []))
-    return {name: n.gpu for name, n in cat.nodes.items()}
+                self.state = R.with_link(self.state, self.source.link_state())
 
 
 def make_app(
@@ -297,17 +378,17 @@ def make_app(
     source: Source | None = None,
     curve: ClientKeys | None = None,
 ) -> CoralTui:
-    """The app for a live mesh (``endpoints``, or the local default), a journal (``replay``) or a source."""
+    """The app for a live mesh (``endpoints``, or the local default), a journal (``replay``) or a source.
+
+    ``store`` and ``catalog_files`` are not read: templates, deployments and GPU types come from the mesh
+    (the inspection requests of ``tui.steering``) or, in a replay, from the journal's run setup."""
+    del store, catalog_files
     if source is None:
         if replay is not None:
             source = ReplaySource(replay, speed=check_speed(speed))
         else:
             source = LiveSource(endpoints if endpoints is not None else default_endpoints(), curve=curve)
-    if store is None:
-        from coral.store import default_store_path
-
-        store = default_store_path()
-    return CoralTui(source, gpu_of=_gpu_of(catalog_files), store=store)
+    return CoralTui(source)
 
 
 def run_tui(

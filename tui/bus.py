@@ -15,6 +15,12 @@ shows the whole state at once. Live messages that the snapshot already covers (a
 plan sequence it holds) are skipped. A mesh without a gateway answers nothing; the TUI then fills in as
 updates arrive.
 
+Asking the mesh: the TUI opens no file of the mesh's. A live source asks the allocator for the scenario's
+deployments (``ScenarioRequest``) after attaching and at each new run (again at each ping until it
+answers), asks the gateway where the clock
+stands (``ClockRequest``) at every ping, and ``ask`` sends any other inspection request (templates, plan
+previews); replies are posted as ``Answered`` or pushed as envelopes for the reducer to fold.
+
 Liveness: a live source runs a sync round trip with the kernel every ``ping_s``; when one fails (or the
 handshake does) it reports the link ``lost``, keeps retrying and reports ``connected`` when the mesh is
 back. The app keeps the last state on screen meanwhile.
@@ -42,21 +48,22 @@ from coral.errors import CoralError
 from coral.kernel import BusClient, BusError, ClientKeys, DecodeError, Endpoints, Envelope, ErrorEvent, RequestError
 from coral.kernel.address import default_endpoints as default_endpoints
 from coral.kernel.address import parse_connect
+from coral.kernel.codec import DEFAULT_CODEC, tag_text
 from coral.kernel.journal import read_journal
 from coral.messages.control import OPERATOR
-from coral.templates import Template
-from tui.state import (
-    TOPICS,
-    Link,
+from tui.model import TOPICS, Link
+from tui.reducer import (
     clock_mark,
+    clock_request,
     covered_by,
     is_snapshot,
     merge_snapshots,
-    owner_of,
+    scenario_request,
     snapshot_request,
     unpack_snapshot,
     wanted,
 )
+from tui.steering import INSPECTOR, owner_of
 
 parse_address = parse_connect
 """``--connect``'s address (``coral.kernel.address.parse_connect``)."""
@@ -91,6 +98,22 @@ class CommandDone(Message):
         self.cmd = cmd
         self.result = result
         self.error = error
+
+
+class Answered(Message):
+    """The answer to an inspection request ``key`` (``ask``): ``reply``, or ``error`` when none came back."""
+
+    def __init__(self, key: str, request: Any, reply: Any | None, error: str = "") -> None:
+        super().__init__()
+        self.key = key
+        self.request = request
+        self.reply = reply
+        self.error = error
+
+
+def as_envelope(source: str, reply: Any) -> Envelope:
+    """A reply as an envelope the reducer folds (tagged as the codec tags it)."""
+    return Envelope("reply", source, tag_text(DEFAULT_CODEC.tag_bytes(type(reply))), reply)
 
 
 # -- flood merging ----------------------------------------------------------------------------------
@@ -191,6 +214,10 @@ class Source(Protocol):
 
     def submit(self, n: int, cmd: Any, done: Callable[[CommandDone], object]) -> None: ...
 
+    def ask(self, key: str, dest: str, msg: Any, done: Callable[[Answered], object]) -> None:
+        """Send an inspection request; its answer comes back to ``done``."""
+        ...
+
 
 class LiveSource:
     """A running mesh, attached through a ``BusClient`` (reconnecting when the mesh comes back)."""
@@ -255,20 +282,29 @@ class LiveSource:
             async with anyio.create_task_group() as tg:
                 self._bus, self._tg = bus, tg
                 covered = await self._attach(bus, sink)
+                need_scenario = True
 
                 async def read() -> None:
+                    nonlocal need_scenario
                     async for env in bus:
                         if not covered or not covered_by(covered, env):
                             sink.push(env)
+                            if env.tag == "mesh.setup":  # a new run: ask for its deployments
+                                need_scenario = True
 
                 tg.start_soon(read)
+                clock = True
                 while True:
+                    if need_scenario:  # until the allocator answers (it may start after the kernel)
+                        need_scenario = not await self._inquire(bus, sink, INSPECTOR, scenario_request())
                     await anyio.sleep(self.ping_s)
                     try:
                         await bus.sync(timeout=self.ping_timeout_s)
                     except BusError:
                         reason = f"no answer from the kernel within {self.ping_timeout_s:g}s; retrying"
                         break
+                    if clock:  # a mesh without a gateway cannot say: stop asking
+                        clock = await self._inquire(bus, sink, OPERATOR, clock_request())
                 tg.cancel_scope.cancel()
         finally:
             self._bus, self._tg = None, None
@@ -284,6 +320,31 @@ class LiveSource:
         for env in envs:
             sink.push(env)
         return covered
+
+    async def _inquire(self, bus: BusClient, sink: Sink, dest: str, msg: Any) -> bool:
+        """Ask ``dest`` and push its reply to ``sink`` as an envelope; False if none came."""
+        try:
+            reply = await bus.request(dest, msg, timeout=self.snapshot_timeout_s)
+        except (RequestError, BusError, CoralError):
+            return False
+        sink.push(as_envelope(dest, reply))
+        return True
+
+    def ask(self, key: str, dest: str, msg: Any, done: Callable[[Answered], object]) -> None:
+        bus, tg = self._bus, self._tg
+        if bus is None or tg is None:
+            done(Answered(key, msg, None, "not connected to the mesh"))
+            return
+
+        async def run() -> None:
+            try:
+                reply = await bus.request(dest, msg, timeout=self.request_timeout_s)
+            except (BusError, CoralError, zmq.ZMQError) as exc:
+                done(Answered(key, msg, None, str(exc)))
+                return
+            done(Answered(key, msg, reply))
+
+        tg.start_soon(run)
 
     def submit(self, n: int, cmd: Any, done: Callable[[CommandDone], object]) -> None:
         bus, tg = self._bus, self._tg
@@ -378,6 +439,9 @@ class ReplaySource:
     def submit(self, n: int, cmd: Any, done: Callable[[CommandDone], object]) -> None:
         done(CommandDone(n, cmd, None, "replay is read-only; nothing was sent"))
 
+    def ask(self, key: str, dest: str, msg: Any, done: Callable[[Answered], object]) -> None:
+        done(Answered(key, msg, None, "a replay has no mesh to ask"))
+
 
 _STEP_S = 0.05
 """The longest a paced replay sleeps before it looks at its speed and pause again (wall seconds)."""
@@ -435,6 +499,10 @@ class BusWorker:
         """Send command number ``n``; its answer comes back as ``CommandDone``."""
         self.source.submit(n, cmd, self.post)
 
+    def ask(self, key: str, dest: str, msg: Any) -> None:
+        """Send an inspection request; its answer comes back as ``Answered``."""
+        self.source.ask(key, dest, msg, self.post)
+
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._poster)
@@ -463,29 +531,3 @@ class BusWorker:
             self._acked = anyio.Event()
             self.posted += 1
             self.post(BusBatch(items, dropped))
-
-
-class TemplateLookup:
-    """Fetches templates from a template store by id (for a TUI that attached after the run's setup)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._failed: set[str] = set()
-
-    def fetch(self, ids: list[str]) -> list[Template]:
-        todo = [i for i in ids if i not in self._failed]
-        if not todo or self.path is None or not self.path.exists():
-            return []
-        from coral.store import StoreError, TemplateStore
-
-        out = []
-        try:
-            with TemplateStore(self.path, readonly=True) as store:
-                for tid in todo:
-                    try:
-                        out.append(store.get(tid))
-                    except StoreError:
-                        self._failed.add(tid)
-        except StoreError:
-            self._failed.update(todo)
-        return out

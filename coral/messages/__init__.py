@@ -2,7 +2,8 @@
 
 One module per protocol: ``market`` (quotes, MarketUpdate), ``demand`` (DemandUpdate), ``plan`` (NewPlan),
 ``fleet`` (FleetUpdate and the supervisor/worker protocol), ``requests`` (arrivals, dispatch, outcomes,
-router reports), ``control`` (operator commands and their results) and ``mesh`` (run setup and end).
+router reports), ``control`` (operator commands and their results), ``inspect`` (what a client asks the mesh: templates,
+scenario, plan previews, clock) and ``mesh`` (run setup and end).
 Importing this package registers all of them. A client needs only this package and
 ``coral.kernel.BusClient``.
 """
@@ -59,6 +60,18 @@ from coral.messages.fleet import (
     StageLoaded,
     WorkerHeartbeat,
 )
+from coral.messages.inspect import (
+    ClockInfo,
+    ClockRequest,
+    DeploymentInfo,
+    PlanPreview,
+    PreviewRequest,
+    ScenarioInfo,
+    ScenarioRequest,
+    TemplateEntry,
+    TemplatesReply,
+    TemplatesRequest,
+)
 from coral.messages.market import MarketQuotes, MarketUpdate, Quote
 from coral.messages.mesh import (
     DECISION_TAGS,
@@ -113,12 +126,15 @@ __all__ = [
     "AllocatorState",
     "ArrivalBatch",
     "ArrivalCounts",
+    "ClockInfo",
+    "ClockRequest",
     "CloudSetup",
     "Command",
     "CommandResult",
     "Completions",
     "DemandTuning",
     "DemandUpdate",
+    "DeploymentInfo",
     "DeploymentTraffic",
     "Dispatch",
     "DrainInstance",
@@ -150,6 +166,8 @@ __all__ = [
     "PinTemplate",
     "PlanChange",
     "PlanInputs",
+    "PlanPreview",
+    "PreviewRequest",
     "ProxiedArrivals",
     "Quote",
     "ReleaseNode",
@@ -157,6 +175,8 @@ __all__ = [
     "RequestResults",
     "RequestSpec",
     "RoutingStats",
+    "ScenarioInfo",
+    "ScenarioRequest",
     "ServeInstance",
     "SetAvailability",
     "SetChurn",
@@ -169,6 +189,9 @@ __all__ = [
     "SnapshotRecord",
     "SnapshotRequest",
     "StageLoaded",
+    "TemplateEntry",
+    "TemplatesReply",
+    "TemplatesRequest",
     "WorkItem",
     "WorkerHeartbeat",
     "is_command",

@@ -63,6 +63,14 @@ SAMPLES: list[object] = [
     m.SloChanged("chat", 1.0, 0.05, 0.95, 2.0),
     m.AllocatorState(3.0, True, 0.5, (("chat", "t1"),), ("t2", "t3")),
     m.SnapshotRequest(),
+    m.TemplatesRequest(("t1",), "chat"),
+    m.TemplatesReply((), ("t9",)),
+    m.ScenarioRequest(),
+    m.ScenarioInfo("s", ("r1",), ("a",), (m.DeploymentInfo("chat", "llama", 1.0, 0.05, 0.9),), (("a", "l4"),)),
+    m.PreviewRequest("pin", "t1", "chat"),
+    m.PlanPreview(True, 3.0, status="optimal", instances=2, cost_per_hour=1.5, current_instances=1),
+    m.ClockRequest(),
+    m.ClockInfo(5.0, 10.0, 12.5),
     m.Snapshot(4.0, (m.SnapshotRecord("allocator", "ctl.alloc_state", b"\x91\x01"),)),
     m.MeshEnd(10.0, "stopped"),
     m.MeshResumed(40.0, 150, ("i1",), ("n2",), ("n3",), 20, 281),
@@ -72,7 +80,7 @@ SAMPLES: list[object] = [
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda x: type(x).__name__)
 def test_every_message_round_trips(msg: object) -> None:
     tag, body = encode(msg)
-    assert tag.decode().split(".")[0] in ("mkt", "dem", "plan", "fleet", "req", "ctl", "slo", "mesh")
+    assert tag.decode().split(".")[0] in ("mkt", "dem", "plan", "fleet", "req", "ctl", "slo", "mesh", "inspect")
     assert decode(tag, body) == msg
 
 

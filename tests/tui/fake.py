@@ -1,4 +1,5 @@
-"""A small fake of ``coral up`` for the TUI's tests: one actor named ``operator`` that owns every setting.
+"""A small fake of ``coral up`` for the TUI's tests: one actor named ``operator`` that owns every setting,
+and ``FakeInspector``, named ``allocator``, that answers the TUI's inspection requests.
 
 ``FakeCoral`` keeps a toy world (three deployments, two regions, the synthetic journal's templates),
 answers each control command like its real owner would (validating names and values, replying with a
@@ -17,8 +18,11 @@ import attrs
 
 from coral.kernel import Actor, Envelope
 from coral.messages import (
+    ClockInfo,
+    ClockRequest,
     CommandResult,
     DemandUpdate,
+    DeploymentInfo,
     DrainInstance,
     FleetAction,
     FleetUpdate,
@@ -29,14 +33,21 @@ from coral.messages import (
     PauseAllocator,
     PinTemplate,
     PlanChange,
+    PlanPreview,
+    PreviewRequest,
     Quote,
     Replan,
+    ScenarioInfo,
+    ScenarioRequest,
     SetAvailability,
     SetChurn,
     SetDemand,
     SetPrice,
     SetSlo,
     SloChanged,
+    TemplateEntry,
+    TemplatesReply,
+    TemplatesRequest,
     is_command,
 )
 from coral.plan import DeploymentServing, Plan, PlannedInstances
@@ -81,6 +92,8 @@ class FakeCoral(Actor):
         self.instances: dict[str, InstanceInfo] = {}
         self.seq = {"plan": 0, "fleet": 0, "market": 0, "demand": 0, "num": 0}
         self.t = 0.0
+        self.behind_s = 0.0
+        """What the fake says when asked how far behind the wall clock it is (``ClockRequest``)."""
 
     async def on_start(self) -> None:
         if self.plan is None:
@@ -237,6 +250,9 @@ class FakeCoral(Actor):
 
     async def handle(self, env: Envelope) -> None:
         msg = env.msg
+        if isinstance(msg, ClockRequest) and env.kind == "request":
+            await self.ctx.reply(env, ClockInfo(self.t, 10.0 if self.behind_s else 0.0, self.behind_s))
+            return
         if not is_command(msg):
             return
         self.received.append(msg)
@@ -331,6 +347,70 @@ class FakeCoral(Actor):
                 await self._replan("resume")
         elif isinstance(msg, SetChurn):
             await self._replan("churn")
+
+
+class FakeInspector(Actor):
+    """The fake allocator's answers to inspection requests (templates, scenario, previews), from the
+    state of ``FakeCoral``; a preview solves with the fake's planner on a copy of its settings."""
+
+    def __init__(self, coral: FakeCoral, name: str = "allocator") -> None:
+        super().__init__(name)
+        self.coral = coral
+        self.asked: list[Any] = []
+
+    async def handle(self, env: Envelope) -> None:
+        msg = env.msg
+        if env.kind != "request":
+            return
+        self.asked.append(msg)
+        if isinstance(msg, ScenarioRequest):
+            c = self.coral
+            deps = tuple(DeploymentInfo(d, DEPLOYMENTS[d], *c.slo[d]) for d in sorted(c.demand))
+            gpus = tuple(sorted({(s.node, s.gpu) for t in TEMPLATES for s in t.stages}))
+            await self.ctx.reply(env, ScenarioInfo("fake", REGIONS, tuple(sorted({n for _, n in MARKET})), deps, gpus))
+        elif isinstance(msg, TemplatesRequest):
+            ids = [i for i in msg.ids if i in BY_ID]
+            ids += [t.id for t in TEMPLATES if DEPLOYMENT_OF[t.id] == msg.deployment and t.id not in ids]
+            usable = {d: set(self.coral._allowed(d)) for d in DEPLOYMENTS}
+            entries = tuple(
+                TemplateEntry(DEPLOYMENT_OF[i], BY_ID[i], capacity(i), i in usable[DEPLOYMENT_OF[i]]) for i in ids
+            )
+            await self.ctx.reply(env, TemplatesReply(entries, tuple(i for i in msg.ids if i not in BY_ID)))
+        elif isinstance(msg, PreviewRequest):
+            await self.ctx.reply(env, self.preview(msg))
+
+    def preview(self, req: PreviewRequest) -> PlanPreview:
+        c = self.coral
+        if req.template_id and req.template_id not in BY_ID:
+            return PlanPreview(False, c.t, "template_id", f"unknown template {req.template_id!r}")
+        trial = FakeCoral(c.name)
+        trial.demand, trial.market = dict(c.demand), dict(c.market)
+        trial.forbidden, trial.pins = set(c.forbidden), dict(c.pins)
+        if req.action == "pin":
+            trial.pins[req.deployment] = req.template_id
+        elif req.action == "unpin":
+            trial.pins.pop(req.deployment, None)
+        elif req.action == "forbid":
+            trial.forbidden.add(req.template_id)
+        else:
+            trial.forbidden.discard(req.template_id)
+        counts = trial._solve()
+        cost = sum(sum(c.market[(r, n)][0] for n in BY_ID[t].nodes) * k for (_, t, r), k in counts.items())
+        unmet = 0.0
+        for dep in DEPLOYMENTS:
+            cap = sum(capacity(t) * k for (d, t, _), k in counts.items() if d == dep)
+            unmet += max(0.0, c.demand[dep] - cap)
+        now = c.plan
+        rows = tuple(
+            PlannedInstances(d, t, r, k, BY_ID[t].nodes, "aggregated", 0.0, capacity(t))
+            for (d, t, r), k in sorted(counts.items())
+        )
+        return PlanPreview(
+            True, c.t, status="optimal", instances=sum(counts.values()), cost_per_hour=round(cost, 3),
+            unmet_rps=unmet, current_instances=sum(r.count for r in now.instances) if now else 0,
+            current_cost_per_hour=now.cost_per_hour if now else 0.0,
+            current_unmet_rps=now.unmet_rps if now else 0.0, rows=rows,
+        )  # fmt: skip
 
 
 def demand_capacity(plan: Plan, dep: str) -> float:

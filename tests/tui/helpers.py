@@ -17,7 +17,7 @@ from coral.kernel import Endpoints, Mesh, read_journal
 from tui.app import CoralTui
 from tui.bus import LiveSource, ReplaySource
 
-from .fake import FakeCoral
+from .fake import FakeCoral, FakeInspector
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "fixtures" / "journals" / "tui-demo.jrnl"
@@ -31,11 +31,11 @@ def endpoints(tmp: Path) -> Endpoints:
 def live_app(eps: Endpoints, ping_s: float = 0.1) -> CoralTui:
     """A TUI attached to ``eps``, pinging every ``ping_s`` (often: a lost mesh shows quickly)."""
     source = LiveSource(eps, ping_s=ping_s, ping_timeout_s=0.5, retry_s=0.1, handshake_s=0.5, request_timeout_s=5.0)
-    return quiet(CoralTui(source, gpu_of=GPU_OF, store=None, frame_s=0.02))
+    return quiet(CoralTui(source, frame_s=0.02))
 
 
 def replay_app(path: Path = DEMO, speed: float = math.inf) -> CoralTui:
-    return quiet(CoralTui(ReplaySource(path, speed=speed), gpu_of=GPU_OF, store=None, frame_s=0.02))
+    return quiet(CoralTui(ReplaySource(path, speed=speed), frame_s=0.02))
 
 
 def quiet(app: CoralTui) -> CoralTui:
@@ -95,5 +95,7 @@ async def live(tmp: Path, size: tuple[int, int] = (120, 40), fake_name: str = "o
             await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
             fake = FakeCoral(fake_name)
             await mesh.spawn(fake)
+            if fake_name != "allocator":
+                await mesh.spawn(FakeInspector(fake))
             await until(pilot, lambda: bool(app.state.plans) and bool(app.state.instances), "the first plan")
             yield Live(mesh, fake, app, pilot, journal)

@@ -14,7 +14,8 @@ from coral.cli import common, tui_cmd
 from coral.errors import CoralError
 from coral.kernel import BusError, Endpoints, Envelope
 from coral.messages import DeploymentTraffic, FleetAction, RoutingStats
-from tui import state as S
+from tui import model as M
+from tui import reducer as R
 from tui.bus import Pending, ReplaySource, check_speed, default_endpoints, parse_address
 
 from .helpers import DEMO, ROOT, replay_app, until
@@ -50,14 +51,14 @@ def test_a_flood_merges_snapshots_and_keeps_every_event_in_time() -> None:
     assert [e.msg.seq for e in items if e.tag == "req.stats"][-1] == 100
     assert sum(1 for e in items if e.tag == "req.stats") < 5
     assert [e.msg.at for e in items if e.tag == "fleet.action"] == [float(k) for k in range(10, 101, 10)]
-    st = S.initial_state()
+    st = M.initial_state()
     times = []
     for env in items:
-        st = S.apply(st, env)
+        st = R.apply(st, env)
         if env.tag == "fleet.action":
             times.append(st.now)
     assert times == [float(k) for k in range(10, 101, 10)], "clock marks keep later events' time"
-    marks = [e for e in items if e.tag == S.CLOCK_TAG]
+    marks = [e for e in items if e.tag == R.CLOCK_TAG]
     assert len(marks) <= 11, "no two marks without an event between them"
 
 
@@ -136,7 +137,7 @@ def test_cli_arguments() -> None:
 
 def test_the_tui_imports_neither_actors_nor_solvers_nor_highs() -> None:
     code = (
-        "import sys, tui.app, tui.bus, tui.state, coral.cli.tui_cmd; "
+        "import sys, tui.app, tui.bus, tui.reducer, coral.cli.tui_cmd; "
         "print(sorted(m for m in ('actors', 'solvers', 'highspy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -150,9 +151,17 @@ def test_tui_sources_import_only_coral() -> None:
             assert banned not in text, f"{path.relative_to(ROOT)} mentions {banned!r}"
 
 
-def test_state_is_the_only_module_that_reads_message_fields() -> None:
+def test_tui_opens_no_store_scenario_or_catalog_file() -> None:
+    """Templates, deployments and GPU types come from the mesh, so that the TUI works against a remote one."""
     for path in sorted((ROOT / "tui").rglob("*.py")):
-        if path.name in ("state.py",):
+        text = path.read_text()
+        for banned in ("sqlite3", "coral.store", "TemplateStore", "tomllib", "load_catalog", "load_scenario"):
+            assert banned not in text, f"{path.relative_to(ROOT)} mentions {banned!r}"
+
+
+def test_only_the_reducer_and_steering_read_message_fields() -> None:
+    for path in sorted((ROOT / "tui").rglob("*.py")):
+        if path.name in ("model.py", "reducer.py", "steering.py"):
             continue
         text = path.read_text()
         assert "coral.messages" not in text.replace("coral.messages.control import OPERATOR", ""), path

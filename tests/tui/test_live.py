@@ -23,14 +23,16 @@ from coral.messages import (
     SetPrice,
     SetSlo,
 )
+from tui.screens.confirm import ConfirmScreen
 from tui.screens.form import CommandForm
 from tui.screens.plan import PlanScreen
 
 from .helpers import Live, live, until
 
 
-async def submit(lv: Live, keys: str, *, clear: str | None = None) -> int:
-    """Type into the open form (after clearing field ``clear``), submit, and return the command's number."""
+async def submit(lv: Live, keys: str, *, clear: str | None = None, key: str = "enter", confirm: bool = False) -> int:
+    """Type into the open form (after emptying field ``clear``), submit with ``key`` (and, with ``confirm``,
+    say yes to the preview once the allocator's answer is on screen), and return the command's number."""
     pilot = lv.pilot
     await until(pilot, lambda: isinstance(lv.app.screen, CommandForm), "the form")
     if clear is not None:
@@ -40,7 +42,13 @@ async def submit(lv: Live, keys: str, *, clear: str | None = None) -> int:
     if keys:
         await pilot.press(*keys)
     before = lv.app.state.command_count
-    await pilot.press("enter")
+    await pilot.press(key)
+    if confirm:
+        await until(pilot, lambda: isinstance(lv.app.screen, ConfirmScreen), "the confirmation")
+        screen = lv.app.screen
+        assert isinstance(screen, ConfirmScreen)
+        await until(pilot, lambda: screen.answer is not None, "the allocator's preview")
+        await pilot.press("y")
     await until(pilot, lambda: lv.app.state.command_count > before, "the command to be sent")
     n = lv.app.state.command_count
     await lv.wait_result(n)
@@ -78,7 +86,7 @@ async def test_override_and_clear_demand(tmp_path: Path) -> None:
         assert str(cell) == "12.00⚑"
         seq = lv.last_plan_seq()
         await lv.pilot.press("d")
-        n = await submit(lv, "", clear="rps")
+        n = await submit(lv, "", key="ctrl+u")  # the form's Clear: a blank field would be refused
         assert lv.fake.received[-1] == SetDemand("chat-8b", None)
         await lv.wait_plan(seq)
         assert not lv.app.state.deployments["chat-8b"].override
@@ -149,7 +157,7 @@ async def test_forbid_and_pin_from_the_plan_screen(tmp_path: Path) -> None:
         await select_row(lv, "plan-instances", str(row))
         seq = lv.last_plan_seq()
         await lv.pilot.press("f")
-        await submit(lv, "")
+        await submit(lv, "", confirm=True)
         assert lv.fake.received[-1] == ForbidTemplate(tid, True)
         assert lv.sent_on_bus("ctl.forbid")[-1] == ForbidTemplate(tid, True)
         await lv.wait_plan(seq)
@@ -162,7 +170,7 @@ async def test_forbid_and_pin_from_the_plan_screen(tmp_path: Path) -> None:
         await select_row(lv, "models-table", "chat-8b")
         seq = lv.last_plan_seq()
         await lv.pilot.press("n")
-        await submit(lv, other[:6])
+        await submit(lv, other[:6], confirm=True)
         assert lv.fake.received[-1] == PinTemplate("chat-8b", other)
         await lv.wait_plan(seq)
         assert {r.template_id for r in lv.app.state.plans[-1].instances if r.deployment == "chat-8b"} == {other}

@@ -11,8 +11,10 @@ import pytest
 
 from coral.catalog import Catalog
 from coral.perf import PerfModel
-from tui import state as S
-from tui.bus import TemplateLookup
+from tui import model as M
+from tui import reducer as R
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.form import CommandForm
 
 from .helpers import endpoints, live_app, until
 
@@ -43,11 +45,10 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
     eps = endpoints(tmp_path)
     stop = anyio.Event()
 
-    def new_plan(after: int, trigger: str) -> S.PlanView | None:
+    def new_plan(after: int, trigger: str) -> M.PlanView | None:
         return next((p for p in app.state.plans if p.seq > after and trigger in p.trigger.split("+")), None)
 
-    app = live_app(eps)
-    app.templates = TemplateLookup(steady_store)  # attached after the run's setup: stage bars from the store
+    app = live_app(eps)  # attached after the run's setup: templates and deployments are asked of the mesh
     async with anyio.create_task_group() as tg:
 
         async def mesh() -> None:
@@ -57,7 +58,8 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
             await until(pilot, lambda: app.state.link.state == "lost", "no mesh yet")
             tg.start_soon(mesh)
             await until(pilot, lambda: bool(app.state.plans) and app.state.live_instances > 0, "the first plan", 30)
-            await until(pilot, lambda: not S.missing_templates(app.state), "the stage bars' templates (from the store)")
+            await until(pilot, lambda: not R.missing_templates(app.state), "the stage bars' templates (from the mesh)")
+            await until(pilot, lambda: app.state.deployments["chat-8b"].slo is not None, "the scenario (from the mesh)")
             seq = app.state.plans[-1].seq
             await pilot.press("2", "d")
             await pilot.press(*"5", "enter")  # the form has chat-8b (the selected row) and waits for the rate
@@ -78,6 +80,36 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
             await until(pilot, lambda: new_plan(seq, "market") is not None, "a plan around the stockout", 20)
             plan = new_plan(seq, "market")
             assert plan is not None and all(used[0] not in r.nodes for r in plan.instances)
+            # pin: the form lists the deployment's templates with their mode, nodes and capacity (asked of
+            # the allocator); Enter on one asks the allocator for a preview before anything is sent
+            seq = app.state.plans[-1].seq
+            await pilot.press("2")
+            app.action_steer("pin", {"deployment": "chat-8b"})
+            await until(pilot, lambda: isinstance(app.screen, CommandForm), "the pin form")
+            form = app.screen
+            assert isinstance(form, CommandForm)
+            await until(pilot, lambda: bool(form._choices), "the template list", 20)
+            assert form._choices is not None
+            tid = form._choices[0]
+            assert app.state.templates[tid].mode == "aggregated" and app.state.templates[tid].capacity_rps > 0
+            form.query_one("#field-template_id").value = tid  # type: ignore[attr-defined]
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+            confirm = app.screen
+            assert isinstance(confirm, ConfirmScreen)
+            await until(pilot, lambda: confirm.answer is not None, "the allocator's preview", 20)
+            assert confirm.answer is not None and confirm.answer.ok, confirm.answer
+            assert confirm.answer.rows and all(
+                r.deployment != "chat-8b" or r.mode == "aggregated" for r in confirm.answer.rows
+            )
+            await pilot.press("y")
+            await until(pilot, lambda: app.state.commands[-1].status != "pending", "the pin's answer", 20)
+            assert app.state.commands[-1].status == "ok", app.state.commands[-1]
+            await until(pilot, lambda: new_plan(seq, "templates") is not None, "a plan for the pin", 20)
+            plan = new_plan(seq, "templates")
+            assert plan is not None
+            assert {r.template_id for r in plan.instances if r.deployment == "chat-8b"} == {tid}
+            assert app.state.deployments["chat-8b"].pinned == tid
             assert app.state.events and not app.state.errors
             stop.set()
             await until(pilot, lambda: app.state.link.state == "lost", "the TUI to see the mesh go", 20)
@@ -118,7 +150,6 @@ async def test_attaching_late_shows_the_whole_state(
         await anyio.sleep(0.5)  # a few ticks: the pause is applied and published once
 
         app = live_app(eps)
-        app.templates = TemplateLookup(steady_store)
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: app.state.link.state == "connected", "the connection")
             await until(pilot, lambda: bool(app.state.plans) and app.state.paused, "the snapshot", 5)
@@ -127,5 +158,6 @@ async def test_attaching_late_shows_the_whole_state(
             assert all(d.demand > 0 for d in st.deployments.values())
             assert st.plans[-1].seq == run.plan.plan.seq
             assert run.plans == plans_before  # paused: what the TUI shows did not come from a new plan
-            assert not S.missing_templates(st)
+            await until(pilot, lambda: not R.missing_templates(app.state), "the templates, from the allocator")
+            await until(pilot, lambda: all(d.slo for d in app.state.deployments.values()), "the scenario, asked")
         stop.set()

@@ -22,21 +22,23 @@ from coral.messages import (
     SetSlo,
 )
 from coral.messages.control import CommandResult, DrainInstance
-from tui import state as S
+from tui import model as M
+from tui import reducer as R
+from tui import steering as St
 
 from .helpers import DEMO, GPU_OF
 
 
 def envelopes() -> list[Envelope]:
-    return [Envelope(r.kind, r.source, r.tag, r.decode(), r.corr) for r in read_journal(DEMO) if S.wanted(r.tag)]
+    return [Envelope(r.kind, r.source, r.tag, r.decode(), r.corr) for r in read_journal(DEMO) if R.wanted(r.tag)]
 
 
 @pytest.fixture(scope="module")
-def final() -> S.State:
-    return S.apply_all(S.initial_state(gpu_of=GPU_OF), envelopes())
+def final() -> M.State:
+    return R.apply_all(M.initial_state(gpu_of=GPU_OF), envelopes())
 
 
-def test_the_demo_journal_folds_into_the_story(final: S.State) -> None:
+def test_the_demo_journal_folds_into_the_story(final: M.State) -> None:
     st = final
     assert st.scenario == "default" and st.policy == "coral" and st.ended == "end of scenario"
     assert st.now == 300.0
@@ -67,25 +69,25 @@ def test_the_demo_journal_folds_into_the_story(final: S.State) -> None:
 
 
 def test_apply_never_changes_its_input() -> None:
-    st = S.initial_state(gpu_of=GPU_OF)
+    st = M.initial_state(gpu_of=GPU_OF)
     for env in envelopes():
         before = copy.deepcopy(st)
-        new = S.apply(st, env)
+        new = R.apply(st, env)
         assert st == before
         st = new
 
 
-def test_goodput_is_measured_over_a_window(final: S.State) -> None:
+def test_goodput_is_measured_over_a_window(final: M.State) -> None:
     # the demo's reports come every 5 s; over the last 60 s about 10 requests/s met the SLO
     assert final.goodput == pytest.approx(9.95, abs=0.01)
-    assert final.stats_hist[-1][0] - final.stats_hist[0][0] >= S.GOODPUT_S
+    assert final.stats_hist[-1][0] - final.stats_hist[0][0] >= M.GOODPUT_S
 
 
 def test_unknown_tags_and_clock_marks() -> None:
-    st = S.initial_state()
-    assert S.apply(st, Envelope("publish", "x", "req.counts", object())) is st
-    marked = S.apply(st, Envelope("publish", "tui", S.CLOCK_TAG, 42.0))
-    assert marked.now == 42.0 and S.apply(marked, Envelope("publish", "tui", S.CLOCK_TAG, 10.0)).now == 42.0
+    st = M.initial_state()
+    assert R.apply(st, Envelope("publish", "x", "req.counts", object())) is st
+    marked = R.apply(st, Envelope("publish", "tui", R.CLOCK_TAG, 42.0))
+    assert marked.now == 42.0 and R.apply(marked, Envelope("publish", "tui", R.CLOCK_TAG, 10.0)).now == 42.0
 
 
 def test_merge_keeps_the_union_of_market_changes() -> None:
@@ -93,55 +95,69 @@ def test_merge_keeps_the_union_of_market_changes() -> None:
     older = Envelope("publish", "pw", "mkt.update", MarketUpdate(1, 1.0, (a, b), (a,)))
     b2 = attrs.evolve(b, availability=0)
     newer = Envelope("publish", "pw", "mkt.update", MarketUpdate(2, 2.0, (a, b2), (b2,)))
-    merged = S.merge_snapshots(older, newer)
+    merged = R.merge_snapshots(older, newer)
     assert merged.msg.seq == 2 and merged.msg.changed == (a, b2)
     assert (
-        S.merge_snapshots(Envelope("publish", "s", "req.stats", 1), Envelope("publish", "s", "req.stats", 2)).msg == 2
+        R.merge_snapshots(Envelope("publish", "s", "req.stats", 1), Envelope("publish", "s", "req.stats", 2)).msg == 2
     )
 
 
 def test_link_and_actor_events() -> None:
-    st = S.with_link(S.initial_state(), S.Link("lost", "no answer", "tcp://x"))
+    st = R.with_link(M.initial_state(), M.Link("lost", "no answer", "tcp://x"))
     assert st.events[-1].severity == "warn" and "no answer" in st.events[-1].text
-    assert S.with_link(st, st.link) is st
-    st = S.apply(st, Envelope("publish", "kernel", "kernel.actor.crashed", ActorCrashed("router", "boom", 1)))
+    assert R.with_link(st, st.link) is st
+    st = R.apply(st, Envelope("publish", "kernel", "kernel.actor.crashed", ActorCrashed("router", "boom", 1)))
     assert st.crashes == 1 and st.events[-1].kind == "crash"
-    st = S.with_dropped(st, 7)
+    st = R.with_dropped(st, 7)
     assert st.dropped == 7 and "7 events dropped" in st.events[-1].text
 
 
 def test_events_are_bounded() -> None:
-    st = S.initial_state()
-    for k in range(S.MAX_EVENTS + 10):
-        st = S.apply(st, Envelope("publish", "k", "kernel.actor.crashed", ActorCrashed("a", str(k), 1)))
-    assert len(st.events) == S.MAX_EVENTS and st.events[-1].n == S.MAX_EVENTS + 10
+    st = M.initial_state()
+    for k in range(M.MAX_EVENTS + 10):
+        st = R.apply(st, Envelope("publish", "k", "kernel.actor.crashed", ActorCrashed("a", str(k), 1)))
+    assert len(st.events) == M.MAX_EVENTS and st.events[-1].n == M.MAX_EVENTS + 10
 
 
 # -- steering forms --------------------------------------------------------------------------------
 
 
-def test_every_action_builds_its_typed_command(final: S.State) -> None:
+def test_every_action_builds_its_typed_command(final: M.State) -> None:
     st = final
     cases = {
-        ("demand", ("chat-8b", "12")): SetDemand("chat-8b", 12.0),
-        ("demand", ("chat-8b", "")): SetDemand("chat-8b", None),
-        ("availability", ("aws-us-east-1", "g6.xlarge", "0")): SetAvailability("aws-us-east-1", "g6.xlarge", 0),
-        ("availability", ("aws-us-east-1", "g6.xlarge", "")): SetAvailability("aws-us-east-1", "g6.xlarge", None),
-        ("price", ("aws-us-east-1", "g6.xlarge", "0.9")): SetPrice("aws-us-east-1", "g6.xlarge", 0.9),
-        ("slo", ("code-14b", "1", "0.05", "0.95")): SetSlo("code-14b", 1.0, 0.05, 0.95),
-        ("forbid", ("a1c8", "forbid")): ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6", True),
-        ("forbid", ("a1c8e3f0b2d4e6f8a0b2c4d6", "allow")): ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6", False),
-        ("pin", ("chat-8b", "b7d2")): PinTemplate("chat-8b", "b7d2c1e9f3a5b7c9d1e3f5a7"),
-        ("pin", ("chat-8b", "")): PinTemplate("chat-8b", None),
-        ("drain", ("i7",)): DrainInstance("i7"),
-        ("replan", ()): Replan("operator"),
-        ("pause", ()): PauseAllocator(True),
-        ("churn", ("0",)): SetChurn(0.0),
+        ("demand", ("chat-8b", "12"), False): SetDemand("chat-8b", 12.0),
+        ("demand", ("chat-8b", "12"), True): SetDemand("chat-8b", None),
+        ("availability", ("aws-us-east-1", "g6.xlarge", "0"), False): SetAvailability("aws-us-east-1", "g6.xlarge", 0),
+        ("availability", ("aws-us-east-1", "g6.xlarge", ""), True): SetAvailability("aws-us-east-1", "g6.xlarge", None),
+        ("price", ("aws-us-east-1", "g6.xlarge", "0.9"), False): SetPrice("aws-us-east-1", "g6.xlarge", 0.9),
+        ("slo", ("code-14b", "1", "0.05", "0.95"), False): SetSlo("code-14b", 1.0, 0.05, 0.95),
+        ("forbid", ("a1c8",), False): ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6", True),
+        ("allow", ("a1c8e3f0b2d4e6f8a0b2c4d6",), False): ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6", False),
+        ("pin", ("chat-8b", "b7d2"), False): PinTemplate("chat-8b", "b7d2c1e9f3a5b7c9d1e3f5a7"),
+        ("pin", ("chat-8b", "b7d2"), True): PinTemplate("chat-8b", None),
+        ("drain", ("i7",), False): DrainInstance("i7"),
+        ("replan", (), False): Replan("operator"),
+        ("pause", (), False): PauseAllocator(True),
+        ("churn", ("0",), False): SetChurn(0.0),
     }
-    for (action, args), want in cases.items():
-        names = [f.name for f in S.ACTIONS[action].fields]
-        assert S.build_command(st, action, dict(zip(names, args, strict=True))) == want, action
-    assert {a for a, _ in cases} == set(S.ACTIONS)
+    for (action, args, clear), want in cases.items():
+        names = [f.name for f in St.ACTIONS[action].fields]
+        assert St.build_command(st, action, dict(zip(names, args, strict=True)), clear=clear) == want, action
+    assert {a for a, _, _ in cases} == set(St.ACTIONS)
+
+
+def test_a_blank_field_is_never_a_clear(final: M.State) -> None:
+    """Blank used to mean "clear the override": now it is refused, and only Clear clears."""
+    for action, values in (
+        ("demand", {"deployment": "chat-8b", "rps": ""}),
+        ("availability", {"region": "aws-us-east-1", "node": "g6.xlarge", "count": " "}),
+        ("pin", {"deployment": "chat-8b", "template_id": ""}),
+    ):
+        with pytest.raises(St.FormError, match="required") as err:
+            St.build_command(final, action, values)
+        assert St.ACTIONS[action].clear_label in err.value.reason
+    with pytest.raises(St.FormError, match="nothing to clear"):
+        St.build_command(final, "churn", {"factor": "1"}, clear=True)
 
 
 @pytest.mark.parametrize(
@@ -161,8 +177,8 @@ def test_every_action_builds_its_typed_command(final: S.State) -> None:
         ("price", {"region": "aws-us-east-1", "node": "g6.xlarge", "price": "x"}, "price", "expected a number"),
         ("slo", {"deployment": "chat-8b", "ttft_s": "0", "tpot_s": "1", "attainment": "0.9"}, "ttft_s", "positive"),
         ("slo", {"deployment": "chat-8b", "ttft_s": "1", "tpot_s": "", "attainment": "0.9"}, "tpot_s", "required"),
-        ("forbid", {"template_id": "", "forbid": "forbid"}, "template_id", "required"),
-        ("forbid", {"template_id": "a1c8", "forbid": "maybe"}, "forbid", "expected 'forbid' or 'allow'"),
+        ("forbid", {"template_id": ""}, "template_id", "required"),
+        ("allow", {"template_id": "zz"}, "template_id", "unknown template 'zz'"),
         ("pin", {"deployment": "chat-8b", "template_id": "e2a4"}, "template_id", "serves qwen3-32b"),
         ("drain", {"instance": "i2"}, "instance", "instance i2 is lost, not running"),
         ("drain", {"instance": "i9"}, "instance", "unknown running instance 'i9'"),
@@ -170,62 +186,64 @@ def test_every_action_builds_its_typed_command(final: S.State) -> None:
     ],
 )
 def test_bad_input_names_the_field_and_the_reason(
-    final: S.State, action: str, values: dict[str, str], field: str, reason: str
+    final: M.State, action: str, values: dict[str, str], field: str, reason: str
 ) -> None:
-    with pytest.raises(S.FormError) as err:
-        S.build_command(final, action, values)
+    with pytest.raises(St.FormError) as err:
+        St.build_command(final, action, values)
     assert err.value.field == field
     assert reason in err.value.reason
 
 
 def test_names_cannot_be_checked_before_the_mesh_said_anything() -> None:
-    with pytest.raises(S.FormError, match="no deployment known yet"):
-        S.build_command(S.initial_state(), "demand", {"deployment": "chat-8b", "rps": "1"})
-    with pytest.raises(S.FormError, match="no templates known yet"):
-        S.build_command(S.initial_state(), "forbid", {"template_id": "abc", "forbid": "forbid"})
+    with pytest.raises(St.FormError, match="no deployment known yet"):
+        St.build_command(M.initial_state(), "demand", {"deployment": "chat-8b", "rps": "1"})
+    with pytest.raises(St.FormError, match="no templates known yet"):
+        St.build_command(M.initial_state(), "forbid", {"template_id": "abc"})
 
 
-def test_an_ambiguous_prefix_is_refused(final: S.State) -> None:
-    st = S.add_templates(final, [])
+def test_an_ambiguous_prefix_is_refused(final: M.State) -> None:
+    st = R.add_templates(final, [])
     st = attrs.evolve(st, templates={**st.templates, "a1c9": st.templates["a1c8e3f0b2d4e6f8a0b2c4d6"]})
-    with pytest.raises(S.FormError, match="matches several templates"):
-        S.build_command(st, "forbid", {"template_id": "a1c", "forbid": "forbid"})
+    with pytest.raises(St.FormError, match="matches several templates"):
+        St.build_command(st, "forbid", {"template_id": "a1c"})
 
 
-def test_defaults_prefill_the_selection_and_current_settings(final: S.State) -> None:
-    assert S.defaults(final, "slo", {"deployment": "code-14b"}) == {
+def test_defaults_prefill_the_selection_and_show_the_current_value_apart(final: M.State) -> None:
+    assert St.defaults(final, "slo", {"deployment": "code-14b"}) == {
         "deployment": "code-14b", "ttft_s": "1.5", "tpot_s": "0.05", "attainment": "0.9",
     }  # fmt: skip
-    assert S.defaults(final, "demand", {"deployment": "chat-8b"}) == {"deployment": "chat-8b", "rps": "9"}
-    assert S.defaults(final, "slo", {"deployment": "code-14b", "ttft_s": "3"})["ttft_s"] == "3"
-    assert S.suggestions(final, "node", {"region": "gcp-us-central1"}) == [
+    assert St.defaults(final, "demand", {"deployment": "chat-8b"}) == {"deployment": "chat-8b", "rps": ""}
+    assert St.current(final, "demand", {"deployment": "chat-8b"}).startswith("now 9 req/s, fixed by an operator")
+    assert St.current(final, "pin", {"deployment": "chat-8b"}) == "now not pinned"
+    assert St.defaults(final, "slo", {"deployment": "code-14b", "ttft_s": "3"})["ttft_s"] == "3"
+    assert St.suggestions(final, "node", {"region": "gcp-us-central1"}) == [
         "a2-highgpu-1g", "a2-ultragpu-1g", "g2-standard-4",
     ]  # fmt: skip
-    assert S.suggestions(final, "instance") == ["i1", "i3", "i4", "i5", "i7", "i8"]
+    assert St.suggestions(final, "instance") == ["i1", "i3", "i4", "i5", "i7", "i8"]
 
 
-def test_results_are_reflected(final: S.State) -> None:
-    st, n = S.note_sent(final, "pause", PauseAllocator(True))
+def test_results_are_reflected(final: M.State) -> None:
+    st, n = R.note_sent(final, "pause", PauseAllocator(True))
     assert st.commands[-1].status == "pending"
     ok = CommandResult("ctl.pause", True, "allocator", 1.0)
-    st = S.note_result(st, n, PauseAllocator(True), ok)
+    st = R.note_result(st, n, PauseAllocator(True), ok)
     assert st.paused and st.commands[-1].status == "ok"
-    st, n = S.note_sent(st, "forbid", ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6"))
-    st = S.note_result(st, n, ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6"), CommandResult("ctl.forbid", True, "a", 1.0))
+    st, n = R.note_sent(st, "forbid", ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6"))
+    st = R.note_result(st, n, ForbidTemplate("a1c8e3f0b2d4e6f8a0b2c4d6"), CommandResult("ctl.forbid", True, "a", 1.0))
     assert "a1c8e3f0b2d4e6f8a0b2c4d6" in st.forbidden
-    assert S.build_command(st, "pause", {}) == PauseAllocator(False)
+    assert St.build_command(st, "pause", {}) == PauseAllocator(False)
     refused = CommandResult("ctl.churn", False, "allocator", 1.0, "factor", "too big")
-    st, n = S.note_sent(st, "churn", SetChurn(9.0))
-    st = S.note_result(st, n, SetChurn(9.0), refused)
+    st, n = R.note_sent(st, "churn", SetChurn(9.0))
+    st = R.note_result(st, n, SetChurn(9.0), refused)
     assert st.churn is None and (st.commands[-1].status, st.commands[-1].reason) == ("refused", "too big")
-    st, n = S.note_sent(st, "replan", Replan())
-    st = S.note_result(st, n, Replan(), None, "no reply within 15s")
+    st, n = R.note_sent(st, "replan", Replan())
+    st = R.note_result(st, n, Replan(), None, "no reply within 15s")
     assert st.commands[-1].status == "failed" and st.events[-1].severity == "error"
 
 
 def test_describe_every_command() -> None:
     texts = [
-        S.describe_command(c)
+        St.describe_command(c)
         for c in (
             SetDemand("d", 1.0), SetDemand("d"), SetAvailability("r", "n", 0), SetPrice("r", "n", 2.0),
             SetSlo("d", 1.0, 0.1), ForbidTemplate("t" * 24), PinTemplate("d", "t" * 24), PinTemplate("d"),
@@ -237,22 +255,22 @@ def test_describe_every_command() -> None:
     assert len(set(texts)) == len(texts)
 
 
-def test_allocator_settings_come_from_its_published_state(final: S.State) -> None:
+def test_allocator_settings_come_from_its_published_state(final: M.State) -> None:
     from coral.messages.control import AllocatorState
 
     dep = sorted(final.deployments)[0]
     env = Envelope(
         "publish", "allocator", "ctl.alloc_state", AllocatorState(9.0, True, 0.25, ((dep, "t-1"),), ("t-2",))
     )
-    st = S.apply(final, env)
+    st = R.apply(final, env)
     assert st.paused and st.churn == 0.25 and st.forbidden == {"t-2"} and st.deployments[dep].pinned == "t-1"
-    back = S.apply(st, Envelope("publish", "allocator", "ctl.alloc_state", AllocatorState(10.0, False, 1.0)))
+    back = R.apply(st, Envelope("publish", "allocator", "ctl.alloc_state", AllocatorState(10.0, False, 1.0)))
     assert not back.paused and back.churn == 1.0 and not back.forbidden and back.deployments[dep].pinned is None
 
 
-def test_live_messages_the_snapshot_covers_are_skipped(final: S.State) -> None:
+def test_live_messages_the_snapshot_covers_are_skipped(final: M.State) -> None:
     from coral.messages.control import AllocatorState
-    from tui.state import covered_by as _covered
+    from tui.reducer import covered_by as _covered
 
     newer = AllocatorState(9.0, True, 1.0)
     covered = {"ctl.alloc_state": newer}

@@ -7,14 +7,32 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Label, Static
+from textual.widgets import DataTable, Footer, Static
 
-from tui.state import PlanView, State
-from tui.widgets.bars import clock, gap_text, money, rate, stage_bar, stage_summary
-from tui.widgets.tables import selected_key
+from tui.model import PlanView, State
+from tui.widgets.bars import abbrev_mode, abbrev_region, clock, gap_text, money, rate, stage_bar, stage_summary
+from tui.widgets.tables import Col, selected_key, show_table
+
+INSTANCE_COLUMNS = (
+    Col("dep", "Deployment", 0),
+    Col("region", "Region", 1),
+    Col("count", "Count", 0),
+    Col("mode", "Mode", 0),
+    Col("bar", "Stages", 3),
+    Col("tpl", "Template", 1),
+    Col("cost", "$/h each", 2),
+    Col("rps", "req/s each", 2),
+    Col("nodes", "Layers per GPU type", 4, flex=True, min_width=12),
+)
+
+
+SERVING_COLUMNS = (Col("dep", "Deployment", 0), Col("demand", "Demand", 0), Col("cap", "Cap", 0),
+                   Col("unmet", "Unmet", 0))  # fmt: skip
+DIFF_COLUMNS = (Col("delta", "Change", 0), Col("dep", "Deployment", 0), Col("tpl", "Template", 1),
+                Col("region", "Region", 2))  # fmt: skip
 
 
 class PlanScreen(ModalScreen[None]):
@@ -50,7 +68,7 @@ class PlanScreen(ModalScreen[None]):
             head.append(f" at {clock(p.at)} · {p.policy} · trigger {p.trigger} · {p.status}")
             head.append(f" gap {gap_text(p.gap)}" if gap_text(p.gap) != "0" else "")
             head.append(f" · solved in {p.solve_s * 1000:.0f} ms")
-            yield Label(head, classes="dialog-title")
+            yield Static(head, classes="dialog-title plan-title")
             cost = Text(no_wrap=True, overflow="ellipsis")
             cost.append(f"{money(p.cost_per_hour)}/h", style="bold")
             cost.append(f" (churn {money(p.churn_cost)}) · demand {rate(p.demand)} req/s · ")
@@ -58,36 +76,41 @@ class PlanScreen(ModalScreen[None]):
             cost.append(f" · diff +{p.starts} -{p.stops}")
             yield Static(cost)
             yield DataTable(id="plan-instances", cursor_type="row", zebra_stripes=True)
-            yield DataTable(id="plan-serving", cursor_type="row", zebra_stripes=True)
-            yield DataTable(id="plan-diff", cursor_type="row", zebra_stripes=True)
+            with Horizontal(id="plan-lower"):
+                yield DataTable(id="plan-serving", cursor_type="row", zebra_stripes=True)
+                yield DataTable(id="plan-diff", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
         st, p = self.state, self.plan
         inst: DataTable[Any] = self.query_one("#plan-instances", DataTable)
-        cols = ("Deployment", "Region", "Count", "Stages", "Template", "Mode", "Nodes", "$/h each", "req/s each")
-        inst.add_columns(*cols)
+        rows = []
         for i, r in enumerate(p.instances):
             tpl = st.templates.get(r.template_id)
             key = str(i)
             self._rows[key] = (r.template_id, r.deployment)
-            inst.add_row(
-                r.deployment, r.region, str(r.count), stage_bar(tpl, r.nodes, st.gpu_of, 20), r.template_id[:8],
-                r.mode, stage_summary(tpl, r.nodes, st.gpu_of), money(r.cost_per_hour), rate(r.capacity_rps), key=key,
-            )  # fmt: skip
-        inst.border_title = "instances"
+            rows.append((key, [
+                r.deployment, abbrev_region(r.region), str(r.count), abbrev_mode(r.mode),
+                stage_bar(tpl, r.nodes, st.gpu_of, 16), r.template_id[:8], money(r.cost_per_hour),
+                rate(r.capacity_rps), stage_summary(tpl, r.nodes, st.gpu_of),
+            ]))  # fmt: skip
+        show_table(inst, INSTANCE_COLUMNS, rows, self.app.size.width - 4)
+        inst.border_title = f"{sum(r.count for r in p.instances)} instances in {len(p.instances)} rows"
+        half = max(30, (self.app.size.width - 4) // 2)
         serving: DataTable[Any] = self.query_one("#plan-serving", DataTable)
-        serving.add_columns("Deployment", "Model", "Demand", "Capacity", "Unmet")
+        srows = []
         for s in p.serving:
             unmet = Text(rate(s.unmet), style="bold red" if s.unmet > 1e-9 else "dim")
-            serving.add_row(s.deployment, s.model, rate(s.demand), rate(s.capacity), unmet)
-        serving.border_title = "capacity vs demand (req/s)"
+            srows.append((s.deployment, [s.deployment, rate(s.demand), rate(s.capacity), unmet]))
+        show_table(serving, SERVING_COLUMNS, srows, half)
+        serving.border_title = "req/s: demand, capacity"
         diff: DataTable[Any] = self.query_one("#plan-diff", DataTable)
-        diff.add_columns("Change", "Deployment", "Template", "Region")
-        for c in p.diff:
+        drows = []
+        for n, c in enumerate(p.diff):
             ch = Text(f"{c.delta:+d}", style="green" if c.delta > 0 else "red")
-            diff.add_row(ch, c.deployment, c.template_id[:8], c.region)
-        diff.border_title = f"diff against the previous plan ({len(p.diff)} changes)"
-        inst.focus()
+            drows.append((str(n), [ch, c.deployment, c.template_id[:8], abbrev_region(c.region)]))
+        show_table(diff, DIFF_COLUMNS, drows, half)
+        diff.border_title = f"diff: {len(p.diff)} changes"
+        self.set_focus(inst)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "template":

@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, OptionList
 from textual.widgets.option_list import Option
 
-from tui.state import ACTIONS
+from tui.steering import ACTIONS
 
 
 class SteerMenu(ModalScreen[str | None]):

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from rich.text import Text
 
-from tui.state import Sample, TemplateView
+from tui.model import Sample, TemplateView
 
 GPU_COLOURS = {
     "h200": "bright_magenta",
@@ -187,3 +187,58 @@ def clock(t: float) -> str:
     sign = "-" if t < 0 else ""
     s = int(abs(t))
     return f"{sign}{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+MODE_ABBREV = {"aggregated": "agg", "prefill": "pre", "decode": "dec"}
+_NODE_WORDS = (
+    ("Standard_", ""),
+    ("_SECURE", ""),
+    ("xlarge", "xl"),
+    ("highgpu", "hg"),
+    ("ultragpu", "ug"),
+    ("megagpu", "mg"),
+    ("standard", "std"),
+    ("gpu_", ""),
+)
+_REGION_WORDS = (
+    ("northeast", "ne"),
+    ("southeast", "se"),
+    ("central", "c"),
+    ("north", "n"),
+    ("south", "s"),
+    ("east", "e"),
+    ("west", "w"),
+    ("europe", "eu"),
+    ("lambda-", "lam-"),
+    ("runpod-", "rp-"),
+    ("azure-", "az-"),
+)
+
+
+def abbrev_mode(mode: str) -> str:
+    """``aggregated`` -> ``agg``, ``prefill`` -> ``pre``, ``decode`` -> ``dec``."""
+    return MODE_ABBREV.get(mode, mode[:3])
+
+
+def abbrev_node(node: str) -> str:
+    """A node type in fewer characters, each part still recognisable: ``g6e.12xlarge`` -> ``g6e.12xl``,
+    ``a2-highgpu-1g`` -> ``a2-hg-1g``, ``g2-standard-4`` -> ``g2-std-4``, ``Standard_NC24ads_A100_v4`` ->
+    ``NC24ads_A100_v4``."""
+    for long, short in _NODE_WORDS:
+        node = node.replace(long, short)
+    return node
+
+
+def abbrev_region(region: str) -> str:
+    """``aws-us-east-1`` -> ``aws-us-e-1``, ``gcp-us-central1`` -> ``gcp-us-c1``."""
+    for long, short in _REGION_WORDS:
+        region = region.replace(long, short)
+    return region
+
+
+def abbrev_nodes(nodes: Sequence[str]) -> str:
+    """A template's nodes as ``2×g6e.xl+p5.4xl`` (counts of each abbreviated type, in first-seen order)."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n] = counts.get(n, 0) + 1
+    return "+".join(f"{c}×{abbrev_node(n)}" if c > 1 else abbrev_node(n) for n, c in counts.items())

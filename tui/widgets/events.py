@@ -1,4 +1,8 @@
-"""The Events view: the bus event log (crashes, restarts, faults, errors, commands, plans), filterable."""
+"""The Events view: the bus event log (crashes, restarts, faults, errors, commands, plans), filterable.
+
+Newest first; the cursor follows the newest event unless the operator moved it down. Enter shows the
+event in full. ``/`` goes to the filter box, Esc (or Enter) leaves it.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,24 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Select
 
-from tui.state import EVENT_KINDS, EventView, State
+from tui.model import EVENT_KINDS, EventView, State
 from tui.widgets.bars import clock
-from tui.widgets.tables import set_columns, sync_rows
+from tui.widgets.base import StateView
+from tui.widgets.tables import Col, selected_key, show_table
 
 SHOWN = 500
 SEVERITY_STYLE = {"info": "", "warn": "yellow", "error": "bold red"}
 PROBLEMS = "problems"
+COLUMNS = (
+    Col("n", "#", 3),
+    Col("t", "Time", 1),
+    Col("kind", "Kind", 2),
+    Col("source", "Source", 4),
+    Col("text", "Event", 0, flex=True, min_width=24),
+)
 
 
 def matches(e: EventView, kind: str, text: str) -> bool:
@@ -31,25 +43,35 @@ def matches(e: EventView, kind: str, text: str) -> bool:
     return all(w in hay for w in text.lower().split())
 
 
-class EventsView(Vertical):
+class FilterInput(Input):
+    """The filter box: Esc leaves it for the table."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "leave", "Leave filter", show=True)]
+
+    def action_leave(self) -> None:
+        self.screen.set_focus(self.screen.query_one("#events-table"))
+
+
+class EventsView(StateView):
     """Newest first; filter by kind and by words."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("slash", "filter", "Filter", key_display="/")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("enter", "open", "Show event"),
+    ]
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="events-bar"):
-            yield Input(placeholder="filter: words to match", id="events-filter")
+            yield FilterInput(placeholder="/ filter: words to match (Esc leaves)", id="events-filter", compact=True)
             options = [("warnings + errors", PROBLEMS), *((k, k) for k in EVENT_KINDS)]
-            yield Select(options, prompt="all kinds", id="events-kind", allow_blank=True)
+            yield Select(options, prompt="all kinds", id="events-kind", allow_blank=True, compact=True)
         yield DataTable(id="events-table", cursor_type="row", zebra_stripes=True)
 
     def show(self, state: State) -> None:
-        self._state = state
         kind_sel = self.query_one("#events-kind", Select).value
         kind = kind_sel if isinstance(kind_sel, str) else ""
         text = self.query_one("#events-filter", Input).value
         table: DataTable[Any] = self.query_one("#events-table", DataTable)
-        set_columns(table, [("n", "#"), ("t", "Time"), ("kind", "Kind"), ("source", "Source"), ("text", "Event")])
         rows = []
         for e in reversed(state.events):
             if not matches(e, kind, text):
@@ -59,21 +81,33 @@ class EventsView(Vertical):
             rows.append((str(e.n), cells))
             if len(rows) >= SHOWN:
                 break
-        sync_rows(table, rows)
+        show_table(table, COLUMNS, rows, self.room, follow=True)
         table.border_subtitle = f"{len(rows)} shown of {len(state.events)}" + (
             f", {state.dropped} dropped in floods" if state.dropped else ""
         )
 
     def _refilter(self) -> None:
-        state = getattr(self, "_state", None)
-        if state is not None:
-            self.show(state)
+        if self.state is not None:
+            self.show(self.state)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._refilter()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.screen.set_focus(self.query_one("#events-table"))
 
     def on_select_changed(self, event: Select.Changed) -> None:
         self._refilter()
 
     def action_filter(self) -> None:
-        self.query_one("#events-filter", Input).focus()
+        # set_focus now, not focus() (which waits for the next idle): keys typed right after the ``/``
+        # must reach the box, not fire the app's hotkeys
+        self.screen.set_focus(self.query_one("#events-filter", Input))
+
+    def action_open(self) -> None:
+        self.detail("event", selected_key(self.query_one("#events-table", DataTable)))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.detail("event", event.row_key.value)

@@ -1,4 +1,9 @@
-"""The Fleet view: nodes in use per region and node type, and every instance with its stage bar."""
+"""The Fleet view: nodes in use per region and node type, and every instance with its stage bar.
+
+The node grid puts regions in rows when every node type fits across the screen, and node types in rows
+otherwise; node types and regions are abbreviated (``g6e.12xl``, ``gcp-us-c1``), never cut. The
+instance table keeps the columns that fit; Enter shows an instance in full.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,23 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from tui.state import State
-from tui.widgets.bars import legend, rate, stage_bar, stage_summary
-from tui.widgets.tables import selected_key, set_columns, sync_rows
+from tui.model import State
+from tui.widgets.bars import (
+    abbrev_mode,
+    abbrev_node,
+    abbrev_region,
+    gpu_colour,
+    gpu_label,
+    legend,
+    rate,
+    stage_bar,
+    stage_summary,
+)
+from tui.widgets.base import StateView
+from tui.widgets.tables import PAD, SCROLLBAR, Col, selected_key, show_table
 
 STATE_STYLE = {
     "serving": "bold green",
@@ -23,13 +38,28 @@ STATE_STYLE = {
     "stopped": "dim",
     "lost": "bold red",
 }
-BAR_WIDTH = 24
+BAR_WIDTH = 20
+COLUMNS = (
+    Col("id", "Instance", 0),
+    Col("dep", "Deployment", 1),
+    Col("state", "State", 0),
+    Col("mode", "Mode", 3),
+    Col("bar", "Stages", 2),
+    Col("rps", "req/s", 1),
+    Col("region", "Region", 4),
+    Col("tpl", "Template", 5),
+    Col("nodes", "Layers per GPU type", 6, flex=True, min_width=14),
+    Col("model", "Model", 7),
+)
 
 
-class FleetView(Vertical):
+class FleetView(StateView):
     """Regions x node types (nodes in use / obtainable), then the instances."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("x", "drain", "Drain instance")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("x", "drain", "Drain instance"),
+        Binding("enter", "open", "Show instance"),
+    ]
 
     class DrainRequested(Message):
         """The operator asked to drain the selected instance."""
@@ -48,84 +78,90 @@ class FleetView(Vertical):
         for t in state.templates.values():
             gpus.extend(s.gpu for s in t.stages)
         head = Text(no_wrap=True, overflow="ellipsis")
-        head.append("nodes in use / obtainable", style="dim")
-        if not state.market:
-            head.append(" (- : no market update seen yet)", style="yellow")
-        head.append(" per region; stage bars: layers by GPU   ", style="dim")
-        head.append_text(legend(gpus))
+        lg = legend(gpus)
+        text = (
+            "nodes in use/obtainable" + (" (- : no market yet)" if not state.market else "") + "; bars: layers by GPU "
+        )
+        if lg.cell_len + len(text) + 2 <= self.room:
+            head.append(text, style="dim")
+        head.append_text(lg)
         self.query_one("#fleet-legend", Static).update(head)
         self._matrix(state)
         self._instances(state)
 
+    def _cell(self, state: State, used: dict[tuple[str, str], int], r: str, n: str) -> Text:
+        u = used.get((r, n), 0)
+        q = state.market.get((r, n))
+        if q is None:
+            return Text(f"{u}/-" if u else "·", style="dim" if not u else "")
+        cell = Text(f"{u}/{q.availability}", style="bold red" if q.stockout else ("bold" if u else "dim"))
+        if state.recent(q):
+            cell.stylize("underline")
+        return cell
+
     def _matrix(self, state: State) -> None:
         table: DataTable[Any] = self.query_one("#fleet-matrix", DataTable)
-        nodes = state.node_types
-        set_columns(table, [("region", "Region"), *((n, n) for n in nodes)])
+        nodes, regions = state.node_types, state.regions
         used = state.nodes_in_use()
-        rows = []
-        for r in state.regions:
-            cells: list[Any] = [r]
-            for n in nodes:
-                u = used.get((r, n), 0)
-                q = state.market.get((r, n))
-                if q is None:
-                    cells.append(Text(f"{u}/-" if u else "·", style="dim" if not u else ""))
-                    continue
-                style = "bold red" if q.stockout else ("bold" if u else "dim")
-                cell = Text(f"{u}/{q.availability}", style=style)
-                if state.recent(q):
-                    cell.stylize("underline")
-                cells.append(cell)
-            rows.append((r, cells))
-        sync_rows(table, rows)
+        labels = {n: abbrev_node(n) for n in nodes}
+        region_w = max([len(abbrev_region(r)) for r in regions] + [6]) + PAD
+        across = region_w + sum(max(len(labels[n]), 5) + PAD for n in nodes)
+        rows: list[tuple[str, list[Any]]] = []
+        if across <= self.room - SCROLLBAR:
+            cols = [Col("region", "Region", 0), *(Col(n, labels[n], 1) for n in nodes)]
+            for r in regions:
+                rows.append((r, [abbrev_region(r), *(self._cell(state, used, r, n) for n in nodes)]))
+        else:
+            cols = [Col("node", "Node type", 0), Col("gpu", "GPU", 2), *(Col(r, abbrev_region(r), 1) for r in regions)]
+            # node types in use first, then stocked-out ones, then the rest: what matters shows first
+            order = sorted(nodes, key=lambda n: (-sum(used.get((r, n), 0) for r in regions), _stocked(state, n), n))
+            for n in order:
+                g = state.gpu(n)
+                gpu = Text(gpu_label(g), style=gpu_colour(g)) if g != "?" else Text("-", style="dim")
+                rows.append((n, [labels[n], gpu, *(self._cell(state, used, r, n) for r in regions)]))
+        show_table(table, cols, rows, self.room)
 
     def _instances(self, state: State) -> None:
         table: DataTable[Any] = self.query_one("#fleet-instances", DataTable)
-        set_columns(
-            table,
-            [
-                ("id", "Instance"),
-                ("dep", "Deployment"),
-                ("state", "State"),
-                ("bar", "Stages (layers by GPU)"),
-                ("region", "Region"),
-                ("nodes", "Layers per GPU type"),
-                ("rps", "req/s"),
-                ("tpl", "Template"),
-                ("model", "Model"),
-            ],
-        )
         rows = []
         order = sorted(state.instances.values(), key=lambda i: (i.region, i.deployment, _num(i.id), i.id))
         for i in order:
             tpl = state.templates.get(i.template_id)
             dep = state.deployments.get(i.deployment)
             model = tpl.model if tpl else (dep.model if dep else "")
-            st = i.state + ("" if i.mode == "aggregated" else f"·{i.mode[0].upper()}")
-            rows.append(
-                (
-                    i.id,
-                    [
-                        i.id,
-                        i.deployment,
-                        Text(st, style=STATE_STYLE.get(i.state, "")),
-                        stage_bar(tpl, i.node_types, state.gpu_of, BAR_WIDTH),
-                        i.region,
-                        stage_summary(tpl, i.node_types, state.gpu_of),
-                        rate(i.weight),
-                        i.template_id[:8],
-                        model,
-                    ],
-                )
-            )
-        sync_rows(table, rows)
+            cells = [
+                i.id,
+                i.deployment,
+                Text(i.state, style=STATE_STYLE.get(i.state, "")),
+                abbrev_mode(i.mode),
+                stage_bar(tpl, i.node_types, state.gpu_of, BAR_WIDTH),
+                rate(i.weight),
+                abbrev_region(i.region),
+                i.template_id[:8],
+                stage_summary(tpl, i.node_types, state.gpu_of),
+                model,
+            ]
+            rows.append((i.id, cells))
+        show_table(table, COLUMNS, rows, self.room)
 
     def selected_instance(self) -> str | None:
         return selected_key(self.query_one("#fleet-instances", DataTable))
 
     def action_drain(self) -> None:
-        inst = self.selected_instance()
-        self.post_message(self.DrainRequested(inst or ""))
+        self.post_message(self.DrainRequested(self.selected_instance() or ""))
+
+    def action_open(self) -> None:
+        self.detail("instance", self.selected_instance())
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.data_table.id == "fleet-instances":
+            self.detail("instance", event.row_key.value)
+
+
+def _stocked(state: State, node: str) -> bool:
+    """False (sorts first) when ``node`` is out of stock in a region that offers it."""
+    return not any(q.stockout for (r, n), q in state.market.items() if n == node)
 
 
 def _num(instance_id: str) -> int:

@@ -1,72 +1,143 @@
-"""The header that every view shows: cost, goodput, SLO attainment, instances and the mesh's health."""
+"""The header that every view shows: first what an operator acts on, then the run's other figures.
+
+Line 1, in order of priority: unmet demand, cost (the latest plan's and the running fleet's, labelled),
+the allocator's state (running, or paused with a plan pending), how far the mesh is behind the wall
+clock, and the link. Line 2: the clock, the scenario, goodput, SLO attainment, instances, spend and the
+mesh's health. A line too long for the terminal first shortens its lowest-priority parts, then leaves them
+out (the link last of line 1's, as a symbol); unmet, cost and the allocator's state are never cut.
+"""
 
 from __future__ import annotations
 
-from rich.text import Text
-from textual.widgets import Static
+from collections.abc import Sequence
 
-from tui.state import State
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from tui.model import State
 from tui.widgets.bars import clock, money, pct, rate
 
 _LINK_STYLE = {
-    "connected": ("● live", "bold green"),
-    "connecting": ("○ connecting", "yellow"),
-    "lost": ("✖ mesh lost", "bold white on red"),
-    "replay": ("▶ replay", "bold cyan"),
-    "replay-ended": ("■ replay ended", "cyan"),
+    "connected": ("● live", "●", "bold green"),
+    "connecting": ("○ connecting", "○", "yellow"),
+    "lost": ("✖ mesh lost", "✖ lost", "bold white on red"),
+    "replay": ("▶ replay", "▶", "bold cyan"),
+    "replay-ended": ("■ replay ended", "■", "cyan"),
 }
+BEHIND_S = 5.0
+"""The mesh counts as behind the wall clock from this many kernel seconds."""
+
+Pieces = tuple[tuple[str, str], ...]
+"""(text, style) pieces of one part of a line."""
 
 
-class StatusHeader(Static):
-    """Two lines: the run and its health, then the fleet's numbers. Cut lines end in an ellipsis."""
-
-    def show(self, state: State) -> None:
-        self.update(render_header(state))
+def part(long: Pieces, short: Pieces | None = None, *, keep: bool = False) -> tuple[Pieces, Pieces, bool]:
+    """A part of a line: its long form, a shorter one, and whether it must never be left out."""
+    return (long, short if short is not None else long, keep)
 
 
-def render_header(state: State) -> Text:
-    label, style = _LINK_STYLE.get(state.link.state, (state.link.state, "bold"))
-    top = Text(no_wrap=True, overflow="ellipsis")
-    top.append(" CORAL ", style="bold reverse")
-    top.append(" ")
-    top.append(label, style=style)
+def _fit(parts: Sequence[tuple[Pieces, Pieces, bool]], width: int, sep: str = "  ") -> Text:
+    """Join ``parts`` (highest priority first), shortening from the last one, then leaving out the last
+    ones that may go, until the line fits ``width``."""
+    forms: list[Pieces | None] = [long for long, _, _ in parts]
+
+    def size() -> int:
+        shown = [f for f in forms if f is not None]
+        return 1 + sum(len(t) for f in shown for t, _ in f) + len(sep) * max(0, len(shown) - 1)
+
+    for i in reversed(range(len(parts))):
+        if size() <= width:
+            break
+        forms[i] = parts[i][1]
+    for i in reversed(range(len(parts))):
+        if size() <= width:
+            break
+        if not parts[i][2]:
+            forms[i] = None
+    out = Text(" ", no_wrap=True, overflow="ellipsis")
+    for n, f in enumerate(x for x in forms if x is not None):
+        if n:
+            out.append(sep)
+        for text, style in f:
+            out.append(text, style=style)
+    return out
+
+
+PAUSED = "bold black on yellow"
+
+
+def line_one(state: State, width: int) -> Text:
+    """Unmet demand, cost, allocator state, lag, link (module docstring)."""
+    unmet = state.unmet
+    if not state.plans:
+        u = part((("unmet ", "dim"), ("-", "bold")), keep=True)
+    elif unmet > 1e-9:
+        u = part((("unmet ", "bold red"), (f"{rate(unmet)} req/s", "bold white on red")), keep=True)
+    else:
+        u = part((("unmet ", "dim"), ("0", "bold green")), keep=True)
+    plan, run = state.planned_cost, state.fleet_cost
+    p_txt = money(plan) if plan is not None else "-"
+    r_txt = money(run) if run is not None else "-"
+    cost = part(
+        (("cost/h ", "dim"), ("plan ", "dim"), (p_txt, "bold"), (" running ", "dim"), (r_txt, "bold")),
+        (("$/h ", "dim"), ("plan ", "dim"), (p_txt, "bold"), (" run ", "dim"), (r_txt, "bold")),
+        keep=True,
+    )
+    if state.plan_pending:
+        alloc = part(
+            (("allocator ", "dim"), ("PAUSED, plan pending", PAUSED)), (("PAUSED+pending", PAUSED),), keep=True
+        )
+    elif state.paused:
+        alloc = part((("allocator ", "dim"), ("PAUSED", PAUSED)), (("PAUSED", PAUSED),), keep=True)
+    else:
+        alloc = part((("allocator ", "dim"), ("on", "green")), (("alloc on", "green"),), keep=True)
+    parts = [u, cost, alloc]
+    if state.behind_s >= BEHIND_S and state.link.state == "connected":
+        lag = state.behind_s
+        parts.append(part(((f"{lag:,.0f} s behind", "bold yellow"),), ((f"lag {lag:,.0f}s", "bold yellow"),)))
+    label, short, style = _LINK_STYLE.get(state.link.state, (state.link.state, state.link.state[:1], "bold"))
+    parts.append(part(((label, style),), ((short, style),)))
+    return _fit(parts, width)
+
+
+def line_two(state: State, width: int) -> Text:
+    """The clock, scenario, goodput, SLO, instances, spend and health (module docstring)."""
+    parts = [part((("t=", "dim"), (clock(state.now), "")), keep=True)]
     if state.link.state.startswith("replay"):
-        top.append(f" {state.link.detail} (read-only)", style="cyan")
+        parts.append(part(((f"{state.link.detail} read-only", "cyan"),), (("read-only", "cyan"),), keep=True))
     if state.ended:
-        top.append(f"  run ended: {state.ended}", style="bold yellow")
-    top.append(f"  t={clock(state.now)}")
-    if state.scenario:
-        top.append(f"  {state.scenario}/{state.policy}", style="dim")
-    health = []
+        parts.append(part(((f"ended: {state.ended}", "bold yellow"),), (("ended", "bold yellow"),), keep=True))
     if state.down:
-        health.append((f"down: {', '.join(sorted(state.down))}", "bold red"))
-    if state.crashes:
-        health.append((f"crashes {state.crashes}", "red"))
-    if state.errors:
-        health.append((f"errors {state.errors}", "yellow"))
-    if state.paused:
-        health.append(("allocator PAUSED", "bold black on yellow"))
-    for text, st in health:
-        top.append("  ")
-        top.append(text, style=st)
-    if state.link.state == "lost":
-        top.append(f"  {state.link.detail}", style="red")
-    bottom = Text(no_wrap=True, overflow="ellipsis")
-    bottom.append(" cost ", style="dim")
-    bottom.append(f"{money(state.cost_per_hour)}/h", style="bold")
-    bottom.append("  goodput ", style="dim")
-    bottom.append(f"{rate(state.goodput)} req/s", style="bold")
-    bottom.append("  SLO ", style="dim")
+        parts.append(part(((f"down: {', '.join(sorted(state.down))}", "bold red"),), (("down!", "bold red"),)))
+    if state.link.state == "lost" and state.link.detail:
+        parts.append(part(((state.link.detail, "red"),)))
     att_style = "bold" if state.attainment < 0 else ("bold green" if state.attainment >= 0.9 else "bold red")
-    bottom.append(pct(state.attainment), style=att_style)
-    bottom.append("  instances ", style="dim")
-    bottom.append(str(state.live_instances), style="bold")
-    if state.pending_starts:
-        bottom.append(f" (+{state.pending_starts} waiting)", style="yellow")
-    unmet = sum(d.unmet for d in state.deployments.values())
-    if unmet > 1e-9:
-        bottom.append(f"  unmet {rate(unmet)} req/s", style="bold red")
-    bottom.append("  spent ", style="dim")
-    bottom.append(money(state.spent))
-    top.append("\n")
-    return top + bottom
+    parts.append(part((("SLO ", "dim"), (pct(state.attainment), att_style))))
+    inst = str(state.live_instances) + (f" (+{state.pending_starts} waiting)" if state.pending_starts else "")
+    inst_s = str(state.live_instances) + (f"+{state.pending_starts}w" if state.pending_starts else "")
+    parts.append(part((("instances ", "dim"), (inst, "bold")), (("inst ", "dim"), (inst_s, "bold"))))
+    gp = rate(state.goodput)
+    parts.append(part((("goodput ", "dim"), (f"{gp} req/s", "bold")), (("gp ", "dim"), (gp, "bold"))))
+    if state.crashes:
+        parts.append(part(((f"crashes {state.crashes}", "red"),)))
+    if state.errors:
+        parts.append(part(((f"errors {state.errors}", "yellow"),)))
+    parts.append(part((("spent ", "dim"), (money(state.spent), ""))))
+    if state.scenario:
+        parts.append(part(((f"{state.scenario}/{state.policy}" if state.policy else state.scenario, "dim"),)))
+    return _fit(parts, width)
+
+
+def render_header(state: State, width: int = 200) -> Text:
+    """Both lines for a terminal ``width`` cells wide."""
+    return line_one(state, width) + Text("\n") + line_two(state, width)
+
+
+class StatusHeader(Widget):
+    """Two lines (module docstring); redrawn whenever ``state`` is set."""
+
+    state: reactive[State] = reactive(State, always_update=True, layout=False)
+
+    def render(self) -> Text:
+        return render_header(self.state, self.size.width or 80)

@@ -7,16 +7,26 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from tui.state import RECENT_S, QuoteView, State
-from tui.widgets.bars import gpu_colour, gpu_label
-from tui.widgets.tables import selected_key, set_columns, sync_rows
+from tui.model import RECENT_S, QuoteView, State
+from tui.widgets.bars import abbrev_node, abbrev_region, gpu_colour, gpu_label
+from tui.widgets.base import StateView
+from tui.widgets.tables import Col, selected_key, show_table
+
+COLUMNS = (
+    Col("region", "Region", 0),
+    Col("node", "Node type", 0),
+    Col("gpu", "GPU", 2),
+    Col("price", "$/node-h", 0),
+    Col("avail", "Avail", 0),
+    Col("used", "In use", 1),
+    Col("note", "Change / note", 3, flex=True, min_width=10),
+)
 
 
-class MarketView(Vertical):
+class MarketView(StateView):
     """Every offered (region, node type) with its price, availability and the nodes the fleet holds."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -40,18 +50,6 @@ class MarketView(Vertical):
     def show(self, state: State) -> None:
         self._keys: dict[str, tuple[str, str]] = {}
         table: DataTable[Any] = self.query_one("#market-table", DataTable)
-        set_columns(
-            table,
-            [
-                ("region", "Region"),
-                ("node", "Node type"),
-                ("gpu", "GPU"),
-                ("price", "$/node-h"),
-                ("avail", "Avail"),
-                ("used", "In use"),
-                ("note", "Change / note"),
-            ],
-        )
         used = state.nodes_in_use()
         rows = []
         stockouts = recent = overridden = 0
@@ -64,7 +62,7 @@ class MarketView(Vertical):
             recent += is_recent
             overridden += q.overridden
             rows.append((k, _row(q, used.get(key, 0), is_recent)))
-        sync_rows(table, rows)
+        show_table(table, COLUMNS, rows, self.room)
         summary = Text(no_wrap=True, overflow="ellipsis")
         if not state.market:
             note = "no market update seen yet: the price watcher publishes when a price or availability changes"
@@ -111,4 +109,4 @@ def _row(q: QuoteView, used: int, recent: bool) -> list[Any]:
     in_use = Text(str(used), style="bold" if used else "dim")
     if used > q.availability:
         in_use.stylize("red")
-    return [q.region, q.node, gpu, price, avail, in_use, note]
+    return [abbrev_region(q.region), abbrev_node(q.node), gpu, price, avail, in_use, note]

@@ -7,14 +7,15 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import DataTable
 
-from tui.state import HISTORY_S, DeploymentView, State
-from tui.widgets.bars import money, pct, rate, resample, sparkline, stage_bar, stage_summary
-from tui.widgets.tables import selected_key, set_columns, sync_rows
+from tui.model import HISTORY_S, DeploymentView, State
+from tui.widgets.bars import abbrev_mode, money, pct, rate, resample, sparkline, stage_bar, stage_summary
+from tui.widgets.base import StateView
+from tui.widgets.tables import Col, selected_key, show_table
 
 
 class DeploymentDetail(Widget):
@@ -72,7 +73,8 @@ def render_detail(st: State, d: DeploymentView, width: int) -> Text:
         nodes = tpl.nodes if tpl else ()
         out.append(f"\n{count:>3} × ")
         out.append_text(stage_bar(tpl, nodes, st.gpu_of, 20))
-        out.append(f" {tid[:8]} {stage_summary(tpl, nodes, st.gpu_of)}")
+        mode = abbrev_mode(tpl.mode) if tpl else "?"
+        out.append(f" {tid[:8]} {mode} {stage_summary(tpl, nodes, st.gpu_of)}")
         if tid in st.forbidden:
             out.append(" forbidden", style="red")
     if not d.templates:
@@ -80,7 +82,21 @@ def render_detail(st: State, d: DeploymentView, width: int) -> Text:
     return out
 
 
-class ModelsView(Vertical):
+COLUMNS = (
+    Col("dep", "Deployment", 0),
+    Col("demand", "Demand", 0),
+    Col("cap", "Capacity", 1),
+    Col("unmet", "Unmet", 0),
+    Col("att", "SLO now", 1),
+    Col("run", "SLO run", 4),
+    Col("cost", "$/h", 2),
+    Col("share", "Share", 5),
+    Col("tpl", "Templates", 3),
+    Col("model", "Model", 6),
+)
+
+
+class ModelsView(StateView):
     """One row per deployment, and the selected one in detail."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -103,23 +119,7 @@ class ModelsView(Vertical):
             yield DeploymentDetail(id="model-detail")
 
     def show(self, state: State) -> None:
-        self._state = state
         table: DataTable[Any] = self.query_one("#models-table", DataTable)
-        set_columns(
-            table,
-            [
-                ("dep", "Deployment"),
-                ("demand", "Demand"),
-                ("cap", "Capacity"),
-                ("unmet", "Unmet"),
-                ("att", "SLO now"),
-                ("run", "SLO run"),
-                ("cost", "$/h"),
-                ("share", "Share"),
-                ("tpl", "Templates"),
-                ("model", "Model"),
-            ],
-        )
         total = sum(d.cost_per_hour for d in state.deployments.values())
         rows = []
         for name in sorted(state.deployments):
@@ -136,16 +136,15 @@ class ModelsView(Vertical):
             n = sum(c for _, c in d.templates)
             tpl = f"{n} on {len(d.templates)}" + (" pin" if d.pinned else "")
             rows.append((name, [name, demand, cap, unmet, att, run, money(d.cost_per_hour), share, tpl, d.model]))
-        sync_rows(table, rows)
+        show_table(table, COLUMNS, rows, self.room)
         self.query_one(DeploymentDetail).show(state, self.selected())
 
     def selected(self) -> str | None:
         return selected_key(self.query_one("#models-table", DataTable))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        state = getattr(self, "_state", None)
-        if state is not None:
-            self.query_one(DeploymentDetail).show(state, self.selected())
+        if self.state is not None:
+            self.query_one(DeploymentDetail).show(self.state, self.selected())
 
     def action_steer(self, action: str) -> None:
         self.post_message(self.SteerDeployment(action, self.selected() or ""))
