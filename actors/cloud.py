@@ -71,6 +71,10 @@ class CloudProvider(Protocol):
 
     def release(self, node_id: str, now: float) -> None: ...
 
+    def free(self, region: str, node: str) -> int:
+        """Nodes of ``node`` in ``region`` that ``provision`` would give now."""
+        ...
+
     def poll(self, now: float) -> list[CloudEvent]: ...
 
     def inject(self, fault: FaultInjected, now: float) -> list[str]: ...
@@ -257,6 +261,9 @@ class SimCloud(_Base):
         self.save()
         return nid
 
+    def free(self, region: str, node: str) -> int:
+        return max(0, self.avail.get((region, node), 0) - self.held(region, node))
+
 
 class StaticHosts(_Base):
     """The user's machines (see the module docstring)."""
@@ -281,3 +288,10 @@ class StaticHosts(_Base):
                 self.save()
                 return name
         return None
+
+    def free(self, region: str, node: str) -> int:
+        return sum(
+            1
+            for name, h in self.hosts.items()
+            if (h.region, h.node) == (region, node) and (name not in self.nodes or self.nodes[name].state == "released")
+        )

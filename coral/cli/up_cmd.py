@@ -40,11 +40,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from coral.capacity import serving_capacity
 from coral.cli.common import catalog_files, catalog_from, perf_from
 from coral.errors import CoralError
 from coral.gateway import Gateway, MeshLink, parse_address, serving
 from coral.gateway.server import bind
 from coral.kernel import Endpoints, Mesh, ServerKeys
+from coral.messages.fleet import ROUTABLE_STATES
 from coral.messages.mesh import CloudSetup, Host, MeshTiming
 from coral.scenario import Scenario, load_scenario
 from coral.store import TemplateStore, default_store_path
@@ -693,7 +695,9 @@ def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoin
     head = (
         f"[bold]{setup.scenario_name}[/]  t={st.now:,.0f}/{end:,.0f} s  "
         f"speed {'max' if speed is None else f'{speed:g}x'}  wall {wall:,.0f} s{lag}  "
-        f"cost [bold]${rate:,.2f}/h[/] (spent ${spent:,.2f})"
+        f"cost running [bold]${rate:,.2f}/h[/]"
+        + (f", planned ${st.plan.plan.cost_per_hour:,.2f}/h" if st.plan is not None else "")
+        + f" (spent ${spent:,.2f})"
     )
     lines: list[Any] = [Text.from_markup(head)]
     if endpoints is not None:
@@ -725,13 +729,11 @@ def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoin
         "TPOT p50",
     ):
         t.add_column(c, justify="left" if c == "deployment" else "right")
-    cap: dict[str, float] = {}
+    cap = serving_capacity(fleet.instances) if fleet is not None else {}
     serving: dict[str, int] = {}
-    if fleet is not None:
-        for i in fleet.instances:
-            if i.state in ("serving", "retiring") and i.mode != "decode":
-                cap[i.deployment] = cap.get(i.deployment, 0.0) + i.weight
-                serving[i.deployment] = serving.get(i.deployment, 0) + 1
+    for i in fleet.instances if fleet is not None else ():
+        if i.state in ROUTABLE_STATES:
+            serving[i.deployment] = serving.get(i.deployment, 0) + 1
     traffic = {d.deployment: d for d in st.stats.deployments} if st.stats is not None else {}
     demand = st.demand.demand if st.demand is not None else {}
     for name in [d for d in traffic] or list(demand):
