@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -55,6 +56,7 @@ from coral.kernel import (
     VirtualClock,
 )
 from coral.kernel.codec import DEFAULT_CODEC, encode
+from coral.kernel.events import AuthRefused
 from coral.messages.control import (
     OPERATOR,
     ROUTER,
@@ -231,6 +233,18 @@ class RunState:
     crashes: int = 0
     errors: int = 0
     now: float = 0.0
+    refused: list[AuthRefused] = attrs.field(factory=list)
+    """Every refused connection report, in order (repeats of one peer come merged, with a count)."""
+
+    def refusals(self) -> list[dict[str, Any]]:
+        """Refused connections per peer: address, mechanism, key, the latest reason and the total count."""
+        per: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for r in self.refused:
+            row = per.setdefault((r.address, r.mechanism, r.key), {"address": r.address, "mechanism": r.mechanism,
+                                                                   "key": r.key, "count": 0})  # fmt: skip
+            row["reason"] = r.reason
+            row["count"] += r.count
+        return list(per.values())
 
     def update(self, env: Envelope) -> None:
         msg = env.msg
@@ -247,6 +261,8 @@ class RunState:
             self.stats = msg
         elif isinstance(msg, CommandResult):
             self.results.append(msg)
+        elif isinstance(msg, AuthRefused):
+            self.refused.append(msg)
         elif env.tag == "kernel.actor.crashed":
             self.crashes += 1
         elif env.tag == "kernel.error":
@@ -262,6 +278,7 @@ WATCH_TOPICS = (
     "ctl.result",
     "kernel.actor.",
     "kernel.error",
+    "kernel.auth.",
 )
 
 

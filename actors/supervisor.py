@@ -12,8 +12,10 @@ new plan's capacity): so a transition never takes a deployment below the lesser 
 plan unless nodes are lost. The one exception: a start waits for nodes the cloud cannot give, and
 retiring instances in its region hold exactly node types it lacks, enough to cover the shortfall
 (counting free nodes and nodes of instances already draining); those drain, because draining them is
-what lets the start go ahead. An instance that is the last capacity of its deployment drains so only
-for a start of its own deployment (a replacement that needs its very nodes); never for another's.
+what lets the start go ahead. They drain so only when the start's deployment serves less than its
+demand, or when their own deployment has no instance on the way whose serving would free them anyway
+(else two deployments could wait on each other's nodes for ever); and an instance that is the last
+capacity of its deployment drains so only for a start of its own deployment, never for another's.
 Capacity is ``coral.capacity``'s (prefill and decode pair up per region). When a deployment's serving
 capacity falls below the latest plan's demand for it, or rises back, ``CapacityShort`` says so
 (``fleet.unmet``).
@@ -51,7 +53,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 import attrs
 
 from actors.base import TickActor
-from actors.cloud import CloudNode, CloudProvider
+from actors.cloud import TAG_DEPLOYMENT, TAG_INSTANCE, TAG_STAGE, TAG_TEMPLATE, CloudNode, CloudProvider
 from actors.recovery import FleetState
 from coral.capacity import capacity_rps
 from coral.catalog.types import Catalog
@@ -84,10 +86,6 @@ from coral.scenario import Deployment
 from coral.templates import Template
 
 Key = tuple[str, str, str]
-TAG_INSTANCE = "coral.instance"
-TAG_DEPLOYMENT = "coral.deployment"
-TAG_TEMPLATE = "coral.template"
-TAG_STAGE = "coral.stage"
 SpawnWorker = Callable[[str, str, str], Awaitable[str]]
 """Start the stage worker of a node: (node id, region, node type) -> the worker's actor name."""
 
@@ -543,6 +541,7 @@ class Supervisor(TickActor):
                     if self.nodes[nid].state in ("provisioning", "up"):
                         spare[(inst.region, self.nodes[nid].node)] += 1
         retiring = sorted((i for i in self.instances.values() if i.state == "retiring"), key=lambda i: -i.num)
+        coming = {i.deployment for i in self.instances.values() if i.state in ("provisioning", "loading")}
         chosen: list[tuple[InstRec, str]] = []
         taken: set[str] = set()
         for key in sorted(self.pending):
@@ -559,10 +558,13 @@ class Supervisor(TickActor):
             picks: list[InstRec] = []
             cover: Counter[str] = Counter()
             left = [i for i in self._routable() if i.id not in taken]
+            urgent = self.capacity(left).get(dep, 0.0) < self.demand.get(dep, 0.0) - 1e-6
             for inst in retiring:
                 types = Counter(inst.template.nodes)
                 if inst.id in taken or inst.region != region or not set(types) <= set(lack):
                     continue
+                if not urgent and inst.deployment in coming:
+                    continue  # its own replacements will serve and free it: wait for them
                 rest = [i for i in left if i is not inst]
                 if inst.deployment != dep and self.capacity(rest).get(inst.deployment, 0.0) <= _EPS:
                     continue  # the last capacity of another deployment: not for this start

@@ -70,6 +70,7 @@ TOPICS = (
     "kernel.actor.",
     "kernel.error",
     "kernel.peer.",
+    "kernel.auth.",
     "kernel.shutdown",
 )
 """The bus topics (tag prefixes) the TUI subscribes to."""
@@ -786,6 +787,12 @@ def _on_peer(state: State, env: Envelope) -> State:
     return _event(state, state.now, "peer", "info", name, "peer joined")
 
 
+def _on_refused(state: State, env: Envelope) -> State:
+    m = env.msg
+    text = f"refused {int(m.count)} connection(s) from {m.address}: {m.reason}"
+    return _event(state, state.now, "peer", "warn", str(m.address), text)
+
+
 def _on_shutdown(state: State, env: Envelope) -> State:
     m = env.msg
     return _event(state, state.now, "mesh", "warn", str(m.source), f"mesh shutting down: {m.reason}".rstrip(": "))
@@ -828,6 +835,7 @@ _HANDLERS: dict[str, Callable[[State, Envelope], State]] = {
     "kernel.peer.joined": _on_peer,
     "kernel.peer.left": _on_peer,
     "kernel.peer.lost": _on_peer,
+    "kernel.auth.refused": _on_refused,
     "kernel.shutdown": _on_shutdown,
 }
 

@@ -437,6 +437,11 @@ async def run_up_async(
     def stepped(now: float) -> None:
         for link in links:
             link.step(now)
+        while len(state.refused) > info.setdefault("refused_shown", 0):
+            r = state.refused[info["refused_shown"]]
+            info["refused_shown"] += 1
+            if not live:
+                console.print(f"coral up: refused {r.count} connection(s) from {r.address}: {r.reason}", markup=False)
 
     async def tui(mesh: Mesh) -> None:
         from tui.app import run_tui_async
@@ -666,6 +671,7 @@ def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journ
         "instances": len(fleet.instances) if fleet is not None else 0,
         "actor_crashes": st.crashes,
         "bus_errors": st.errors,
+        "refused_connections": st.refusals(),
         "deployments": deps,
         "journal": str(journal) if journal is not None else None,
     }
@@ -676,6 +682,8 @@ def _print_summary(s: dict[str, Any], con: Console) -> None:
         f"coral up: {s['scenario']} stopped at t={s['end_s']:.0f} s ({s['reason']}) after {s['wall_s']:.1f} s; "
         f"{s['plans']} plans, ${s['spent_usd']:.2f} spent" + (f"; journal {s['journal']}" if s["journal"] else "")
     )
+    for r in s.get("refused_connections", []):
+        con.print(f"coral up: refused {r['count']} connection(s) from {r['address']}: {r['reason']}", markup=False)
     if "resumed" in s:
         from coral.cli.resume import describe
 
@@ -700,6 +708,10 @@ def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoin
         + f" (spent ${spent:,.2f})"
     )
     lines: list[Any] = [Text.from_markup(head)]
+    if st.refused:
+        r = st.refused[-1]
+        total = sum(x.count for x in st.refused)
+        lines.append(Text(f"refused {total} connection(s); latest from {r.address}: {r.reason}", style="yellow"))
     if endpoints is not None:
         lines.append(
             Text(f"kernel {endpoints.router}  events {endpoints.pub}  control: send to 'operator'", style="dim")
