@@ -58,7 +58,7 @@ def run_resumed(
     serve: Callable[[], Any] | None = None,
 ) -> int:
     """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
-    from actors.compose import world_of
+    from actors.setup import world_of
     from coral.cli import up_cmd
     from coral.store import default_store_path
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from actors.compose import RunState
+from actors.watch import RunState
 from coral.capacity import capacity_rps, serving_capacity
 from coral.cli.up_cmd import render_status
 from coral.kernel import Envelope

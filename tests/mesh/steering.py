@@ -15,8 +15,10 @@ from pathlib import Path
 
 import attrs
 
-from actors.compose import CoralMesh, RunOptions, RunState, library_for, make_setup, run_mesh
+from actors.compose import CoralMesh, run_mesh
 from actors.feed import FAULT_SOURCE
+from actors.setup import RunOptions, library_for, make_setup
+from actors.watch import RunState
 from coral.capacity import serving_capacity
 from coral.catalog import Catalog
 from coral.kernel import Mesh, read_journal

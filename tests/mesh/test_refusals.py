@@ -12,7 +12,7 @@ import pytest
 import zmq
 from rich.console import Console
 
-from actors.compose import RunState
+from actors.watch import RunState
 from coral.cli.up_cmd import _print_summary
 from coral.kernel import AuthRefused, Broker, BusClient, BusError, Endpoints, Envelope, client_keys, server_keys
 from coral.kernel.broker import _Refusals, handshake_reason, peer_host
