@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from types import SimpleNamespace
 
+import attrs
 import pytest
 from rich.console import Console
 
@@ -14,7 +15,9 @@ from coral.capacity import capacity_rps, serving_capacity
 from coral.cli.up_cmd import render_status
 from coral.kernel import Envelope
 from coral.messages import FleetUpdate, InstanceInfo, MeshTiming
+from coral.messages.plan import NewPlan
 from coral.metrics import MeshMetrics
+from coral.plan import DeploymentServing, Plan, PlannedInstances
 from tui.state import State, apply
 
 E, W = "aws-us-east-1", "aws-us-west-2"
@@ -39,6 +42,12 @@ FLEET = FleetUpdate(
     ),
 )
 EXPECTED = {"chat": 4.79 + 1.5, "code": 2.25, "idle": 0.0}
+FLEET = attrs.evolve(FLEET, cost_per_hour=52.17)
+PLAN = NewPlan(
+    Plan(1, 0.0, "coral", "initial", (PlannedInstances("code", "t6", E, 2, ("g6.xlarge",), "aggregated", 21.43, 2.25),),
+         (DeploymentServing("code", "m2", 1.0, 4.5, 0.0),), 42.86, 0.0, "optimal", 0.0, 42.86, 0.01),
+    (),
+)  # fmt: skip
 
 
 def test_capacity_pairs_prefill_and_decode_per_region() -> None:
@@ -59,11 +68,15 @@ def test_metrics_status_and_tui_show_the_same_capacity() -> None:
         for s in fam.samples
     }
     assert gauge == pytest.approx(EXPECTED)
+    m.update(Envelope("publish", "allocator", "plan.new", PLAN))
+    values = {fam.name: fam.samples[0].value for fam in m.registry.collect() if "cost" in fam.name and fam.samples}
+    assert values["coral_fleet_cost_dollars_per_hour"] == 52.17  # running now
+    assert values["coral_plan_cost_dollars_per_hour"] == 42.86  # planned
 
     tui = apply(State(), Envelope("publish", "supervisor", "fleet.update", FLEET))
     assert {d: v.capacity for d, v in tui.deployments.items()} == pytest.approx(EXPECTED)
 
-    st = RunState(fleet=FLEET)
+    st = RunState(fleet=FLEET, plan=PLAN)
     st.demand = SimpleNamespace(demand={"chat": 1.0, "code": 1.0, "idle": 1.0})  # type: ignore[assignment]
     setup = SimpleNamespace(scenario_name="s", duration_s=60.0, timing=MeshTiming())
     con = Console(file=io.StringIO(), width=200)
@@ -72,4 +85,4 @@ def test_metrics_status_and_tui_show_the_same_capacity() -> None:
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if "│" in line]
     shown = {c[0]: float(c[2]) for c in cells if c and c[0] in EXPECTED}
     assert shown == pytest.approx(EXPECTED, abs=0.005)
-    assert "cost running $0.00/h" in out
+    assert "cost running $52.17/h, planned $42.86/h" in out
