@@ -1,5 +1,5 @@
-"""What a run's watcher sees: the latest plan, fleet, demand, market and traffic reports, command results,
-crashes, bus errors and refused connections (``RunState``), from the topics it subscribes to."""
+"""What a run's watcher sees (``RunState``): the latest plan, fleet, demand, market and traffic reports,
+command results, crashes, bus errors, deployments short of capacity and refused connections."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from coral.kernel import Envelope
 from coral.kernel.events import AuthRefused
 from coral.messages.control import CommandResult
 from coral.messages.demand import DemandUpdate
-from coral.messages.fleet import FleetUpdate
+from coral.messages.fleet import CapacityShort, FleetUpdate
 from coral.messages.market import MarketUpdate
 from coral.messages.plan import NewPlan
 from coral.messages.requests import RoutingStats
@@ -31,6 +31,8 @@ class RunState:
     crashes: int = 0
     errors: int = 0
     now: float = 0.0
+    short: dict[str, CapacityShort] = attrs.field(factory=dict)
+    """Deployments whose serving capacity is below their demand now (``fleet.unmet``)."""
     refused: list[AuthRefused] = attrs.field(factory=list)
     """Every refused connection report, in order (repeats of one peer come merged, with a count)."""
 
@@ -59,6 +61,11 @@ class RunState:
             self.stats = msg
         elif isinstance(msg, CommandResult):
             self.results.append(msg)
+        elif isinstance(msg, CapacityShort):
+            if msg.short:
+                self.short[msg.deployment] = msg
+            else:
+                self.short.pop(msg.deployment, None)
         elif isinstance(msg, AuthRefused):
             self.refused.append(msg)
         elif env.tag == "kernel.actor.crashed":
@@ -77,4 +84,5 @@ WATCH_TOPICS = (
     "kernel.actor.",
     "kernel.error",
     "kernel.auth.",
+    "fleet.unmet",
 )

@@ -708,6 +708,14 @@ def render_status(setup: Any, st: Any, wall: float, speed: float | None, endpoin
         + f" (spent ${spent:,.2f})"
     )
     lines: list[Any] = [Text.from_markup(head)]
+    for d, m in sorted(st.short.items()):
+        lines.append(
+            Text(
+                f"{d}: capacity {m.capacity_rps:,.2f} req/s below demand {m.demand_rps:,.2f} "
+                f"(unmet {m.unmet_rps:,.2f}, {m.cause})",
+                style="bold red",
+            )
+        )
     if st.refused:
         r = st.refused[-1]
         total = sum(x.count for x in st.refused)

@@ -14,7 +14,7 @@ from actors.watch import RunState
 from coral.capacity import capacity_rps, serving_capacity
 from coral.cli.up_cmd import render_status
 from coral.kernel import Envelope
-from coral.messages import FleetUpdate, InstanceInfo, MeshTiming
+from coral.messages import CapacityShort, FleetUpdate, InstanceInfo, MeshTiming
 from coral.messages.plan import NewPlan
 from coral.metrics import MeshMetrics
 from coral.plan import DeploymentServing, Plan, PlannedInstances
@@ -77,6 +77,9 @@ def test_metrics_status_and_tui_show_the_same_capacity() -> None:
     assert {d: v.capacity for d, v in tui.deployments.items()} == pytest.approx(EXPECTED)
 
     st = RunState(fleet=FLEET, plan=PLAN)
+    st.update(
+        Envelope("publish", "supervisor", "fleet.unmet", CapacityShort(9.0, "code", 3.0, 2.25, True, "nodes lost"))
+    )
     st.demand = SimpleNamespace(demand={"chat": 1.0, "code": 1.0, "idle": 1.0})  # type: ignore[assignment]
     setup = SimpleNamespace(scenario_name="s", duration_s=60.0, timing=MeshTiming())
     con = Console(file=io.StringIO(), width=200)
@@ -86,3 +89,4 @@ def test_metrics_status_and_tui_show_the_same_capacity() -> None:
     shown = {c[0]: float(c[2]) for c in cells if c and c[0] in EXPECTED}
     assert shown == pytest.approx(EXPECTED, abs=0.005)
     assert "cost running $52.17/h, planned $42.86/h" in out
+    assert "code: capacity 2.25 req/s below demand 3.00 (unmet 0.75, nodes lost)" in out
