@@ -50,87 +50,71 @@ def _serving(st: RunState, dep: str) -> list[tuple[str, tuple[str, ...]]]:
     return [(i.template_id, i.node_types) for i in st.fleet.instances if i.deployment == dep and i.state == "serving"]
 
 
+def _command(make: Callable[[RunState], object | None]) -> Step:
+    """A step that sends the operator command ``make`` gives (none: skipped) to its owner."""
+
+    def step(st: RunState) -> tuple[str, str, object] | None:
+        cmd = make(st)
+        return (owner_of(cmd), OPERATOR, cmd) if cmd is not None else None
+
+    return step
+
+
+def _first_node(st: RunState, dep: str) -> str | None:
+    s = _serving(st, dep)
+    return s[0][1][0] if s else None
+
+
 def forbid(dep: str, memo: dict[str, str]) -> Step:
     """Forbid the template ``dep`` serves with (remembered in ``memo`` for ``allow``)."""
 
-    def step(st: RunState) -> tuple[str, str, object] | None:
+    def make(st: RunState) -> object | None:
         s = _serving(st, dep)
         if not s:
             return None
         memo[dep] = s[0][0]
-        cmd = ForbidTemplate(s[0][0])
-        return (owner_of(cmd), OPERATOR, cmd)
+        return ForbidTemplate(s[0][0])
 
-    return step
+    return _command(make)
 
 
 def allow(dep: str, memo: dict[str, str]) -> Step:
     """Allow again the template ``forbid`` forbade for ``dep``."""
-
-    def step(st: RunState) -> tuple[str, str, object] | None:
-        if dep not in memo:
-            return None
-        cmd = ForbidTemplate(memo[dep], forbid=False)
-        return (owner_of(cmd), OPERATOR, cmd)
-
-    return step
+    return _command(lambda st: ForbidTemplate(memo[dep], forbid=False) if dep in memo else None)
 
 
 def pin(dep: str, templates: list[Template]) -> Step:
-    """Pin ``dep`` to the cheapest-to-name (first by id) aggregated template it does not serve with."""
+    """Pin ``dep`` to the first (by id) aggregated template it does not serve with."""
 
-    def step(st: RunState) -> tuple[str, str, object] | None:
+    def make(st: RunState) -> object | None:
         cur = {t for t, _ in _serving(st, dep)}
         ids = sorted(t.id for t in templates if t.mode == "aggregated" and t.id not in cur)
-        if not ids:
-            return None
-        cmd = PinTemplate(dep, ids[0])
-        return (owner_of(cmd), OPERATOR, cmd)
+        return PinTemplate(dep, ids[0]) if ids else None
 
-    return step
+    return _command(make)
 
 
 def unpin(dep: str) -> Step:
     """Unpin ``dep``."""
-
-    def step(st: RunState) -> tuple[str, str, object] | None:
-        cmd = PinTemplate(dep, None)
-        return (owner_of(cmd), OPERATOR, cmd)
-
-    return step
+    return _command(lambda st: PinTemplate(dep, None))
 
 
 def stockout(dep: str) -> Step:
     """Set the availability of the first node type ``dep`` serves on to 0."""
-
-    def step(st: RunState) -> tuple[str, str, object] | None:
-        s = _serving(st, dep)
-        if not s:
-            return None
-        cmd = SetAvailability(REGION, s[0][1][0], 0)
-        return (owner_of(cmd), OPERATOR, cmd)
-
-    return step
+    return _command(lambda st: SetAvailability(REGION, n, 0) if (n := _first_node(st, dep)) else None)
 
 
 def demand(dep: str, rps: float) -> Step:
     """Override ``dep``'s demand."""
-
-    def step(st: RunState) -> tuple[str, str, object] | None:
-        cmd = SetDemand(dep, rps)
-        return (owner_of(cmd), OPERATOR, cmd)
-
-    return step
+    return _command(lambda st: SetDemand(dep, rps))
 
 
 def lose(dep: str) -> Step:
     """A node loss of the first node type ``dep`` serves on."""
 
     def step(st: RunState) -> tuple[str, str, object] | None:
-        s = _serving(st, dep)
-        if not s:
-            return None
-        return (SUPERVISOR, FAULT_SOURCE, FaultInjected(st.now, "node_loss", REGION, s[0][1][0], 1))
+        n = _first_node(st, dep)
+        return (SUPERVISOR, FAULT_SOURCE, FaultInjected(st.now, "node_loss", REGION, n, 1)) if n else None
 
     return step
 
