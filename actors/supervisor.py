@@ -529,10 +529,10 @@ class Supervisor(TickActor):
             if self.capacity(rest).get(inst.deployment, 0.0) >= self.floor.get(inst.deployment, 0.0) - _EPS:
                 keep = rest
                 await self._drain(inst, now, "replacement serving")
-        for inst, reason in self._blocking(now):
+        for inst, reason in self._blocking():
             await self._drain(inst, now, reason)
 
-    def _blocking(self, now: float) -> list[tuple[InstRec, str]]:
+    def _blocking(self) -> list[tuple[InstRec, str]]:
         """Retiring instances whose nodes are exactly what a waiting start lacks, enough to cover it."""
         spare: Counter[tuple[str, str]] = Counter()  # (region, node type): nodes coming free
         for inst in self.instances.values():
