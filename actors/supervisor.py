@@ -15,7 +15,9 @@ retiring instances in its region hold exactly node types it lacks, enough to cov
 what lets the start go ahead. They drain so only when the start's deployment serves less than its
 demand, or when their own deployment has no instance on the way whose serving would free them anyway
 (else two deployments could wait on each other's nodes for ever); and an instance that is the last
-capacity of its deployment drains so only for a start of its own deployment, never for another's.
+capacity of its deployment drains so only for a start of its own deployment (a replacement that needs
+its very nodes), never for another's, and only when no other instance of its deployment is starting,
+loading or draining: a deployment replaced on the nodes it holds rolls one instance at a time.
 Capacity is ``coral.capacity``'s (prefill and decode pair up per region). When a deployment's serving
 capacity falls below the latest plan's demand for it, or rises back, ``CapacityShort`` says so
 (``fleet.unmet``).
@@ -566,8 +568,10 @@ class Supervisor(TickActor):
                 if not urgent and inst.deployment in coming:
                     continue  # its own replacements will serve and free it: wait for them
                 rest = [i for i in left if i is not inst]
-                if inst.deployment != dep and self.capacity(rest).get(inst.deployment, 0.0) <= _EPS:
-                    continue  # the last capacity of another deployment: not for this start
+                if self.capacity(rest).get(inst.deployment, 0.0) <= _EPS and (
+                    inst.deployment != dep or self._in_flight(inst.deployment, taken | {i.id for i in picks})
+                ):
+                    continue  # the last capacity: only for its own replacement, and one at a time
                 left = rest
                 picks.append(inst)
                 cover += types
@@ -581,6 +585,13 @@ class Supervisor(TickActor):
             for node, k in (cover - lack).items():
                 spare[(region, node)] += k
         return chosen
+
+    def _in_flight(self, dep: str, picked: set[str]) -> bool:
+        """Whether ``dep`` has an instance on its way (starting or loading), draining, or picked to drain."""
+        return any(
+            i.deployment == dep and (i.state in ("provisioning", "loading", "draining") or i.id in picked)
+            for i in self.instances.values()
+        )
 
     def _why_short(self, dep: str) -> str:
         if dep in self.lost_since_plan:
