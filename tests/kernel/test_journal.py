@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coral.kernel import Fsync, Journal, JournalCorruptError, JournalError, TornTailWarning, encode, read_journal
-from coral.kernel.journal import HEADER_SIZE, RECORD_HEAD, journal_info
+from coral.kernel.journal import END_TAG, HEADER_SIZE, RECORD_HEAD, JournalEnd, journal_info
 
 from .msgs import Ping
 
@@ -215,3 +215,17 @@ def test_record_after_the_end_record_is_corruption(tmp_path: Path) -> None:
         journal_info(bad)
     with pytest.raises(JournalCorruptError, match="follows the journal's end record"):
         Journal.open(bad)
+
+
+def test_an_end_record_that_miscounts_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    _write(path, 2)
+    with Journal.open(path) as j:
+        tag, body = encode(JournalEnd(7))
+        j.append(1.0, "publish", "kernel", END_TAG, tag.decode(), body)
+        j.flush()
+        size = path.stat().st_size
+    with open(path, "r+b") as f:  # keep the forged end record as the last one
+        f.truncate(size)
+    with pytest.raises(JournalCorruptError, match="end record counts 7 records, not 2"):
+        journal_info(path)
