@@ -207,7 +207,19 @@ def measure(name: str, journal: Path, since: float, sent: tuple[tuple[float, str
     prev: tuple[float, dict[str, float], set[str]] | None = None
     lost_deps: set[str] = set()
     inst_dep: dict[str, str] = {}
+
+    def at_zero(until: float) -> None:  # the time at zero since the previous update
+        if prev is None:
+            return
+        t0, pcap, started = prev
+        for d in started:
+            if pcap.get(d, 0.0) <= 1e-9:
+                bucket = zero_loss if d in lost_deps else zero
+                bucket[d] = bucket.get(d, 0.0) + until - t0
+
     for rec in read_journal(journal):
+        if rec.tag == "mesh.end":  # the time from the last update to the end
+            at_zero(rec.time)
         if rec.tag == "fleet.unmet":
             msg = rec.decode()
             assert isinstance(msg, CapacityShort)
@@ -220,12 +232,7 @@ def measure(name: str, journal: Path, since: float, sent: tuple[tuple[float, str
             inst_dep[i.id] = i.deployment
         lost_deps |= {inst_dep[i] for i in fu.lost if i in inst_dep}
         cap = serving_capacity(fu.instances)
-        if prev is not None:
-            t0, pcap, started = prev
-            for d in started:
-                if pcap.get(d, 0.0) <= 1e-9:
-                    bucket = zero_loss if d in lost_deps else zero
-                    bucket[d] = bucket.get(d, 0.0) + fu.at - t0
+        at_zero(fu.at)
         started = set(prev[2]) if prev is not None else set()
         for d, c in cap.items():
             if c > 0:
