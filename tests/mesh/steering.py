@@ -24,6 +24,7 @@ from coral.catalog import Catalog
 from coral.kernel import Mesh, read_journal
 from coral.messages import (
     OPERATOR,
+    ROUTABLE_STATES,
     SUPERVISOR,
     CapacityShort,
     FaultInjected,
@@ -47,7 +48,9 @@ Step = Callable[[RunState], tuple[str, str, object] | None]
 
 def _serving(st: RunState, dep: str) -> list[tuple[str, tuple[str, ...]]]:
     assert st.fleet is not None
-    return [(i.template_id, i.node_types) for i in st.fleet.instances if i.deployment == dep and i.state == "serving"]
+    return [
+        (i.template_id, i.node_types) for i in st.fleet.instances if i.deployment == dep and i.state in ROUTABLE_STATES
+    ]
 
 
 def _command(make: Callable[[RunState], object | None]) -> Step:
