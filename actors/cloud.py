@@ -36,6 +36,11 @@ from coral.messages.market import MarketUpdate
 from coral.messages.mesh import Host
 
 Key = tuple[str, str]
+TAG_INSTANCE = "coral.instance"
+TAG_DEPLOYMENT = "coral.deployment"
+TAG_TEMPLATE = "coral.template"
+TAG_STAGE = "coral.stage"
+"""The tags the supervisor puts on each node it rents (what a resumed run adopts a node by)."""
 
 
 class CloudError(CoralError):
@@ -71,6 +76,10 @@ class CloudProvider(Protocol):
 
     def release(self, node_id: str, now: float) -> None: ...
 
+    def free(self, region: str, node: str) -> int:
+        """Nodes of ``node`` in ``region`` that ``provision`` would give now."""
+        ...
+
     def poll(self, now: float) -> list[CloudEvent]: ...
 
     def inject(self, fault: FaultInjected, now: float) -> list[str]: ...
@@ -90,6 +99,7 @@ class _Base:
         self.rng = np.random.default_rng(seed)
         self._events: list[CloudEvent] = []
         self._next = 0
+        self.now = -float("inf")  # the latest kernel time the provider acted at (saved with its state)
         self.state_file = Path(state_file) if state_file is not None else None
 
     # -- durable state -------------------------------------------------------------------------------
@@ -100,6 +110,7 @@ class _Base:
             "version": STATE_VERSION,
             "kind": type(self).__name__,
             "next": self._next,
+            "at": self.now if self.now > -float("inf") else None,
             "rng": self.rng.bit_generator.state,
             "nodes": [attrs.asdict(n) for n in sorted(self.nodes.values(), key=lambda n: _order(n.id))],
         }
@@ -142,6 +153,8 @@ class _Base:
                     raise CloudError(f"{p}: nodes[{i}].state: unknown state {node.state!r}")
                 nodes[node.id] = node
             self._next = int(data["next"])
+            at = data.get("at")
+            self.now = float(at) if at is not None else -float("inf")
             self.rng.bit_generator.state = data["rng"]
         except (KeyError, TypeError, ValueError) as exc:
             raise CloudError(f"{p}: malformed provider state: {type(exc).__name__}: {exc}") from None
@@ -171,6 +184,7 @@ class _Base:
         n = self.node(node_id)
         if n.state not in ("dead", "released"):
             n.state = "released"
+            self.now = max(self.now, now)
             self.save()
 
     def held(self, region: str, node: str) -> int:
@@ -187,6 +201,7 @@ class _Base:
                 n.state = "running"
                 out.append(CloudEvent("ready", n.id))
         if out:
+            self.now = max(self.now, now)
             self.save()
         return out
 
@@ -222,6 +237,7 @@ class _Base:
             killed.append(n.id)
             if fault.kind == "preemption":
                 self._events.append(CloudEvent("preempted", n.id))
+        self.now = max(self.now, now)
         self.save()
         return killed
 
@@ -254,8 +270,12 @@ class SimCloud(_Base):
         self._next += 1
         nid = f"n{self._next}"
         self.nodes[nid] = CloudNode(nid, region, node, now if warm else now + self.provision_s, tags=dict(tags or {}))
+        self.now = max(self.now, now)
         self.save()
         return nid
+
+    def free(self, region: str, node: str) -> int:
+        return max(0, self.avail.get((region, node), 0) - self.held(region, node))
 
 
 class StaticHosts(_Base):
@@ -278,6 +298,14 @@ class StaticHosts(_Base):
             cur = self.nodes.get(name)
             if cur is None or cur.state == "released":
                 self.nodes[name] = CloudNode(name, region, node, now, tags=dict(tags or {}))
+                self.now = max(self.now, now)
                 self.save()
                 return name
         return None
+
+    def free(self, region: str, node: str) -> int:
+        return sum(
+            1
+            for name, h in self.hosts.items()
+            if (h.region, h.node) == (region, node) and (name not in self.nodes or self.nodes[name].state == "released")
+        )

@@ -9,262 +9,81 @@ depends only on the inputs and their kernel times (see ``actors.base``), a run r
 replays exactly (``actors.replay``); a live run is the same computation, paced.
 
 ``run_mesh`` is the whole run: the kernel (``Mesh`` with a ``VirtualClock``), the actors, an optional
-journal, a watcher that keeps the latest plan, fleet and traffic reports (``RunState``), the gateway,
-and the end of the run (``mesh.end``).
+journal, a watcher that keeps the latest plan, fleet and traffic reports (``actors.watch.RunState``),
+the operator desk (``actors.operator.OperatorDesk``), and the end of the run (``mesh.end``). The run's
+set-up (options, templates, ``MeshSetup``) is ``actors.setup``; its names are re-exported here for the
+callers that import them from this module.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 
 import anyio
 import anyio.abc
 import attrs
 
-from actors.allocator import Allocator, servable
+from actors.allocator import Allocator
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
 from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ScenarioFeed
-from actors.inspect import clock_info
+from actors.operator import OperatorDesk
 from actors.price import HostsMarket, MarketSource, PriceWatcher, ScenarioMarket
 from actors.recovery import Recovery
 from actors.router import Router
+from actors.setup import RunOptions, catalog_digest, library_for, make_setup, world_of
 from actors.supervisor import Supervisor
+from actors.watch import WATCH_TOPICS, RunState
 from actors.worker import StageWorker, worker_name
-from coral.catalog import load_catalog
-from coral.catalog.loader import catalog_to_dict
 from coral.catalog.types import Catalog
 from coral.engines import Engine
 from coral.engines.sim import SimEngine
 from coral.errors import CoralError
 from coral.kernel import (
     ActorState,
-    BusClient,
     Endpoints,
-    Envelope,
     Fsync,
     Mesh,
     RestartPolicy,
     ServerKeys,
     VirtualClock,
 )
-from coral.kernel.codec import DEFAULT_CODEC, encode
+from coral.kernel.codec import DEFAULT_CODEC
 from coral.messages.control import (
     OPERATOR,
     ROUTER,
-    CommandResult,
-    Snapshot,
-    SnapshotRecord,
-    SnapshotRequest,
-    is_command,
-    owner_of,
 )
-from coral.messages.demand import DemandUpdate
-from coral.messages.fleet import FleetUpdate
-from coral.messages.inspect import ClockRequest
-from coral.messages.market import MarketUpdate
-from coral.messages.mesh import CloudSetup, DemandTuning, MeshEnd, MeshResumed, MeshSetup, MeshTiming
-from coral.messages.plan import NewPlan
-from coral.messages.requests import ArrivalBatch, RoutingStats
-from coral.perf import PerfModel, load_profiles
-from coral.scenario import Scenario, load_scenario
+from coral.messages.mesh import MeshEnd, MeshResumed, MeshSetup
+from coral.messages.requests import ArrivalBatch
+from coral.perf import PerfModel
+from coral.scenario import Scenario
 from coral.sim.engine import SimConfig
-from coral.store import TemplateStore
 from coral.templates import Template
 from solvers.allocation import SolverEffort
-from solvers.library import distinct, is_current
-from solvers.planning import POLICIES, policy_admits
+
+__all__ = [
+    "MESH_SOURCE",
+    "WATCH_TOPICS",
+    "CoralMesh",
+    "OperatorDesk",
+    "ResumeFeed",
+    "RunOptions",
+    "RunResult",
+    "RunState",
+    "catalog_digest",
+    "deliver",
+    "drive",
+    "library_for",
+    "make_setup",
+    "run_mesh",
+    "world_of",
+]
 
 MESH_SOURCE = "mesh"
 WORKER_POLICY = RestartPolicy(max_restarts=3, window=60.0)
-
-
-@attrs.frozen
-class RunOptions:
-    """How to run a scenario (everything but the scenario, templates, catalog and perf model)."""
-
-    seed: int = 0
-    policy: str = "coral"
-    timing: MeshTiming = attrs.field(factory=MeshTiming)
-    cloud: CloudSetup = attrs.field(factory=CloudSetup)
-    demand: DemandTuning = attrs.field(factory=DemandTuning)
-    warm_start: bool = True
-    deterministic: bool = False
-    duration_s: float | None = None
-    deadline_s: float | None = None
-    columns: str = "all"
-
-
-def library_for(
-    store: TemplateStore, scenario: Scenario, perf_version: str | None = None, *, vllm_only: bool = False
-) -> dict[str, list[Template]]:
-    """Per deployment, every current stored template of its model and shape on the scenario's node types
-    (any SLO; stale ones of an older formulation or, when given, another perf model are left out; one per
-    multiset and SLO, ``solvers.library.distinct``);
-    ``vllm_only``: only those vLLM can run as they are."""
-    allowed = set(scenario.node_types)
-    out: dict[str, list[Template]] = {}
-    for d in scenario.deployments:
-        out[d.name] = distinct(
-            sorted(
-                (
-                    t
-                    for t in store.query(model=d.model)
-                    if t.shape == d.shape
-                    and set(t.nodes) <= allowed
-                    and is_current(t, perf_version)
-                    and (t.vllm_ok or not vllm_only)
-                ),
-                key=lambda t: t.id,
-            )
-        )
-    return out
-
-
-def catalog_digest(cat: Catalog) -> str:
-    """A content hash of a catalog (a replay checks that it runs on the recording's catalog)."""
-    blob = json.dumps(catalog_to_dict(cat), sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:24]
-
-
-def make_setup(
-    scenario: Scenario,
-    catalog: Catalog,
-    perf: PerfModel,
-    library: Mapping[str, Sequence[Template]],
-    options: RunOptions = RunOptions(),
-    *,
-    catalog_files: Sequence[str | os.PathLike[str]] = (),
-    profile_files: Sequence[str | os.PathLike[str]] = (),
-) -> MeshSetup:
-    """The setup record of a run; checks the options and that every deployment has templates to use."""
-    if options.policy not in POLICIES:
-        raise CoralError(f"policy: unknown {options.policy!r}; choose from {', '.join(POLICIES)}")
-    if not isinstance(options.seed, int) or options.seed < 0:
-        raise CoralError(f"seed: must be an integer >= 0, got {options.seed!r}")
-    timing = options.timing.check()
-    cloud = options.cloud.check()
-    demand = options.demand.check()
-    duration = scenario.duration_s if options.duration_s is None else options.duration_s
-    if not (duration > 0 and math.isfinite(duration)):
-        raise CoralError(f"duration_s: must be a positive number of seconds, got {duration!r}")
-    if options.columns not in ("all", "generated"):
-        raise CoralError(f"columns: must be 'all' or 'generated', got {options.columns!r}")
-    deadline = scenario.planner.deadline_s if options.deadline_s is None else options.deadline_s
-    if not deadline > 0:
-        raise CoralError(f"deadline_s: must be positive, got {deadline!r}")
-    for d in scenario.deployments:
-        tpls = [t for t in library.get(d.name, ()) if t.slo == d.slo and policy_admits(options.policy, t)]
-        if not servable(tpls):
-            raise CoralError(
-                f"deployment {d.name!r} (model {d.model}) has no templates that can serve it under policy "
-                f"{options.policy!r}; run `coral templates build --scenario {scenario.path}`"
-            )
-    seen: dict[str, Template] = {}
-    for ts in library.values():
-        for t in ts:
-            seen.setdefault(t.id, t)
-    return MeshSetup(
-        scenario_name=scenario.name,
-        scenario_path=str(scenario.path),
-        scenario_toml=Path(scenario.path).read_text() if Path(scenario.path).exists() else "",
-        seed=options.seed,
-        policy=options.policy,
-        duration_s=float(duration),
-        deadline_s=float(deadline),
-        timing=timing,
-        cloud=cloud,
-        demand=demand,
-        warm_start=options.warm_start,
-        deterministic=options.deterministic,
-        catalog_files=tuple(str(p) for p in catalog_files),
-        profile_files=tuple(str(p) for p in profile_files),
-        catalog_digest=catalog_digest(catalog),
-        perf_version=perf.version,
-        templates=tuple(seen[k] for k in sorted(seen)),
-        columns=options.columns,
-    )
-
-
-def world_of(setup: MeshSetup) -> tuple[Scenario, Catalog, PerfModel]:
-    """The scenario, catalog and perf model a setup was recorded with (checked by digest and version)."""
-    cat = load_catalog(list(setup.catalog_files))
-    digest = catalog_digest(cat)
-    if digest != setup.catalog_digest:
-        raise CoralError(
-            f"the catalog differs from the recording's (digest {digest}, recorded {setup.catalog_digest}); "
-            "a replay on another catalog would not reproduce the decisions"
-        )
-    perf = PerfModel(cat, [t for p in setup.profile_files for t in load_profiles(Path(p))])
-    if perf.version != setup.perf_version:
-        raise CoralError(f"the perf model is {perf.version}, the recording used {setup.perf_version}")
-    path = Path(setup.scenario_path)
-    if path.exists() and path.read_text() == setup.scenario_toml:
-        return load_scenario(str(path), cat), cat, perf
-    if not setup.scenario_toml:
-        raise CoralError(f"the recording has no scenario text and {path} is not available")
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / (path.name if path.suffix == ".toml" else "scenario.toml")
-        p.write_text(setup.scenario_toml)
-        sc = load_scenario(str(p), cat)
-    return attrs.evolve(sc, path=path), cat, perf
-
-
-@attrs.define
-class RunState:
-    """What a watcher saw: the latest plan, fleet, demand, market and traffic reports."""
-
-    plan: NewPlan | None = None
-    plans: int = 0
-    fleet: FleetUpdate | None = None
-    demand: DemandUpdate | None = None
-    market: MarketUpdate | None = None
-    stats: RoutingStats | None = None
-    results: list[CommandResult] = attrs.field(factory=list)
-    crashes: int = 0
-    errors: int = 0
-    now: float = 0.0
-
-    def update(self, env: Envelope) -> None:
-        msg = env.msg
-        if isinstance(msg, NewPlan):
-            self.plan = msg
-            self.plans += 1
-        elif isinstance(msg, FleetUpdate):
-            self.fleet = msg
-        elif isinstance(msg, DemandUpdate):
-            self.demand = msg
-        elif isinstance(msg, MarketUpdate):
-            self.market = msg
-        elif isinstance(msg, RoutingStats):
-            self.stats = msg
-        elif isinstance(msg, CommandResult):
-            self.results.append(msg)
-        elif env.tag == "kernel.actor.crashed":
-            self.crashes += 1
-        elif env.tag == "kernel.error":
-            self.errors += 1
-
-
-WATCH_TOPICS = (
-    "plan.new",
-    "fleet.update",
-    "dem.update",
-    "mkt.update",
-    "req.stats",
-    "ctl.result",
-    "kernel.actor.",
-    "kernel.error",
-)
 
 
 class CoralMesh:
@@ -501,75 +320,6 @@ def deliver(mesh: Mesh, inputs: Sequence[Input]) -> None:
             raise CoralError(f"input {type(inp.msg).__name__} at t={inp.at} could not be delivered to {inp.dest!r}")
 
 
-SNAPSHOT_TOPICS = ("mesh.setup", "ctl.alloc_state", "mkt.update", "dem.update", "fleet.update", "req.stats")
-"""Tags whose latest message is the run's current state, in the order a ``Snapshot`` gives them."""
-SNAPSHOT_PLANS = 20
-"""How many of the latest plans a ``Snapshot`` carries."""
-
-
-class Gateway:
-    """The ``operator`` client: forwards commands to their owners at quiet points, relays the results, and
-    answers ``SnapshotRequest`` with the latest state it has seen published (for clients attaching late)."""
-
-    TOPICS = ("ctl.result", "plan.new", *SNAPSHOT_TOPICS)
-    """What the gateway subscribes to."""
-
-    def __init__(self, bus: BusClient) -> None:
-        self.bus = bus
-        self.pending: dict[int, Envelope] = {}
-        self.next_ref = 0
-        self.forwarded = 0
-        self.latest: dict[str, Envelope] = {}
-        self.plans: deque[Envelope] = deque(maxlen=SNAPSHOT_PLANS)
-        self.pace: tuple[float | None, float, float] | None = None
-        """(speed, wall and kernel time at the start), set by ``drive``, for ``ClockRequest``."""
-
-    async def pump(self, mesh: Mesh) -> None:
-        """Handle everything queued now."""
-        while self.bus.backlog:
-            await self.handle(mesh, self.bus.receive_nowait())
-
-    def snapshot(self, at: float) -> Snapshot:
-        """The latest state seen: one record per ``SNAPSHOT_TOPICS`` tag, then the recent plans."""
-        envs = [*(self.latest[t] for t in SNAPSHOT_TOPICS if t in self.latest), *self.plans]
-        return Snapshot(at, tuple(SnapshotRecord(e.source, e.tag, encode(e.msg)[1]) for e in envs))
-
-    async def handle(self, mesh: Mesh, env: Envelope) -> None:
-        """Forward a command (the mesh must be quiet), relay a result to the command's sender, keep a
-        published state message, or answer a snapshot request."""
-        msg = env.msg
-        if isinstance(msg, CommandResult):
-            orig = self.pending.pop(msg.ref, None)
-            if orig is not None:
-                await self.bus.reply(orig, msg)
-            return
-        if env.kind == "publish":
-            if env.tag == "plan.new":
-                self.plans.append(env)
-            elif env.tag in SNAPSHOT_TOPICS:
-                self.latest[env.tag] = env  # encoded only when a snapshot is asked for
-            return
-        if env.kind not in ("send", "request"):
-            return
-        if isinstance(msg, ClockRequest):
-            await self.bus.reply(env, clock_info(mesh.clock.now(), self.pace))
-            return
-        if isinstance(msg, SnapshotRequest):
-            if env.kind == "request":
-                await self.bus.reply(env, self.snapshot(mesh.clock.now()))
-            return
-        if not is_command(msg):
-            if env.kind == "request":
-                reason = f"{env.tag} is not a control command"
-                await self.bus.reply(env, CommandResult(env.tag, False, OPERATOR, mesh.clock.now(), "command", reason))
-            return
-        self.next_ref -= 1  # negative refs: never one a direct sender picks
-        if env.kind == "request":
-            self.pending[self.next_ref] = env
-        mesh.send(owner_of(msg), attrs.evolve(msg, ref=self.next_ref), source=OPERATOR)
-        self.forwarded += 1
-
-
 async def drive(
     mesh: Mesh,
     feed: Feed,
@@ -578,7 +328,7 @@ async def drive(
     until: float,
     pace: float | None = None,
     stop: anyio.Event | None = None,
-    gateway: Gateway | None = None,
+    gateway: OperatorDesk | None = None,
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     after_step: Callable[[float], Awaitable[None]] | None = None,
 ) -> tuple[float, str]:
@@ -720,7 +470,7 @@ async def run_mesh(
         curve=curve,
     ) as mesh:
         watch = await mesh.client("watch", subscribe=WATCH_TOPICS, inbox_size=1 << 16)
-        gw = Gateway(await mesh.client(OPERATOR, subscribe=Gateway.TOPICS)) if gateway else None
+        gw = OperatorDesk(await mesh.client(OPERATOR, subscribe=OperatorDesk.TOPICS)) if gateway else None
         async with anyio.create_task_group() as tg:
 
             async def watcher() -> None:

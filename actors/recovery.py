@@ -23,16 +23,20 @@ run's own totals, with ``arrived = completed + failed + resubmitted``.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import tomllib
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
 
+from actors.cloud import TAG_DEPLOYMENT
 from coral.errors import CoralError
 from coral.kernel import DecodeError, Journal, JournalRecord, TornTailWarning, read_journal
+from coral.kernel.journal import journal_info
 from coral.messages.control import OWNERS
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetAction, FleetUpdate, NodeLost
@@ -235,6 +239,10 @@ class Recovery:
     delivered: frozenset[tuple[str, bytes]]
     torn: TornTailWarning | None
     commands: tuple[tuple[str, object], ...] = ()
+    complete: bool = False
+    """Whether the journal ended with its end record (a run stopped cleanly, not a crash)."""
+    provider: ProviderCheck | None = None
+    """The saved provider state against the journal (``check_provider``), once checked."""
 
     @property
     def setup(self) -> MeshSetup:
@@ -252,6 +260,77 @@ def provider_state_path(journal: str | os.PathLike[str]) -> Path:
     return p.with_name(p.name + ".cloud.json")
 
 
+@attrs.frozen
+class ProviderCheck:
+    """The saved provider state against the journal: when each was last written (kernel time; None for
+    a state saved before it kept its time), the nodes the provider runs that the journal's fleet does not
+    know (rented after its last record) and the journal's nodes the provider no longer runs."""
+
+    journal_at: float
+    provider_at: float | None
+    unknown: tuple[str, ...]
+    gone: tuple[str, ...]
+
+    @property
+    def newer(self) -> bool:
+        """The provider acted after the journal's last record: the journal lost records (cut or torn)."""
+        return self.provider_at is not None and self.provider_at > self.journal_at
+
+    @property
+    def matches(self) -> bool:
+        return not self.newer and not self.unknown and not self.gone
+
+    def describe(self, unknown_nodes: str) -> str:
+        """One line: whether the two agree, and how the resume reconciles them."""
+        if self.matches:
+            return f"provider state matches the journal (t={self.journal_at:g} s)"
+        when = (
+            f"provider state (t={self.provider_at:g} s) is newer than the journal's last record "
+            f"(t={self.journal_at:g} s)"
+            if self.newer
+            else f"provider state differs from the journal (t={self.journal_at:g} s)"
+        )
+        what = [
+            f"{len(self.unknown)} node(s) the journal does not know ({', '.join(self.unknown)}) will be "
+            + ("adopted by their tags where whole" if unknown_nodes == "adopt" else "released"),
+            f"{len(self.gone)} journal node(s) gone at the provider ({', '.join(self.gone)}) count as lost",
+        ]
+        done = "; ".join(w for w, n in zip(what, (self.unknown, self.gone), strict=True) if n)
+        return f"{when}; reconciling: " + (done or "the nodes agree; decisions after the journal's end are lost")
+
+
+def check_provider(fleet: FleetState, state_file: str | os.PathLike[str]) -> ProviderCheck:
+    """Compare a saved provider state (``JOURNAL.cloud.json``) with the journal's fleet. Raises
+    RecoveryError, in one line, when the file cannot be read or is of another run (nodes of deployments
+    the journal's setup does not have)."""
+    p = Path(state_file)
+    try:
+        data = json.loads(p.read_text())
+        nodes = [(str(n["id"]), str(n["state"]), dict(n.get("tags", {}))) for n in data["nodes"]]
+        at = data.get("at")
+        provider_at = float(at) if at is not None else None
+    except FileNotFoundError:
+        raise RecoveryError(f"--resume: {p}: no provider state file") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RecoveryError(f"--resume: {p}: unreadable provider state: {type(exc).__name__}: {exc}") from None
+    assert fleet.setup is not None
+    try:
+        deployments = {str(d.get("name", "")) for d in tomllib.loads(fleet.setup.scenario_toml).get("deployment", [])}
+    except (tomllib.TOMLDecodeError, AttributeError):
+        deployments = set()
+    alive = {nid: tags for nid, st, tags in nodes if st in ("provisioning", "running")}
+    foreign = sorted(n for n, t in alive.items() if t.get(TAG_DEPLOYMENT, "") not in deployments | {""})
+    if deployments and foreign:
+        raise RecoveryError(
+            f"--resume: {p}: refused: node(s) {', '.join(foreign)} serve deployments that the journal's run does "
+            "not have (the provider state of another run?)"
+        )
+    known = set(fleet.nodes)
+    unknown = tuple(sorted((n for n in alive if n not in known), key=lambda n: (len(n), n)))
+    gone = tuple(sorted((n for n in known if n not in alive), key=lambda n: (len(n), n)))
+    return ProviderCheck(fleet.last_time, provider_at, unknown, gone)
+
+
 def load_recovery(path: str | os.PathLike[str]) -> Recovery:
     """Open a crashed run's journal for resuming: truncate a torn tail (returned, not only warned), and
     rebuild its state. Raises RecoveryError for a journal without a setup or whose scenario ran to its end
@@ -263,6 +342,7 @@ def load_recovery(path: str | os.PathLike[str]) -> Recovery:
         warnings.simplefilter("ignore", TornTailWarning)
         with Journal.open(p) as j:
             torn = j.torn_tail
+    complete = journal_info(p).complete
     delivered: set[tuple[str, bytes]] = set()
     commands: list[tuple[str, object]] = []
     recs = []
@@ -282,4 +362,4 @@ def load_recovery(path: str | os.PathLike[str]) -> Recovery:
         raise RecoveryError(
             f"--resume: {p}: the run ended cleanly at t={fleet.ended.at:g} s ({fleet.ended.reason}); nothing to resume"
         )
-    return Recovery(p, fleet, frozenset(delivered), torn, tuple(commands))
+    return Recovery(p, fleet, frozenset(delivered), torn, tuple(commands), complete)

@@ -2,11 +2,25 @@
 
 On a plan it stops surplus instances (the ones still provisioning first, then loading, then serving;
 newest first) and starts missing ones: one node per template stage from the cloud (all or none; a
-refusal waits as a pending start, retried every tick until the next plan). Make before break: a surplus
-serving instance keeps serving (``retiring``) until every instance the plan wants for its deployment
-serves, then drains (hands back the requests it had not started and releases its nodes once the rest finished); it
-drains at once when its deployment has starts waiting for nodes, which it may be holding. The first
-plan's instances start warm when ``warm_start`` (the fleet that exists when a run begins).
+refusal waits as a pending start, retried every tick until the next plan). The first plan's instances
+start warm when ``warm_start`` (the fleet that exists when a run begins).
+
+Make before break: a surplus serving instance keeps serving (``retiring``) and drains (hands back the
+requests it had not started and releases its nodes once the rest finished) only when the deployment's
+serving capacity without it stays at or above its floor, min(capacity serving when the plan came, the
+new plan's capacity): so a transition never takes a deployment below the lesser of the old and the new
+plan unless nodes are lost. The one exception: a start waits for nodes the cloud cannot give, and
+retiring instances in its region hold exactly node types it lacks, enough to cover the shortfall
+(counting free nodes and nodes of instances already draining); those drain, because draining them is
+what lets the start go ahead. They drain so only when the start's deployment serves less than its
+demand, or when their own deployment has no instance on the way whose serving would free them anyway
+(else two deployments could wait on each other's nodes for ever); and an instance that is the last
+capacity of its deployment drains so only for a start of its own deployment (a replacement that needs
+its very nodes), never for another's, and only when no other instance of its deployment is starting,
+loading or draining: a deployment replaced on the nodes it holds rolls one instance at a time.
+Capacity is ``coral.capacity``'s (prefill and decode pair up per region). When a deployment's serving
+capacity falls below the latest plan's demand for it, or rises back, ``CapacityShort`` says so
+(``fleet.unmet``).
 
 Each tick it spawns a stage worker on every node the cloud reports ready and tells it which stage to
 load; marks an instance serving once all its stages are loaded (and tells its head worker to serve);
@@ -35,18 +49,22 @@ heartbeats, like it would of a real one. A node lost for silence is released at 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import attrs
 
 from actors.base import TickActor
-from actors.cloud import CloudNode, CloudProvider
+from actors.cloud import TAG_DEPLOYMENT, TAG_INSTANCE, TAG_STAGE, TAG_TEMPLATE, CloudNode, CloudProvider
 from actors.recovery import FleetState
+from coral.capacity import capacity_rps
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import SUPERVISOR, DrainInstance
 from coral.messages.fleet import (
     LIVE_STATES,
+    ROUTABLE_STATES,
+    CapacityShort,
     DrainOrder,
     EngineFault,
     FaultInjected,
@@ -70,15 +88,12 @@ from coral.scenario import Deployment
 from coral.templates import Template
 
 Key = tuple[str, str, str]
-TAG_INSTANCE = "coral.instance"
-TAG_DEPLOYMENT = "coral.deployment"
-TAG_TEMPLATE = "coral.template"
-TAG_STAGE = "coral.stage"
 SpawnWorker = Callable[[str, str, str], Awaitable[str]]
 """Start the stage worker of a node: (node id, region, node type) -> the worker's actor name."""
 
 _VICTIM_RANK = {"provisioning": 0, "loading": 1, "serving": 2, "retiring": 2}
 _PLANNABLE = (*LIVE_STATES, "retiring")
+_EPS = 1e-9
 
 
 @attrs.define
@@ -177,6 +192,10 @@ class Supervisor(TickActor):
         self.by_operator: list[str] = []
         self.out: list[object] = []
         self.resume_up: list[str] = []  # adopted nodes already running: they get a worker at the first tick
+        self.floor: dict[str, float] = {}  # per deployment: the capacity a transition keeps (module docstring)
+        self.demand: dict[str, float] = {}  # per deployment: the latest plan's demand, req/s
+        self.short: set[str] = set()  # deployments whose serving capacity is below their demand
+        self.lost_since_plan: set[str] = set()  # deployments that lost a node since the latest plan
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -229,9 +248,32 @@ class Supervisor(TickActor):
         self.out.append(FleetAction(now, action, inst.id, inst.deployment, inst.template.id, inst.region, reason))
         self.changed.add("instances")
 
+    def weight(self, inst: InstRec) -> float:
+        """Requests/s ``inst`` serves at its deployment's shape."""
+        return instance_weight(inst.template, self.deployments[inst.deployment])
+
+    def capacity(self, insts: Iterable[InstRec]) -> dict[str, float]:
+        """Serving capacity per deployment of ``insts`` (``coral.capacity``; all of them counted)."""
+        return capacity_rps((i.deployment, i.region, i.template.mode, self.weight(i)) for i in insts)
+
+    def _routable(self) -> list[InstRec]:
+        return [i for i in self.instances.values() if i.state in ROUTABLE_STATES]
+
+    def _planned_capacity(self, target: Mapping[Key, int]) -> dict[str, float]:
+        rows = []
+        for (dep, tid, region), n in target.items():
+            tpl = self.templates[tid]
+            rows += [(dep, region, tpl.mode, instance_weight(tpl, self.deployments[dep]))] * n
+        return capacity_rps(rows)
+
     async def _reconcile(self, msg: NewPlan, now: float) -> None:
         plan = msg.plan
         target = plan.counts()
+        serving_now = self.capacity(self._routable())
+        planned = self._planned_capacity(target)
+        self.floor = {d: min(serving_now.get(d, 0.0), planned.get(d, 0.0)) for d in self.deployments}
+        self.demand = {s.deployment: s.demand_rps for s in plan.serving}
+        self.lost_since_plan = set()
         live: dict[Key, list[InstRec]] = {}
         for inst in self.instances.values():
             if inst.state in _PLANNABLE:
@@ -407,6 +449,7 @@ class Supervisor(TickActor):
             self.terminate(rec.id)  # the provider ends the machine: a worker merely wedged there ends too
         self.out.append(NodeLost(now, rec.id, rec.region, rec.node, rec.instance, cause))
         inst = self.instances[rec.instance]
+        self.lost_since_plan.add(inst.deployment)
         if inst.state in ("stopped", "lost"):
             return
         await self._release_nodes(inst, now, f"node {rec.id} lost")
@@ -465,15 +508,7 @@ class Supervisor(TickActor):
                 inst.state = "stopped"
                 self.stopped.append(inst.id)
                 self._action(now, "release", inst, "drained")
-        serving: dict[Key, int] = {}
-        for i in self.instances.values():
-            if i.state == "serving":
-                serving[i.key] = serving.get(i.key, 0) + 1
-        short = {k[0] for k, n in self.target.items() if serving.get(k, 0) < n}
-        waiting = {d for (d, _, _), n in self.pending.items() if n > 0}
-        for inst in sorted(self.instances.values(), key=lambda i: i.num):
-            if inst.state == "retiring" and (inst.deployment not in short or inst.deployment in waiting):
-                await self._drain(inst, now, "nodes needed" if inst.deployment in waiting else "replacement serving")
+        await self._retire(now)
         for key in sorted(self.pending):
             while self.pending[key] > 0 and self._start(key, now, False, "pending start"):
                 self.pending[key] -= 1
@@ -483,7 +518,105 @@ class Supervisor(TickActor):
         if rate != self.cost_rate:
             self.cost_rate = rate
             self.changed.add("cost")
+        self._check_short(now)
         await self._publish(now)
+
+    async def _retire(self, now: float) -> None:
+        """Drain the retiring instances make-before-break allows (see the module docstring)."""
+        keep = self._routable()
+        for inst in sorted(keep, key=lambda i: i.num):
+            if inst.state != "retiring":
+                continue
+            rest = [i for i in keep if i is not inst]
+            if self.capacity(rest).get(inst.deployment, 0.0) >= self.floor.get(inst.deployment, 0.0) - _EPS:
+                keep = rest
+                await self._drain(inst, now, "replacement serving")
+        for inst, reason in self._blocking():
+            await self._drain(inst, now, reason)
+
+    def _blocking(self) -> list[tuple[InstRec, str]]:
+        """Retiring instances whose nodes are exactly what a waiting start lacks, enough to cover it."""
+        spare: Counter[tuple[str, str]] = Counter()  # (region, node type): nodes coming free
+        for inst in self.instances.values():
+            if inst.state == "draining":
+                for nid in inst.nodes:
+                    if self.nodes[nid].state in ("provisioning", "up"):
+                        spare[(inst.region, self.nodes[nid].node)] += 1
+        retiring = sorted((i for i in self.instances.values() if i.state == "retiring"), key=lambda i: -i.num)
+        coming = {i.deployment for i in self.instances.values() if i.state in ("provisioning", "loading")}
+        chosen: list[tuple[InstRec, str]] = []
+        taken: set[str] = set()
+        for key in sorted(self.pending):
+            dep, tid, region = key
+            need = Counter(s.node for s in self.templates[tid].stages)
+            lack: Counter[str] = Counter()
+            for node, n in need.items():
+                have = self.cloud.free(region, node) + spare[(region, node)]
+                lack[node] = max(0, n - have)
+                spare[(region, node)] = max(0, spare[(region, node)] - n)
+            lack = +lack
+            if not lack:
+                continue
+            picks: list[InstRec] = []
+            cover: Counter[str] = Counter()
+            left = [i for i in self._routable() if i.id not in taken]
+            urgent = self.capacity(left).get(dep, 0.0) < self.demand.get(dep, 0.0) - 1e-6
+            for inst in retiring:
+                types = Counter(inst.template.nodes)
+                if inst.id in taken or inst.region != region or not set(types) <= set(lack):
+                    continue
+                if not urgent and inst.deployment in coming:
+                    continue  # its own replacements will serve and free it: wait for them
+                rest = [i for i in left if i is not inst]
+                if self.capacity(rest).get(inst.deployment, 0.0) <= _EPS and (
+                    inst.deployment != dep or self._in_flight(inst.deployment, taken | {i.id for i in picks})
+                ):
+                    continue  # the last capacity: only for its own replacement, and one at a time
+                left = rest
+                picks.append(inst)
+                cover += types
+                if all(cover[n] >= k for n, k in lack.items()):
+                    break
+            if not all(cover[n] >= k for n, k in lack.items()):
+                continue
+            for inst in picks:
+                taken.add(inst.id)
+                chosen.append((inst, f"nodes needed by a waiting start of {dep}"))
+            for node, k in (cover - lack).items():
+                spare[(region, node)] += k
+        return chosen
+
+    def _in_flight(self, dep: str, picked: set[str]) -> bool:
+        """Whether ``dep`` has an instance on its way (starting or loading), draining, or picked to drain."""
+        return any(
+            i.deployment == dep and (i.state in ("provisioning", "loading", "draining") or i.id in picked)
+            for i in self.instances.values()
+        )
+
+    def _why_short(self, dep: str) -> str:
+        if dep in self.lost_since_plan:
+            return "nodes lost"
+        if any(n > 0 for (d, _, _), n in self.pending.items() if d == dep):
+            return "waiting for nodes"
+        if any(i.deployment == dep and i.state in ("provisioning", "loading") for i in self.instances.values()):
+            return "replacement loading"
+        return "plan"
+
+    def _check_short(self, now: float) -> None:
+        """Say when a deployment's serving capacity falls below its demand, or rises back to it."""
+        cap = self.capacity(self._routable())
+        for dep in sorted(self.demand):
+            want, have = self.demand[dep], cap.get(dep, 0.0)
+            short = have < want - 1e-6
+            if short == (dep in self.short):
+                continue
+            if short:
+                self.short.add(dep)
+                cause = self._why_short(dep)
+            else:
+                self.short.discard(dep)
+                cause = ""
+            self.out.append(CapacityShort(now, dep, want, have, short, cause))
 
     async def _publish(self, now: float) -> None:
         for msg in self.out:

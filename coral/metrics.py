@@ -6,7 +6,9 @@ Per deployment (labels ``deployment`` and ``model``), from the messages the acto
 metric                                       type     from
 ===========================================  =======  ==================================================
 ``coral_demand_requests_per_second``         gauge    ``dem.update`` (what the allocator plans for)
-``coral_capacity_requests_per_second``       gauge    ``fleet.update`` (weights of routable instances)
+``coral_capacity_requests_per_second``       gauge    ``fleet.update`` (``coral.capacity``: routable
+                                                      aggregated instances plus min(prefill, decode)
+                                                      per region)
 ``coral_goodput_requests_per_second``        gauge    ``req.stats`` (SLO-meeting completions per second
                                                       over the last report window)
 ``coral_requests_arrived_total``             counter  ``req.stats``
@@ -16,11 +18,14 @@ metric                                       type     from
 ``coral_slo_attainment_ratio``               gauge    ``req.stats`` (SLO-meeting share of the finished)
 ``coral_ttft_seconds``                       hist.    ``req.latency`` (time to first token)
 ``coral_tpot_seconds``                       hist.    ``req.latency`` (time per output token after it)
-``coral_cost_dollars_per_hour``              gauge    ``plan.new`` (the plan's instances of it)
+``coral_cost_dollars_per_hour``              gauge    ``plan.new`` (planned: the plan's instances of it)
 ``coral_instances``                          gauge    ``fleet.update`` (label ``state``)
 ===========================================  =======  ==================================================
 
-Fleet-wide: ``coral_fleet_cost_dollars_per_hour`` and ``coral_spent_dollars_total`` (``fleet.update``),
+Fleet-wide: two costs, ``coral_fleet_cost_dollars_per_hour`` (running now: the nodes rented, from
+``fleet.update``) and ``coral_plan_cost_dollars_per_hour`` (planned: the latest plan's instances, from
+``plan.new``), which differ while a transition holds old and new nodes or starts wait for nodes;
+``coral_spent_dollars_total`` (``fleet.update``),
 ``coral_plan_solve_seconds`` (histogram of the allocator's solve times, ``plan.new``) and
 ``coral_kernel_time_seconds`` (the kernel clock of the latest report). Times are kernel-clock seconds.
 
@@ -39,9 +44,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from coral.capacity import serving_capacity
 from coral.kernel import Envelope
 from coral.messages.demand import DemandUpdate
-from coral.messages.fleet import INSTANCE_STATES, ROUTABLE_STATES, FleetUpdate
+from coral.messages.fleet import INSTANCE_STATES, FleetUpdate
 from coral.messages.plan import NewPlan
 from coral.messages.requests import LatencySamples, RoutingStats
 
@@ -82,7 +88,12 @@ class MeshMetrics:
         )
         self.cost = Gauge("coral_cost_dollars_per_hour", "Planned cost of the deployment's instances", _L, registry=r)
         self.instances = Gauge("coral_instances", "Instances by state", (*_L, "state"), registry=r)
-        self.fleet_cost = Gauge("coral_fleet_cost_dollars_per_hour", "Cost rate of the whole fleet", registry=r)
+        self.fleet_cost = Gauge(
+            "coral_fleet_cost_dollars_per_hour", "Running cost: the nodes rented now, whole fleet", registry=r
+        )
+        self.plan_cost = Gauge(
+            "coral_plan_cost_dollars_per_hour", "Planned cost: the latest plan's instances, whole fleet", registry=r
+        )
         self.spent = Counter("coral_spent_dollars", "What the fleet has cost so far", registry=r)
         self.solve = Histogram("coral_plan_solve_seconds", "Allocator solve time", buckets=SOLVE_BUCKETS, registry=r)
         self.now = Gauge("coral_kernel_time_seconds", "Kernel clock at the latest report", registry=r)
@@ -111,13 +122,11 @@ class MeshMetrics:
             for d, v in msg.demand.items():
                 self.demand.labels(d, self._model(d)).set(v)
         elif isinstance(msg, FleetUpdate):
-            cap = dict.fromkeys(self.models, 0.0)
+            cap = dict.fromkeys(self.models, 0.0) | serving_capacity(msg.instances)
             states = {d: dict.fromkeys(INSTANCE_STATES, 0) for d in self.models}
             for i in msg.instances:
                 self._model(i.deployment)
                 states.setdefault(i.deployment, dict.fromkeys(INSTANCE_STATES, 0))[i.state] += 1
-                if i.state in ROUTABLE_STATES and i.mode != "decode":
-                    cap[i.deployment] = cap.get(i.deployment, 0.0) + i.weight
             for d, v in cap.items():
                 self.capacity.labels(d, self._model(d)).set(v)
             for d, per in states.items():
@@ -159,6 +168,7 @@ class MeshMetrics:
                 cost[pi.deployment] = cost.get(pi.deployment, 0.0) + pi.count * pi.cost_per_hour
             for d, v in cost.items():
                 self.cost.labels(d, self._model(d)).set(v)
+            self.plan_cost.set(plan.cost_per_hour)
             self.solve.observe(plan.solve_s)
 
     def asgi(self) -> object:

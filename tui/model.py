@@ -33,6 +33,7 @@ TOPICS = (
     "fleet.update",
     "fleet.action",
     "fleet.node_lost",
+    "fleet.unmet",
     "fleet.fault",
     "dem.update",
     "mkt.update",
@@ -42,6 +43,7 @@ TOPICS = (
     "kernel.actor.",
     "kernel.error",
     "kernel.peer.",
+    "kernel.auth.",
     "kernel.shutdown",
 )
 """The bus topics (tag prefixes) the TUI subscribes to."""

@@ -13,11 +13,12 @@ from typing import Any
 
 import attrs
 
+from coral.capacity import serving_capacity
 from coral.kernel import DecodeError, Envelope, ErrorEvent
 from coral.kernel.codec import decode
 from coral.messages import control as ctl
 from coral.messages.demand import DemandUpdate
-from coral.messages.fleet import ROUTABLE_STATES, FaultInjected, FleetAction, FleetUpdate, NodeLost
+from coral.messages.fleet import CapacityShort, FaultInjected, FleetAction, FleetUpdate, NodeLost
 from coral.messages.inspect import (
     ClockInfo,
     ClockRequest,
@@ -297,21 +298,6 @@ def _on_plan(state: State, env: Envelope) -> State:
     return _event(state, p.at, "plan", "warn" if p.unmet_rps > 1e-9 else "info", env.source, text)
 
 
-def _live_capacity(instances: Iterable[InstanceView]) -> dict[str, float]:
-    agg: dict[str, float] = {}
-    pre: dict[str, float] = {}
-    dec: dict[str, float] = {}
-    for i in instances:
-        if i.state not in ROUTABLE_STATES:
-            continue
-        side = pre if i.mode == "prefill" else dec if i.mode == "decode" else agg
-        side[i.deployment] = side.get(i.deployment, 0.0) + i.weight
-    out = dict(agg)
-    for d in set(pre) | set(dec):
-        out[d] = out.get(d, 0.0) + min(pre.get(d, 0.0), dec.get(d, 0.0))
-    return out
-
-
 def _on_fleet(state: State, env: Envelope) -> State:
     m: FleetUpdate = env.msg
     insts = {
@@ -327,7 +313,7 @@ def _on_fleet(state: State, env: Envelope) -> State:
     for iid, old in state.instances.items():
         if old.state == "lost" and iid not in insts and m.at - old.since <= LOST_SHOWN_S:
             insts[iid] = old
-    cap = _live_capacity(insts.values())
+    cap = serving_capacity(insts.values())
     deps = dict(state.deployments)
     for name in set(cap) | {n for n, d in deps.items() if d.capacity}:
         d = _dep(state, name)
@@ -348,6 +334,22 @@ def _on_action(state: State, env: Envelope) -> State:
     sev = "warn" if m.action in ("lost", "refused") else "info"
     text = f"{m.action} {m.instance} ({m.deployment} in {m.region})" + (f": {m.reason}" if m.reason else "")
     return _event(attrs.evolve(state, now=max(state.now, m.at)), m.at, "fleet", sev, env.source, text)
+
+
+def _on_unmet(state: State, env: Envelope) -> State:
+    m: CapacityShort = env.msg
+    planned = (
+        next((s.unmet for s in state.plans[-1].serving if s.deployment == m.deployment), 0.0) if state.plans else 0.0
+    )
+    deps = dict(state.deployments)
+    deps[m.deployment] = attrs.evolve(_dep(state, m.deployment), unmet=max(planned, m.unmet_rps))
+    state = attrs.evolve(state, deployments=deps, now=max(state.now, m.at))
+    have = f"capacity {m.capacity_rps:.2f} req/s"
+    if m.short:
+        text, sev = f"{m.deployment}: {have} below demand {m.demand_rps:.2f} req/s ({m.cause})", "warn"
+    else:
+        text, sev = f"{m.deployment}: {have} meets demand {m.demand_rps:.2f} req/s again", "info"
+    return _event(state, m.at, "fleet", sev, env.source, text)
 
 
 def _on_node_lost(state: State, env: Envelope) -> State:
@@ -500,6 +502,12 @@ def _on_peer(state: State, env: Envelope) -> State:
     return _event(state, state.now, "peer", "info", name, "peer joined")
 
 
+def _on_refused(state: State, env: Envelope) -> State:
+    m = env.msg
+    text = f"refused {int(m.count)} connection(s) from {m.address}: {m.reason}"
+    return _event(state, state.now, "peer", "warn", str(m.address), text)
+
+
 def _on_shutdown(state: State, env: Envelope) -> State:
     m = env.msg
     return _event(state, state.now, "mesh", "warn", str(m.source), f"mesh shutting down: {m.reason}".rstrip(": "))
@@ -537,6 +545,7 @@ _HANDLERS: dict[str, Callable[[State, Envelope], State]] = {
     "fleet.update": _on_fleet,
     "fleet.action": _on_action,
     "fleet.node_lost": _on_node_lost,
+    "fleet.unmet": _on_unmet,
     "fleet.fault": _on_fault,
     "dem.update": _on_demand,
     "mkt.update": _on_market,
@@ -550,6 +559,7 @@ _HANDLERS: dict[str, Callable[[State, Envelope], State]] = {
     "kernel.peer.joined": _on_peer,
     "kernel.peer.left": _on_peer,
     "kernel.peer.lost": _on_peer,
+    "kernel.auth.refused": _on_refused,
     "kernel.shutdown": _on_shutdown,
 }
 

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import attrs
 from rich.console import Console
 
-from actors.recovery import Recovery, load_recovery, provider_state_path
+from actors.recovery import Recovery, check_provider, load_recovery, provider_state_path
 from coral.errors import CoralError
 from coral.kernel import Endpoints, ServerKeys
 from coral.messages.mesh import MeshResumed
@@ -36,7 +37,16 @@ def open_resume(args: argparse.Namespace) -> Recovery:
     rec = load_recovery(args.resume)
     if rec.torn is not None:
         print(f"coral up: warning: {rec.torn}", file=sys.stderr)
-    return rec
+    if not rec.complete:
+        f = rec.fleet
+        print(
+            f"coral up: --resume: {args.resume} is incomplete (no end record after record {f.last_seq}, "
+            f"t={f.last_time:g} s): resuming a run that did not stop cleanly",
+            file=sys.stderr,
+        )
+    check = check_provider(rec.fleet, state)
+    print(f"coral up: --resume: {check.describe(args.unknown_nodes)}", file=sys.stderr)
+    return attrs.evolve(rec, provider=check)
 
 
 def run_resumed(
@@ -48,7 +58,7 @@ def run_resumed(
     serve: Callable[[], Any] | None = None,
 ) -> int:
     """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
-    from actors.compose import world_of
+    from actors.setup import world_of
     from coral.cli import up_cmd
     from coral.store import default_store_path
 
@@ -96,6 +106,17 @@ def resume_summary(resumed: MeshResumed, rec: Recovery | None) -> dict[str, Any]
         "torn_bytes": resumed.torn_bytes,
     }
     if rec is not None:
+        out["journal_complete"] = rec.complete
+        if rec.provider is not None:
+            p = rec.provider
+            out["provider"] = {
+                "matches": p.matches,
+                "newer_than_journal": p.newer,
+                "provider_at": p.provider_at,
+                "journal_at": p.journal_at,
+                "unknown_nodes": list(p.unknown),
+                "gone_nodes": list(p.gone),
+            }
         pre = rec.fleet.ledger.counts()
         out["pre_crash"] = {
             d: {"arrived": c["arrived"], "completed": c["completed"], "failed": c["failed"], "resubmitted": c["open"]}
@@ -114,4 +135,6 @@ def describe(r: dict[str, Any]) -> str:
         f"nodes, {len(r['lost_nodes'])} lost; of {arrived} requests that arrived before the crash {done} had "
         f"ended and {r['resubmitted']} were handed to the router again"
         + (f"; {r['torn_bytes']} bytes of torn journal tail dropped" if r["torn_bytes"] else "")
+        + ("; the journal was incomplete" if r.get("journal_complete") is False else "")
+        + ("; the provider state was newer than the journal" if r.get("provider", {}).get("newer_than_journal") else "")
     )

@@ -69,6 +69,11 @@ async def run_up_async(
     def stepped(now: float) -> None:
         for link in links:
             link.step(now)
+        while len(state.refused) > info.setdefault("refused_shown", 0):
+            r = state.refused[info["refused_shown"]]
+            info["refused_shown"] += 1
+            if not live:
+                console.print(f"coral up: refused {r.count} connection(s) from {r.address}: {r.reason}", markup=False)
 
     async def tui(mesh: Mesh) -> None:
         from tui.app import run_tui_async

@@ -10,8 +10,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from coral.capacity import serving_capacity
 from coral.display import abbreviate_all, fit_table
 from coral.kernel import Endpoints
+from coral.messages.fleet import ROUTABLE_STATES
 
 
 def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journal: Path | None) -> dict[str, Any]:
@@ -42,6 +44,7 @@ def summarize(setup: Any, st: Any, end: float, reason: str, wall_s: float, journ
         "instances": len(fleet.instances) if fleet is not None else 0,
         "actor_crashes": st.crashes,
         "bus_errors": st.errors,
+        "refused_connections": st.refusals(),
         "deployments": deps,
         "journal": str(journal) if journal is not None else None,
     }
@@ -52,6 +55,8 @@ def print_summary(s: dict[str, Any], con: Console) -> None:
         f"coral up: {s['scenario']} stopped at t={s['end_s']:.0f} s ({s['reason']}) after {s['wall_s']:.1f} s; "
         f"{s['plans']} plans, ${s['spent_usd']:.2f} spent" + (f"; journal {s['journal']}" if s["journal"] else "")
     )
+    for r in s.get("refused_connections", []):
+        con.print(f"coral up: refused {r['count']} connection(s) from {r['address']}: {r['reason']}", markup=False)
     if "resumed" in s:
         from coral.cli.resume import describe
 
@@ -74,9 +79,23 @@ def render_status(
     head = (
         f"[bold]{setup.scenario_name}[/]  t={st.now:,.0f}/{end:,.0f} s  "
         f"speed {'max' if speed is None else f'{speed:g}x'}  wall {wall:,.0f} s{lag}  "
-        f"cost [bold]${rate:,.2f}/h[/] (spent ${spent:,.2f})"
+        f"cost running [bold]${rate:,.2f}/h[/]"
+        + (f", planned ${st.plan.plan.cost_per_hour:,.2f}/h" if st.plan is not None else "")
+        + f" (spent ${spent:,.2f})"
     )
     lines: list[Any] = [Text.from_markup(head)]
+    for d, m in sorted(st.short.items()):
+        lines.append(
+            Text(
+                f"{d}: capacity {m.capacity_rps:,.2f} req/s below demand {m.demand_rps:,.2f} "
+                f"(unmet {m.unmet_rps:,.2f}, {m.cause})",
+                style="bold red",
+            )
+        )
+    if st.refused:
+        r = st.refused[-1]
+        total = sum(x.count for x in st.refused)
+        lines.append(Text(f"refused {total} connection(s); latest from {r.address}: {r.reason}", style="yellow"))
     if endpoints is not None:
         lines.append(
             Text(f"kernel {endpoints.router}  events {endpoints.pub}  control: send to 'operator'", style="dim")
@@ -92,13 +111,11 @@ def render_status(
                 f"solve {p.solve_s * 1e3:,.0f} ms; diff {diff or 'none'}"
             )
         )
-    cap: dict[str, float] = {}
+    cap = serving_capacity(fleet.instances) if fleet is not None else {}
     serving: dict[str, int] = {}
-    if fleet is not None:
-        for i in fleet.instances:
-            if i.state in ("serving", "retiring") and i.mode != "decode":
-                cap[i.deployment] = cap.get(i.deployment, 0.0) + i.weight
-                serving[i.deployment] = serving.get(i.deployment, 0) + 1
+    for i in fleet.instances if fleet is not None else ():
+        if i.state in ROUTABLE_STATES:
+            serving[i.deployment] = serving.get(i.deployment, 0) + 1
     traffic = {d.deployment: d for d in st.stats.deployments} if st.stats is not None else {}
     demand = st.demand.demand if st.demand is not None else {}
     names = [d for d in traffic] or list(demand)

@@ -15,11 +15,19 @@ second per destination, with the count; a request to a missing peer also gets th
 its reply). Frames that are not a valid envelope become an ``ErrorEvent``; the broker never decodes
 message bodies, receivers do. A peer silent for ``peer_timeout`` seconds (real time) is dropped and
 reported as ``PeerLost``.
+
+Refusals (a CURVE kernel): ZAP refuses an unknown or revoked key, naming the peer's address (its host:
+the port changes with each retry). libzmq reports a failed handshake (a plaintext client never reaches
+ZAP) with a code but not the peer: its address is ``?`` (the fd of the connection is closed by the time
+the event arrives). Each is an ``AuthRefused`` with a readable reason; repeats from one peer (host,
+mechanism, key) are merged: the first is published at once, later ones at most once per
+``REFUSAL_REPORT_S`` with their count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 from collections.abc import Callable
@@ -106,6 +114,71 @@ def inproc_endpoints() -> Endpoints:
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL) | int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+REFUSAL_REPORT_S = 10.0
+"""Repeated refusals of one peer are reported at most once in this many seconds (real time), merged."""
+_PROTOCOL_ERRORS = {
+    int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): "mechanism mismatch: not a CURVE client (plaintext)",
+    int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC): "cryptographic error: the client has the wrong server key",
+    int(zmq.PROTOCOL_ERROR_ZMTP_KEY_EXCHANGE): "CURVE key exchange failed",
+    int(zmq.PROTOCOL_ERROR_ZMTP_UNEXPECTED_COMMAND): "unexpected handshake command (not a ZMTP client?)",
+    int(zmq.PROTOCOL_ERROR_ZMTP_INVALID_SEQUENCE): "invalid handshake sequence",
+    int(zmq.PROTOCOL_ERROR_ZMTP_UNSPECIFIED): "unspecified ZMTP protocol error",
+}
+
+
+def handshake_reason(code: int) -> str:
+    """A readable reason for a libzmq handshake failure code."""
+    known = _PROTOCOL_ERRORS.get(code)
+    if known is not None:
+        return f"security handshake failed: {known}"
+    if code & 0xFF000000 == 0x11000000:
+        return f"security handshake failed: malformed or unexpected ZMTP command (code {code:#x})"
+    if code & 0xFF000000 == 0x20000000:
+        return f"security handshake failed: the authenticator answered badly (code {code:#x})"
+    return f"security handshake failed (code {code:#x})"
+
+
+def peer_host(address: str) -> str:
+    """``tcp://HOST`` of a ZAP address or ``host:port`` (the port changes with every retry)."""
+    if not address or address == "?":
+        return "?"
+    host = address.removeprefix("tcp://")
+    if host.startswith("[") and "]" in host:
+        host = host[: host.index("]") + 1]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    return f"tcp://{host}"
+
+
+@attrs.define
+class _Refusals:
+    """Merges repeated refusals of one peer (see the module docstring)."""
+
+    period: float = REFUSAL_REPORT_S
+    # (address, mechanism, key) -> [reason, count since the last report, first unreported at, reported at]
+    seen: dict[tuple[str, str, str], list[Any]] = attrs.field(factory=dict)
+
+    def add(self, now: float, address: str, mechanism: str, key: str, reason: str) -> AuthRefused | None:
+        k = (address, mechanism, key)
+        rec = self.seen.get(k)
+        if rec is None or now - rec[3] >= self.period:
+            n = 1 + (rec[1] if rec is not None else 0)
+            first = rec[2] if rec is not None and rec[1] else now
+            self.seen[k] = [reason, 0, now, now]
+            return AuthRefused(address, mechanism, key, reason, n, round(now - first, 3))
+        if rec[1] == 0:
+            rec[2] = now
+        rec[0], rec[1] = reason, rec[1] + 1
+        return None
+
+    def due(self, now: float) -> list[AuthRefused]:
+        """Merged reports of peers whose repeats waited a whole period."""
+        out = []
+        for (address, mechanism, key), rec in sorted(self.seen.items()):
+            if rec[1] and now - rec[3] >= self.period:
+                out.append(AuthRefused(address, mechanism, key, rec[0], rec[1], round(now - rec[2], 3)))
+                rec[1], rec[3] = 0, now
+        return out
 
 
 def private_ipc_dir(address: str) -> None:
@@ -197,6 +270,7 @@ class Broker:
         else:
             self._ctx = zmq.asyncio.Context() if self._own_ctx else zmq.asyncio.Context.instance()
         self.refused = 0
+        self._refusals = _Refusals()
         self._endpoints: Endpoints | None = None
         self._valid_tags: set[bytes] = set()
         self._drops: dict[bytes, list[Any]] = {}
@@ -336,6 +410,8 @@ class Broker:
                 del self._peers[ident]
                 self.publish(PeerLost(peer.name, round(now - peer.last_seen, 3)))
             self._report_drops(now)
+            for report in self._refusals.due(now):
+                self.publish(report)
 
     async def _zap_loop(self, zap: zmq.asyncio.Socket) -> None:
         """The ZAP handler (RFC 27): allow the CURVE keys of ``curve.allowed()``; report each refusal."""
@@ -377,7 +453,8 @@ class Broker:
         return [b"1.0", rid, b"200", b"OK", name.encode(), b""]
 
     async def _monitor_loop(self, mon: zmq.asyncio.Socket) -> None:
-        """Report failed security handshakes (a plaintext client of a CURVE kernel) as AuthRefused."""
+        """Report failed security handshakes (a plaintext client of a CURVE kernel) as AuthRefused, naming
+        the latest accepted connection still open as the peer."""
         from zmq.utils.monitor import parse_monitor_message
 
         while True:
@@ -386,13 +463,19 @@ class Broker:
                 ev = parse_monitor_message(frames)
             except Exception:
                 continue
-            endpoint = ev.get("endpoint", b"")
-            ep = endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else str(endpoint)
-            self._refuse(ep, "NULL?", "", f"security handshake failed (code {ev.get('value')}): not a CURVE client")
+            event, value = int(ev.get("event", 0)), int(ev.get("value", 0))
+            if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                mech = "NULL" if value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) else "CURVE"
+                self._refuse("?", mech, "", handshake_reason(value))
+            else:
+                name = errno.errorcode.get(value, str(value))
+                self._refuse("?", "?", "", f"security handshake failed ({name}): not a CURVE client?")
 
     def _refuse(self, address: str, mechanism: str, key: str, reason: str) -> None:
         self.refused += 1
-        self.publish(AuthRefused(address, mechanism, key, reason))
+        report = self._refusals.add(anyio.current_time(), peer_host(address), mechanism, key, reason)
+        if report is not None:
+            self.publish(report)
 
     # -- frame handling (never raises) ---------------------------------------------------------------
 

@@ -87,12 +87,17 @@ class ErrorEvent:
 @attrs.frozen
 class AuthRefused:
     """The kernel refused a connection: an unknown or revoked CURVE key (``key``, z85), or a client that
-    failed the security handshake (a plaintext client of a CURVE kernel: ``mechanism`` is what failed)."""
+    failed the security handshake (a plaintext client of a CURVE kernel: ``mechanism`` is what failed).
+    ``address`` is the peer's (``tcp://HOST``; ``?`` when libzmq did not tell). Repeats from one peer
+    are merged: ``count`` refusals since the previous report of this peer, the first ``first_s`` seconds
+    (monotonic, real time) before this report."""
 
     address: str
     mechanism: str
     key: str
     reason: str
+    count: int = 1
+    first_s: float = 0.0
 
 
 @message("kernel.peer.joined")

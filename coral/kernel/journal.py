@@ -15,6 +15,12 @@ destination name for directed kinds and the topic for ``publish``; ``tag`` is th
 (bin) is the msgpack body exactly as it travelled; ``corr`` (int) is the request id for ``request`` and
 ``reply``, else 0.
 
+End: ``close()`` appends one last record, ``JournalEnd`` (tag ``kernel.journal.end``, its ``records`` the
+number of records before it), so a journal that ends anywhere else (a crash, a copy cut at a record
+boundary, a lost tail) is known to be incomplete. ``read_journal`` does not yield it; ``journal_info``
+says whether a journal is complete. Appending to a complete journal drops its end record first (the
+journal goes on, and gets a new one when closed again); an end record anywhere but last is corruption.
+
 Recovery: a file whose last record is incomplete (the writer died mid-record), or whose tail is all zero
 bytes, is *torn* (an incomplete record followed by a whole checksummed one is damage, not a torn tail).
 ``Journal.open`` truncates a torn file after the last whole record and reports a ``TornTailWarning`` that says
@@ -44,6 +50,7 @@ import msgspec
 
 from coral.errors import CoralError
 from coral.kernel.codec import DEFAULT_CODEC, Codec
+from coral.kernel.registry import message
 
 MAGIC = b"CORALJNL"
 VERSION = 1
@@ -53,6 +60,7 @@ RECORD_HEAD = struct.Struct("<II")
 MAX_RECORD = 64 * 1024 * 1024
 KINDS = ("send", "request", "reply", "publish")
 
+END_TAG = "kernel.journal.end"
 _Payload = tuple[int, float, str, str, str, str, bytes, int]
 _payload_decoder = msgspec.msgpack.Decoder(_Payload)
 _encoder = msgspec.msgpack.Encoder()
@@ -80,6 +88,36 @@ class TornTailWarning(UserWarning):
         self.offset = offset
         self.dropped_bytes = dropped_bytes
         super().__init__(f"{path}: torn tail at byte offset {offset}: dropped {dropped_bytes} bytes")
+
+
+@message(END_TAG)
+@attrs.frozen
+class JournalEnd:
+    """The last record of a journal that was closed: ``records`` came before it."""
+
+    records: int
+
+
+@attrs.frozen
+class JournalInfo:
+    """What ``journal_info`` found: the records (the end record not counted), the last record's kernel
+    time, whether the journal ends with its end record, and a torn tail if any."""
+
+    path: Path
+    records: int
+    last_time: float
+    complete: bool
+    torn: TornTailWarning | None = None
+
+    def incomplete_reason(self) -> str:
+        """Why the journal is incomplete, in a few words ("" when complete)."""
+        if self.complete:
+            return ""
+        if self.torn is not None:
+            return f"torn tail at byte offset {self.torn.offset} ({self.torn.dropped_bytes} bytes dropped)"
+        return (
+            f"no end record after record {self.records - 1} (t={self.last_time:g} s): cut short or still being written"
+        )
 
 
 class Fsync(enum.Enum):
@@ -116,6 +154,8 @@ class _Walker:
         self.f = f
         self.torn_at: int | None = None
         self.size = 0
+        self.end_at: int | None = None  # byte offset of the end record, when it is the last record
+        self.ended: JournalEnd | None = None
 
     def _torn(self, pos: int) -> None:
         self.torn_at = pos
@@ -163,7 +203,13 @@ class _Walker:
                 return
             if zlib.crc32(payload) != crc:
                 raise JournalCorruptError(p, pos, "checksum mismatch")
-            yield _decode_payload(p, pos, payload)
+            rec = _decode_payload(p, pos, payload)
+            if self.end_at is not None:
+                raise JournalCorruptError(p, pos, f"record {rec.seq} follows the journal's end record")
+            if rec.tag == END_TAG:
+                self.end_at, self.ended = pos, _decode_end(p, pos, rec)
+            else:
+                yield rec
             pos += RECORD_HEAD.size + length
 
 
@@ -195,6 +241,18 @@ def _rest_is_zero(f: IO[bytes]) -> bool:
     return True
 
 
+def _decode_end(path: Path, offset: int, rec: JournalRecord) -> JournalEnd:
+    try:
+        end = rec.decode()
+    except CoralError as exc:
+        raise JournalCorruptError(path, offset, f"bad end record: {exc}") from None
+    if not isinstance(end, JournalEnd) or end.records != rec.seq:
+        raise JournalCorruptError(
+            path, offset, f"end record counts {getattr(end, 'records', '?')} records, not {rec.seq}"
+        )
+    return end
+
+
 def _decode_payload(path: Path, offset: int, payload: bytes) -> JournalRecord:
     try:
         seq, t, kind, source, dest, tag, body, corr = _payload_decoder.decode(payload)
@@ -213,6 +271,10 @@ class Journal:
         self.fsync = fsync
         self.batch = batch
         self.torn_tail: TornTailWarning | None = None
+        self.last_time = 0.0
+        self._end_at: int | None = None  # the end record of a closed journal, dropped at the first append
+        self._fresh = False
+        self._appended = False
         self._unsynced = 0
         self._closed = False
 
@@ -233,8 +295,9 @@ class Journal:
         try:
             walker = _Walker(p, f)
             last_seq: int | None = None
+            last_time = 0.0
             for rec in walker:
-                last_seq = rec.seq
+                last_seq, last_time = rec.seq, rec.time
             torn: TornTailWarning | None = None
             end = f.tell()
             if walker.torn_at is not None:
@@ -251,6 +314,9 @@ class Journal:
             f.close()
             raise
         journal = cls(p, f, 0 if last_seq is None else last_seq + 1, fsync, batch)
+        journal.last_time = last_time
+        journal._end_at = walker.end_at
+        journal._fresh = end == 0
         if torn is not None:
             journal.torn_tail = torn
             warnings.warn(torn, stacklevel=2)
@@ -271,6 +337,10 @@ class Journal:
             raise JournalError(f"{self.path}: journal is closed")
         if kind not in KINDS:
             raise JournalError(f"kind: expected one of {KINDS}, got {kind!r}")
+        if self._end_at is not None:  # a closed journal goes on
+            self._f.truncate(self._end_at)
+            self._f.seek(self._end_at)
+            self._end_at = None
         seq = self.next_seq
         payload = _encoder.encode((seq, time, kind, source, dest, tag, body, corr))
         if len(payload) > MAX_RECORD:
@@ -278,6 +348,8 @@ class Journal:
         self._f.write(RECORD_HEAD.pack(len(payload), zlib.crc32(payload)))
         self._f.write(payload)
         self.next_seq = seq + 1
+        self.last_time = time
+        self._appended = True
         if self.fsync is Fsync.ALWAYS:
             self.sync()
         elif self.fsync is Fsync.BATCH:
@@ -301,9 +373,13 @@ class Journal:
         self._unsynced = 0
 
     def close(self) -> None:
-        """Sync and close; further appends raise."""
+        """Append the end record (when this session created the file or wrote to it), sync and close;
+        further appends raise. Opening and closing a crashed journal leaves it incomplete."""
         if self._closed:
             return
+        if self._appended or self._fresh:
+            tag, body = DEFAULT_CODEC.encode(JournalEnd(self.next_seq))
+            self.append(self.last_time, "publish", "kernel", END_TAG, tag.decode(), body)
         self.sync()
         self._closed = True
         self._f.close()
@@ -336,3 +412,22 @@ def read_journal(path: str | os.PathLike[str]) -> Iterator[JournalRecord]:
             warnings.warn(TornTailWarning(p, walker.torn_at, walker.size - walker.torn_at), stacklevel=2)
     finally:
         f.close()
+
+
+def journal_info(path: str | os.PathLike[str]) -> JournalInfo:
+    """Read a journal through, without modifying it: its record count, last time, and whether it is
+    complete (ends with its end record). Raises JournalCorruptError at a bad record."""
+    p = Path(path)
+    try:
+        f = open(p, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise JournalError(f"{p}: cannot open journal: {exc.strerror}") from exc
+    with f:
+        walker = _Walker(p, f)
+        n, last = 0, 0.0
+        for rec in walker:
+            n, last = n + 1, rec.time
+        torn = None
+        if walker.torn_at is not None:
+            torn = TornTailWarning(p, walker.torn_at, walker.size - walker.torn_at)
+        return JournalInfo(p, n, last, walker.ended is not None and torn is None, torn)

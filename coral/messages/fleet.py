@@ -7,7 +7,8 @@ Published by the supervisor:
   its head worker and routing weight, what was lost or stopped since the previous update, starts waiting
   for capacity, the fleet's cost rate and what it has cost so far;
 - ``fleet.action`` (``FleetAction``): one start, stop, drain, release, refusal or loss decision;
-- ``fleet.node_lost`` (``NodeLost``): a node found dead (silent past the heartbeat timeout) or preempted.
+- ``fleet.node_lost`` (``NodeLost``): a node found dead (silent past the heartbeat timeout) or preempted;
+- ``fleet.unmet`` (``CapacityShort``): a deployment's serving capacity fell below its demand, or recovered.
 
 Between the supervisor and a node's stage worker (directed): ``LoadStage``, ``ServeInstance``,
 ``DrainOrder``, ``ReleaseNode`` (supervisor -> worker); ``StageLoaded``, ``InstanceDrained``,
@@ -105,6 +106,27 @@ class FleetAction:
     template_id: str
     region: str
     reason: str = ""
+
+
+@message("fleet.unmet")
+@attrs.frozen
+class CapacityShort:
+    """A deployment's serving capacity fell below its demand (``short``), or rose back to it (not
+    ``short``): published when that changes, as a warning the TUI and ``coral up`` show. Capacity is
+    ``coral.capacity``'s, demand the latest plan's, both in requests/s; ``cause`` says why it fell:
+    ``nodes lost`` (since the latest plan), ``waiting for nodes`` (a start the cloud refused for now),
+    ``replacement loading``, or ``plan`` (the plan itself serves less)."""
+
+    at: float
+    deployment: str
+    demand_rps: float
+    capacity_rps: float
+    short: bool
+    cause: str = ""
+
+    @property
+    def unmet_rps(self) -> float:
+        return max(0.0, self.demand_rps - self.capacity_rps)
 
 
 @message("fleet.node_lost")

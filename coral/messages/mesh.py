@@ -35,6 +35,7 @@ DECISION_TAGS = (
     "fleet.update",
     "fleet.action",
     "fleet.node_lost",
+    "fleet.unmet",
     "req.counts",
     "req.stats",
     "ctl.result",

@@ -25,6 +25,7 @@ SAMPLES: list[object] = [
     m.FleetUpdate(4, 5.0, (INFO,), ("i0",), (), ("i9",), (m.PendingStart("chat", "t1", "r1", 1),), 3.5, 0.25, "plan"),
     m.FleetAction(1.0, "start", "i1", "chat", "t1", "r1", "plan 1"),
     m.NodeLost(2.0, "n1", "r1", "a", "i1", "heartbeat"),
+    m.CapacityShort(3.0, "chat", 2.0, 1.5, True, "nodes lost"),
     m.FaultInjected(3.0, "node_loss", "r1", "a", 2),
     m.WorkerHeartbeat("n1", 1.0, "serving", 3),
     m.LoadStage("i1", "chat", "t1", 0, "r1", True, False),

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from coral.kernel import Fsync, Journal, JournalCorruptError, JournalError, TornTailWarning, encode, read_journal
-from coral.kernel.journal import HEADER_SIZE, RECORD_HEAD
+from coral.kernel.journal import END_TAG, HEADER_SIZE, RECORD_HEAD, JournalEnd, journal_info
 
 from .msgs import Ping
 
 
-def _write(path: Path, n: int, fsync: Fsync = Fsync.BATCH) -> list[int]:
-    """Append n Ping records; return the byte offset of each record."""
+def _write(path: Path, n: int, fsync: Fsync = Fsync.BATCH, *, crash: bool = True) -> list[int]:
+    """Append n Ping records; return the byte offset of each record. ``crash``: as a writer that died
+    after the last of them (no end record)."""
     offsets = []
     with Journal.open(path, fsync=fsync) as j:
         for i in range(n):
@@ -23,6 +24,11 @@ def _write(path: Path, n: int, fsync: Fsync = Fsync.BATCH) -> list[int]:
             offsets.append(path.stat().st_size)
             tag, body = encode(Ping(i))
             j.append(float(i) / 2, "send", "a", "b", tag.decode(), body)
+        j.flush()
+        end = path.stat().st_size
+    if crash:
+        with open(path, "r+b") as f:
+            f.truncate(end)
     return offsets
 
 
@@ -156,8 +162,70 @@ def test_bad_arguments(tmp_path: Path) -> None:
         j.append(0.0, "send", "a", "b", "t", b"")
 
 
-def test_empty_journal_has_only_a_header(tmp_path: Path) -> None:
+def test_empty_journal_has_a_header_and_its_end(tmp_path: Path) -> None:
     path = tmp_path / "j"
     Journal.open(path).close()
-    assert path.stat().st_size == HEADER_SIZE
+    assert path.stat().st_size > HEADER_SIZE
     assert list(read_journal(path)) == []
+    info = journal_info(path)
+    assert info.complete and info.records == 0
+
+
+def test_end_record_marks_a_complete_journal(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    offsets = _write(path, 3, crash=False)
+    info = journal_info(path)
+    assert info.complete and info.records == 3 and info.last_time == 1.0 and info.incomplete_reason() == ""
+    assert [r.seq for r in read_journal(path)] == [0, 1, 2]  # the end record is not a message
+    # opening and closing without writing changes nothing; writing moves the end record to the new end
+    before = path.read_bytes()
+    Journal.open(path).close()
+    assert path.read_bytes() == before
+    with Journal.open(path) as j:
+        assert j.next_seq == 3
+        j.append(5.0, "send", "a", "b", "test.kernel.ping", encode(Ping(3))[1])
+        j.flush()
+        assert not journal_info(path).complete  # while being written
+    info = journal_info(path)
+    assert info.complete and info.records == 4 and info.last_time == 5.0
+    # cut at any record boundary: incomplete, with the reason in one line
+    for cut in offsets[1:]:
+        short = tmp_path / f"cut-{cut}"
+        short.write_bytes(path.read_bytes()[:cut])
+        info = journal_info(short)
+        assert not info.complete
+        assert (
+            info.incomplete_reason().startswith("no end record after record") and "\n" not in info.incomplete_reason()
+        )
+    # a crashed writer's journal, reopened and closed without writing (as --resume checks it): still incomplete
+    crashed = tmp_path / "crashed"
+    _write(crashed, 2)
+    Journal.open(crashed).close()
+    assert not journal_info(crashed).complete
+
+
+def test_record_after_the_end_record_is_corruption(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write(a, 1, crash=False)
+    offsets = _write(b, 2)
+    tail = b.read_bytes()[offsets[1] :]
+    bad = tmp_path / "bad"
+    bad.write_bytes(a.read_bytes() + tail)
+    with pytest.raises(JournalCorruptError, match="follows the journal's end record"):
+        journal_info(bad)
+    with pytest.raises(JournalCorruptError, match="follows the journal's end record"):
+        Journal.open(bad)
+
+
+def test_an_end_record_that_miscounts_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    _write(path, 2)
+    with Journal.open(path) as j:
+        tag, body = encode(JournalEnd(7))
+        j.append(1.0, "publish", "kernel", END_TAG, tag.decode(), body)
+        j.flush()
+        size = path.stat().st_size
+    with open(path, "r+b") as f:  # keep the forged end record as the last one
+        f.truncate(size)
+    with pytest.raises(JournalCorruptError, match="end record counts 7 records, not 2"):
+        journal_info(path)

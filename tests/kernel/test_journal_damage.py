@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coral.kernel import Journal, JournalCorruptError, TornTailWarning, encode, read_journal
-from coral.kernel.journal import HEADER_SIZE
+from coral.kernel.journal import HEADER_SIZE, journal_info
 
 from .msgs import Ping
 
@@ -21,7 +21,7 @@ N = 12
 
 
 def _write(path: Path) -> list[int]:
-    """N records of varying size; the offsets of each record and of the end."""
+    """N records of varying size; the offsets of each record, of the end record and of the end."""
     offsets = []
     with Journal.open(path) as j:
         for i in range(N):
@@ -29,6 +29,8 @@ def _write(path: Path) -> list[int]:
             offsets.append(path.stat().st_size)
             tag, body = encode(Ping(i * 7919))
             j.append(float(i), "publish", "a", "test.kernel.ping", tag.decode(), body)
+        j.flush()
+        offsets.append(path.stat().st_size)
     offsets.append(path.stat().st_size)
     return offsets
 
@@ -83,3 +85,16 @@ def test_damage_in_the_middle_names_the_offset(
     assert path.read_bytes() == bytes(damaged)  # nothing truncated, nothing skipped
     with pytest.raises(JournalCorruptError):
         list(read_journal(path))
+
+
+def test_a_cut_at_any_record_boundary_is_incomplete(tmp_path: Path, pristine: tuple[bytes, list[int]]) -> None:
+    blob, offsets = pristine
+    whole = tmp_path / "whole"
+    whole.write_bytes(blob)
+    assert journal_info(whole).complete
+    for k, cut in enumerate(offsets[:-1]):
+        path = tmp_path / f"cut-{cut}"
+        path.write_bytes(blob[:cut])
+        info = journal_info(path)
+        assert not info.complete and info.records == k and info.torn is None
+        assert info.incomplete_reason().startswith("no end record")
