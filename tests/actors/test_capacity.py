@@ -9,16 +9,17 @@ from types import SimpleNamespace
 import attrs
 import pytest
 from rich.console import Console
-from tui.state import State, apply
 
 from actors.watch import RunState
 from coral.capacity import capacity_rps, serving_capacity
-from coral.cli.up_cmd import render_status
+from coral.cli.up_status import render_status
 from coral.kernel import Envelope
 from coral.messages import CapacityShort, FleetUpdate, InstanceInfo, MeshTiming
 from coral.messages.plan import NewPlan
 from coral.metrics import MeshMetrics
 from coral.plan import DeploymentServing, Plan, PlannedInstances
+from tui.model import State
+from tui.reducer import apply
 
 E, W = "aws-us-east-1", "aws-us-west-2"
 

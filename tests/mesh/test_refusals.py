@@ -11,13 +11,14 @@ import anyio
 import pytest
 import zmq
 from rich.console import Console
-from tui.state import State, apply
 
 from actors.watch import RunState
 from coral.cli.up_cmd import _print_summary
 from coral.kernel import AuthRefused, Broker, BusClient, BusError, Endpoints, Envelope, client_keys, server_keys
 from coral.kernel.broker import _Refusals, handshake_reason, peer_host
 from coral.kernel.keys import ClientKeys, add_client, init_keys
+from tui.model import State
+from tui.reducer import apply
 
 TCP = Endpoints("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
 
