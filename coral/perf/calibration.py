@@ -102,4 +102,5 @@ def fit_host(cat: Catalog, params: PerfParams, points: list[Point] | None = None
         f"fitted to the {len(pts)} end-to-end points of coral/perf/calibration.toml not held out, "
         "GPU times from the operator curves held fixed"
     )
-    return HostFloor(*(round(float(v) * 1e-3, 7) for v in x), source=src)
+    h0, hl, ha, hs = (round(float(v) * 1e-3, 7) for v in x)
+    return HostFloor(h0, hl, ha, hs, source=src)

@@ -97,9 +97,10 @@ def _stream_bytes(t: OpTable, op: str) -> F:
 
 def op_rows(tables: Iterable[OpTable]) -> OpRows:
     """Flatten ``tables`` (one GPU's) into operator rows."""
-    cols: dict[str, list[F] | list[NDArray[np.str_]] | list[NDArray[np.int64]]] = {
-        c: [] for c in ("model", "op", "key", "m", "k", "n", "nbytes", "measured_s")
-    }
+    names: list[NDArray[np.str_]] = []
+    ops: list[NDArray[np.str_]] = []
+    keys: list[NDArray[np.int64]] = []
+    cols: dict[str, list[F]] = {c: [] for c in ("m", "k", "n", "nbytes", "measured_s")}
     base = 0
     for t in tables:
         dims = _dims(t)
@@ -112,13 +113,16 @@ def op_rows(tables: Iterable[OpTable]) -> OpRows:
             else:
                 k = n = np.zeros_like(t.tokens)
                 nb = _stream_bytes(t, op)
-            cols["model"].append(np.full(len(times), t.model))
-            cols["op"].append(np.full(len(times), op))
-            cols["key"].append(key)
+            names.append(np.full(len(times), t.model))
+            ops.append(np.full(len(times), op))
+            keys.append(key)
             for c, v in (("m", t.tokens), ("k", k), ("n", n), ("nbytes", nb), ("measured_s", times)):
                 cols[c].append(v)
-    cat = {c: np.concatenate(v) for c, v in cols.items()}  # type: ignore[arg-type]
-    return OpRows(**cat)
+    f = {c: np.concatenate(v) for c, v in cols.items()}
+    return OpRows(
+        np.concatenate(names), np.concatenate(ops), np.concatenate(keys),
+        f["m"], f["k"], f["n"], f["nbytes"], f["measured_s"],
+    )  # fmt: skip
 
 
 def _positive(rows: OpRows, mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
@@ -156,11 +160,10 @@ def fit_gpu(name: str, spec: Spec, rows: OpRows, fit_mask: NDArray[np.bool_], so
         ys = np.exp(least_squares(rs, np.log([0.5, 3e-6]), bounds=(np.log([0.01, 1e-8]), np.log([3.0, 1e-3]))).x)
         stream[op] = (round(float(ys[0]), 4), round(float(ys[1]), 7))
     c = curve(xg, stream)
-    r = {
-        f: round(float(getattr(c, f)), 7 if f.endswith("_s") else 4)
-        for f in ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")
-    }
-    return attrs.evolve(c, **r)
+    return attrs.evolve(
+        c, mem_eff=round(c.mem_eff, 4), cmp_eff=round(c.cmp_eff, 4), floor_s=round(c.floor_s, 7),
+        blend=round(c.blend, 4), small_tile=round(c.small_tile, 4),
+    )  # fmt: skip
 
 
 def predict_rows(curve: GpuCurve, rows: OpRows) -> F:

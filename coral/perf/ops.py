@@ -55,19 +55,20 @@ class GpuCurve:
     source: str
     derived: bool = False
 
-    def gemm_s(self, m: ArrayLike, k: ArrayLike, n: ArrayLike, weight_bytes: float = 2.0) -> F:
+    def gemm_s(self, m: ArrayLike, k: ArrayLike, n: ArrayLike, weight_bytes: float = 2.0, groups: ArrayLike = 1.0) -> F:
         """Seconds of an (m x k) @ (k x n) GEMM with bf16 activations and ``weight_bytes`` per weight; m may
-        be fractional (a mean), taken at least 1."""
-        mm, kk, nn = np.maximum(_arr(m), 1.0), _arr(k), _arr(n)
+        be fractional (a mean), taken at least 1. ``groups`` such GEMMs in one kernel (MoE experts) share
+        its waves and its floor."""
+        mm, kk, nn, gg = np.maximum(_arr(m), 1.0), _arr(k), _arr(n), _arr(groups)
         tc: F | None = None
         for i, (tm, tn) in enumerate(TILES):
-            tiles = np.ceil(mm / tm) * np.ceil(nn / tn)
+            tiles = gg * np.ceil(mm / tm) * np.ceil(nn / tn)
             waves = np.ceil(tiles / self.sm_count)
             t = waves * self.sm_count * tm * tn * 2.0 * kk / (self.peak_flops * self.cmp_eff)
             t = t * self.small_tile ** (len(TILES) - 1 - i)
             tc = t if tc is None else np.minimum(tc, t)
         assert tc is not None
-        tmem = (weight_bytes * kk * nn + 2.0 * (mm * kk + mm * nn)) / (self.mem_bw * self.mem_eff)
+        tmem = gg * (weight_bytes * kk * nn + 2.0 * (mm * kk + mm * nn)) / (self.mem_bw * self.mem_eff)
         p = self.blend
         out: F = self.floor_s + (tc**p + tmem**p) ** (1.0 / p)
         return out

@@ -159,16 +159,17 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
     links: dict[str, LinkEntry] = {}
     for name, t in _table(path, data, "link").items():
         w = f"link.{name}"
-        v = {f: _num(path, w, t, f) for f in LINK_FIELDS}
+        lv = {f: _num(path, w, t, f) for f in LINK_FIELDS}
         links[name] = LinkEntry(
-            LinkCurve(name, v["latency_s"], v["latency_per_peer_s"], v["bw_gbs"] * 1e9, str(t.get("source", ""))),
-            v["nominal_gbs"],
+            LinkCurve(name, lv["latency_s"], lv["latency_per_peer_s"], lv["bw_gbs"] * 1e9, str(t.get("source", ""))),
+            lv["nominal_gbs"],
         )
     for must in ("nvswitch-h100", "nvswitch-a100", "nvlink-pair-h100", "nvlink-pair-a100", "pcie-gen5", "pcie-gen4"):
         if must not in links:
             raise ParamsError(f"{path}: table [link.{must}] missing")
     h = _table(path, data, "host")
-    host = HostFloor(*(_num(path, "host", h, f) for f in HOST_FIELDS), source=str(h.get("source", "")))
+    hv = [_num(path, "host", h, f) for f in HOST_FIELDS]
+    host = HostFloor(hv[0], hv[1], hv[2], hv[3], source=str(h.get("source", "")))
     held = data.get("held_out", [])
     return PerfParams(
         path=path,

@@ -7,8 +7,9 @@ tokens, run in chunks of at most ``PREFILL_CHUNK_TOKENS``) costs per layer, on o
 
 - GEMMs (measured curve): QKV (M, H, (h + 2 h_kv) d / t), output (M, h d / t, H), gate+up (M, H, 2F / t),
   down (M, F / t, H). MoE, as before: of E routed experts with top-a routing, a batch of M tokens touches
-  E_t = E (1 - (1 - a/E)^M) of them (uniform routing), each with M a / E_t tokens; shared experts see all
-  M; the router is an (M, H, E) GEMM;
+  E_t = E (1 - (1 - a/E)^M) of them (uniform routing), each with M a / E_t tokens, in one fused kernel per
+  projection (a grouped GEMM: the experts' tiles share the waves, the floor is paid once); shared experts
+  see all M; the router is an (M, H, E) GEMM;
 - streaming kernels (measured curves): two norms, rotary embedding, activation, residual add;
 - attention (no measured curve: the roofline at the GEMM efficiencies): decode reads b c_eff tokens of
   KV and does 4 b c_eff h d / t FLOPs; prefill does 2 M s_eff h d / t FLOPs (causal) and reads Q, K, V;
@@ -83,9 +84,9 @@ def _layer_gpu_s(m: ModelArch, g: GpuCurve, link: LinkCurve, tp: int, tokens: F)
         e, a, fm, eb = m.num_experts, m.experts_active, m.moe_intermediate, m.expert_weight_bytes
         touched = e * (1.0 - np.power(1.0 - a / e, np.maximum(t, 1.0)))
         per = t * a / touched
-        expert = g.gemm_s(per, h, 2.0 * fm / tp, eb) + g.gemm_s(per, fm / tp, h, eb)
+        experts = g.gemm_s(per, h, 2.0 * fm / tp, eb, touched) + g.gemm_s(per, fm / tp, h, eb, touched)
         shared = m.shared_experts * (g.gemm_s(t, h, 2.0 * fm / tp, eb) + g.gemm_s(t, fm / tp, h, eb))
-        mlp = touched * expert + shared + g.gemm_s(t, h, e)
+        mlp = experts + shared + g.gemm_s(t, h, e)
     stream = (
         2.0 * g.stream_s("input_layernorm", 4.0 * t * h)
         + g.stream_s("attn_rope", 4.0 * t * (m.heads + m.kv_heads) * d / tp)

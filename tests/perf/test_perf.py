@@ -157,3 +157,15 @@ def test_cli_perf_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_perf_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["perf", "--model", "gpt-9", "--node", "g6e.xlarge"]) == 2
     assert "unknown model 'gpt-9'" in capsys.readouterr().err
+
+
+def test_moe_experts_run_as_one_grouped_gemm(perf: PerfModel) -> None:
+    """The touched experts share one kernel's waves and floor: 128 tiny expert GEMMs cost far less than 128
+    separate kernels, and a batch of 64 stays within a small multiple of batch 1 (host floor aside)."""
+    g = perf.gpu_curve("h100-80g")
+    one = float(g.gemm_s(4, 4096, 384))
+    grouped = float(g.gemm_s(4, 4096, 384, groups=128))
+    assert grouped < 0.25 * 128 * one
+    assert grouped > one
+    d = perf.decode_step_s("qwen3-235b-a22b", "p5.48xlarge", layers=94, batch=[1.0, 64.0], context=1024)
+    assert d[0] < d[1] < 2 * d[0]

@@ -63,7 +63,9 @@ def test_kv_for_the_micro_batches_held_and_workspace_per_gpu(perf: PerfModel, ca
 
 
 def test_cli_perf_accepts_a_fractional_context(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["perf", "--model", "qwen3-32b", "--node", "g6e.xlarge", "--context", "1260.5", "--layers", "8", "--json"])
+    rc = main(
+        ["perf", "--model", "qwen3-32b", "--node", "g6e.xlarge", "--context", "1260.5", "--layers", "8", "--json"]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["context"] == 1260.5 and out["layers"] == 8
