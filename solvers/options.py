@@ -4,9 +4,13 @@ Per node, the option menu is every (k layers, batch b) on the grid ``k = 1..K_b`
 whose memory fits. ``b`` is the micro-batch a stage steps at once (one b for all the stages of a
 template: see ``solvers.library``). A path of p stages keeps p micro-batches in flight (vLLM's virtual
 engines), so every stage holds the KV cache of p * b sequences; since p is at
-most the number of nodes n, the memory check is k * layer weights + KV for n * b sequences at the shape's
-maximum context <= usable memory (``coral.perf``): exact for chains through all n nodes, conservative for
-shorter paths. For each option the perf model gives:
+most the number of nodes n, the memory check is ``coral.perf``'s stage memory (k layers' weights, KV for
+n * b sequences at the shape's maximum context, activation workspace on the node's GPUs, and the model's
+ends) <= usable memory: exact for chains through all n nodes, conservative for shorter paths. A menu
+option does not know where its k layers start, so the ends are charged conservatively: both the embedding
+and the LM head when k is every layer, else the larger of the two (a stage of fewer layers holds at most
+one end); exact for one-stage paths, at most one vocabulary matrix too many for a middle stage. For each
+option the perf model gives:
 
 - ``tau``: decode step time of the stage at batch b and the mean context;
 - ``pre_1`` / ``pre_b``: prompt time of the stage for one prompt / for b prompts batched together;
@@ -78,7 +82,7 @@ from coral.workload import MODES, Slo, WorkloadShape
 from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-8"
+FORMULATION = "options-9"
 """Bumped whenever menus or metrics change meaning; part of every template's content key."""
 
 
@@ -228,7 +232,7 @@ def node_menu(
         return NodeMenu(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, np.zeros((_metrics(mode), 0)), empty)
     k = np.concatenate(ks)
     b = np.concatenate(bs)
-    mem = perf.stage_bytes(model, layers=k, batch=b * inflight, context=shape.max_context)
+    mem = perf.stage_bytes(model, layers=k, batch=b * inflight, context=shape.max_context, node=node)
     long_in = long_prompt(shape.mean_in, attainment)
     if mode == "prefill":
         pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)

@@ -157,6 +157,24 @@ class ModelArch:
         return (self.total_params - expert) * self.dtype_bytes + expert * ebytes
 
     @property
+    def block_weight_bytes(self) -> float:
+        """Weight bytes of one transformer layer alone (no embedding or LM head)."""
+        return (self.weight_bytes - self.embedding_params * self.dtype_bytes) / self.num_layers
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes per expert weight (the experts' own precision, else ``dtype_bytes``)."""
+        return self.expert_bytes_per_param if self.expert_bytes_per_param is not None else self.dtype_bytes
+
+    def end_bytes(self, first: bool, last: bool) -> float:
+        """Weight bytes of the model's ends on a stage: the embedding with layer 0, the LM head with the last
+        layer (a tied head is the embedding itself on a stage that holds both, a copy on any other)."""
+        one = self.vocab * self.hidden * self.dtype_bytes
+        if first and last:
+            return one * (1 if self.tied_embeddings else 2)
+        return one if first or last else 0.0
+
+    @property
     def layer_weight_bytes(self) -> float:
         """Weight bytes per layer, with embeddings and head spread evenly over the layers."""
         return self.weight_bytes / self.num_layers

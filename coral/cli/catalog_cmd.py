@@ -27,8 +27,12 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     q.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default: all GPUs of the node)")
     q.add_argument("--layers", type=int, default=None, help="layers held (default: the whole model)")
     q.add_argument("--batch", type=int, default=1, help="sequences in the batch (default: 1)")
-    q.add_argument("--prompt", type=int, default=1024, help="prompt tokens per sequence for prefill_s")
-    q.add_argument("--context", type=int, default=1024, help="KV context per sequence for decode_step_s")
+    q.add_argument(
+        "--prompt", type=float, default=1024, help="prompt tokens per sequence for prefill_s (a mean may be fractional)"
+    )
+    q.add_argument(
+        "--context", type=float, default=1024, help="KV context per sequence for decode_step_s (a mean, e.g. 1260.5)"
+    )
     q.add_argument("--json", action="store_true", help="print the prediction as JSON")
     q.set_defaults(func=run_perf)
 
@@ -119,12 +123,15 @@ def run_perf(args: argparse.Namespace) -> int:
     t = Table(title=f"{pred.model} on {pred.node} ({pred.tp} x {pred.gpu}), {pred.layers} layers")
     t.add_column("quantity")
     t.add_column("value", justify="right")
-    t.add_row(f"prefill_s ({pred.batch} x {pred.prompt} tokens)", f"{pred.prefill_s * 1e3:.2f} ms")
-    t.add_row(f"decode_step_s (batch {pred.batch}, context {pred.context})", f"{pred.decode_step_s * 1e3:.2f} ms")
+    t.add_row(f"prefill_s ({pred.batch} x {pred.prompt:g} tokens)", f"{pred.prefill_s * 1e3:.2f} ms")
+    t.add_row(f"decode_step_s (batch {pred.batch}, context {pred.context:g})", f"{pred.decode_step_s * 1e3:.2f} ms")
     t.add_row("decode tokens/s", f"{pred.batch / pred.decode_step_s:,.0f}")
     t.add_row("max_layers (this batch and context)", str(pred.max_layers))
     t.add_row("kv_capacity_tokens (these layers)", f"{pred.kv_capacity_tokens:,}")
-    t.add_row("memory (weights + KV)", f"{pred.memory_bytes / 1e9:.1f} GB" + ("" if pred.fits else "  (does not fit)"))
+    t.add_row(
+        "memory (weights, ends held, KV, workspace)",
+        f"{pred.memory_bytes / 1e9:.1f} GB" + ("" if pred.fits else "  (does not fit)"),
+    )
     t.add_row("source", pred.source)
     Console().print(t)
     return 0

@@ -1,13 +1,15 @@
 """The performance model: (model, node type, TP, layers, batch, context) -> step times and memory.
 
-The roofline (``coral.perf.roofline``) is the default; a measured profile table
-(``coral.perf.profile``) for a (model, GPU type, TP) overrides its timings. Memory always comes from
-the architecture.
+The stage model (``coral.perf.roofline``) over operator curves fitted to measurements
+(``coral.perf.ops``, ``coral.perf.params``, fitted by ``coral.perf.fit``) is the default; a measured
+profile table (``coral.perf.profile``) for a (model, GPU type, TP) overrides its timings. Memory always
+comes from the architecture.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 
 import attrs
@@ -17,9 +19,14 @@ from numpy.typing import ArrayLike, NDArray
 from coral.catalog.types import Catalog, GpuType, ModelArch, NodeType
 from coral.errors import CoralError
 from coral.perf import roofline
+from coral.perf.ops import GpuCurve, LinkCurve
+from coral.perf.params import PerfParams, load_params
 from coral.perf.profile import ProfileError, ProfileTable, index_profiles, load_profiles
+from coral.perf.roofline import Ends
 
-ROOFLINE_VERSION = "roofline-1"
+MODEL_VERSION = "opcurve-3"
+"""Bumped whenever the stage model's formulas change; with the fitted parameters' digest it makes
+``PerfModel.version``, part of every template's key (a changed model rebuilds the store)."""
 
 __all__ = ["PerfError", "PerfModel", "ProfileError", "ProfileTable", "StagePrediction", "load_profiles"]
 
@@ -38,8 +45,8 @@ class StagePrediction:
     tp: int
     layers: int
     batch: int
-    prompt: int
-    context: int
+    prompt: float
+    context: float
     prefill_s: float
     decode_step_s: float
     max_layers: int
@@ -52,13 +59,32 @@ class StagePrediction:
 class PerfModel:
     """Stage timings and memory for a catalog, with optional profile-table overrides."""
 
-    def __init__(self, catalog: Catalog, profiles: Iterable[ProfileTable] = ()) -> None:
+    def __init__(
+        self, catalog: Catalog, profiles: Iterable[ProfileTable] = (), params: PerfParams | None = None
+    ) -> None:
         self.catalog = catalog
+        self.params = load_params() if params is None else params
         self.profiles = index_profiles(profiles)
-        h = hashlib.sha256(ROOFLINE_VERSION.encode())
+        self.base_version = f"{MODEL_VERSION}+{self.params.digest}"
+        h = hashlib.sha256(self.base_version.encode())
         for key in sorted(self.profiles):
             h.update(self.profiles[key].digest().encode())
-        self.version = f"{ROOFLINE_VERSION}+{h.hexdigest()[:12]}" if self.profiles else ROOFLINE_VERSION
+        self.version = f"{self.base_version}+{h.hexdigest()[:12]}" if self.profiles else self.base_version
+        self._gpu: dict[str, GpuCurve] = {}
+        self._link: dict[str, LinkCurve] = {}
+
+    def gpu_curve(self, gpu: str) -> GpuCurve:
+        """The GEMM and streaming curves of a catalog GPU type (measured, or derived: ``curve.derived``)."""
+        if gpu not in self._gpu:
+            self._gpu[gpu] = self.params.gpu_curve(self.catalog.gpus[gpu])
+        return self._gpu[gpu]
+
+    def link_curve(self, node: str) -> LinkCurve:
+        """The all-reduce curve of a node type's intra-node link."""
+        if node not in self._link:
+            n = self.catalog.nodes[node]
+            self._link[node] = self.params.link_curve(n, self.catalog.gpus[n.gpu])
+        return self._link[node]
 
     def resolve(self, model: str, node: str) -> tuple[ModelArch, NodeType, GpuType]:
         if model not in self.catalog.models:
@@ -88,7 +114,8 @@ class PerfModel:
         if prof is not None:
             out: NDArray[np.float64] = np.asarray(layers, dtype=np.float64) * prof.decode_layer_s(batch)
             return out + 0.0 * np.asarray(context, dtype=np.float64)
-        return roofline.decode_step_s(m, n, g, t, layers, batch, context)
+        curves = self.gpu_curve(g.name), self.link_curve(n.name), self.params.host
+        return roofline.decode_step_s(m, *curves, t, layers, batch, context)
 
     def prefill_s(
         self, model: str, node: str, *, layers: ArrayLike, batch: ArrayLike, prompt: ArrayLike, tp: int | None = None
@@ -101,24 +128,46 @@ class PerfModel:
             tokens = np.asarray(batch, dtype=np.float64) * np.asarray(prompt, dtype=np.float64)
             out: NDArray[np.float64] = np.asarray(layers, dtype=np.float64) * prof.prefill_layer_s(tokens)
             return out
-        return roofline.prefill_s(m, n, g, t, layers, batch, prompt)
+        curves = self.gpu_curve(g.name), self.link_curve(n.name), self.params.host
+        return roofline.prefill_s(m, *curves, t, layers, batch, prompt)
 
     def max_layers(self, model: str, node: str, *, batch: float, context: float, tp: int | None = None) -> int:
-        m, n, g = self.resolve(model, node)
-        return roofline.max_layers(m, n, g, self._tp(n, tp), batch, context)
+        """Most layers a stage on ``node`` can hold with the KV cache of ``batch`` sequences at ``context``
+        (ends charged conservatively: ``coral.perf.roofline``)."""
+        m, n, _ = self.resolve(model, node)
+        t = self._tp(n, tp)
+        return roofline.max_layers(m, self.usable_bytes(node, t), t, batch, context)
 
     def kv_capacity_tokens(self, model: str, node: str, *, layers: int, tp: int | None = None) -> int:
-        m, n, g = self.resolve(model, node)
-        return roofline.kv_capacity_tokens(m, n, g, self._tp(n, tp), layers)
+        m, n, _ = self.resolve(model, node)
+        t = self._tp(n, tp)
+        return roofline.kv_capacity_tokens(m, self.usable_bytes(node, t), t, layers)
 
     def usable_bytes(self, node: str, tp: int | None = None) -> float:
         n = self.catalog.nodes[node]
-        return roofline.usable_bytes(n, self.catalog.gpus[n.gpu], self._tp(n, tp))
+        return roofline.usable_bytes(n, self.catalog.gpus[n.gpu].memory_bytes, self._tp(n, tp))
 
     def stage_bytes(
-        self, model: str, *, layers: ArrayLike, batch: ArrayLike, context: ArrayLike
+        self,
+        model: str,
+        *,
+        layers: ArrayLike,
+        batch: ArrayLike,
+        context: ArrayLike,
+        node: str | None = None,
+        tp: int | None = None,
+        ends: Ends = None,
     ) -> NDArray[np.float64]:
-        return roofline.stage_bytes(self.catalog.models[model], layers, batch, context)
+        """Memory of a stage holding ``layers`` layers and the KV cache of ``batch`` sequences (every
+        micro-batch it holds) at ``context``: weights, the ends it holds (``ends`` = (layer 0, last
+        layer); None charges the conservative case), KV and activation workspace on its ``tp`` GPUs
+        (``node``'s GPU count when not given; 1 without a node)."""
+        t = self._tp(self.catalog.nodes[node], tp) if node is not None else (tp or 1)
+        return roofline.stage_bytes(self.catalog.models[model], layers, batch, context, t, ends)
+
+    def _source(self, gpu: str, node: str) -> str:
+        g, lk = self.gpu_curve(gpu), self.link_curve(node)
+        return f"{self.base_version}; gpu {g.source or 'measured'}; link {lk.name}: {lk.source or 'measured'}"
 
     def transfer_s(self, model: str, src: str, dst: str, tokens: ArrayLike) -> NDArray[np.float64]:
         """Seconds to send ``tokens`` tokens of activations between two nodes' NICs."""
@@ -137,8 +186,8 @@ class PerfModel:
         node: str,
         *,
         batch: int,
-        prompt: int,
-        context: int,
+        prompt: float,
+        context: float,
         tp: int | None = None,
         layers: int | None = None,
     ) -> StagePrediction:
@@ -149,9 +198,10 @@ class PerfModel:
         if not 1 <= k <= m.num_layers:
             raise PerfError(f"layers must be between 1 and {m.num_layers} for {model}, got {k}")
         for name, v in (("batch", batch), ("prompt", prompt), ("context", context)):
-            if v < 1:
-                raise PerfError(f"{name} must be at least 1, got {v}")
-        mem = float(roofline.stage_bytes(m, k, batch, context))
+            if not (math.isfinite(v) and v >= 1):
+                raise PerfError(f"{name} must be a number of at least 1, got {v}")
+        ends = None if k < m.num_layers else (True, True)
+        mem = float(roofline.stage_bytes(m, k, batch, context, t, ends))
         prof = self.profiles.get((model, n.gpu, t))
         return StagePrediction(
             model=model,
@@ -169,6 +219,6 @@ class PerfModel:
             max_layers=self.max_layers(model, node, batch=batch, context=context, tp=t),
             kv_capacity_tokens=self.kv_capacity_tokens(model, node, layers=k, tp=t),
             memory_bytes=mem,
-            fits=mem <= roofline.usable_bytes(n, g, t),
-            source=f"profile {prof.source}" if prof is not None else ROOFLINE_VERSION,
+            fits=mem <= self.usable_bytes(node, t),
+            source=f"profile {prof.source}" if prof is not None else self._source(g.name, node),
         )

@@ -1,22 +1,25 @@
-"""Calibration of the roofline's per-GPU efficiency factors against measured points.
+"""End-to-end measured step times (``calibration.toml``): the check of whole decode and prefill steps, and
+the fit of the host floor.
 
-``evaluate`` compares the perf model with the points in ``calibration.toml``. ``fit`` searches, per GPU
-type, the (memory efficiency, compute efficiency, iteration overhead) grid that minimises the squared
-log error of that GPU's points (the compute efficiency only where a prefill point identifies it); the
-catalog's ``gpus.toml`` records the result, and GPU types without points take the factors of the
-measured type of their class.
+The operator curves come from Vidur's per-operator measurements (``coral.perf.fit``); what those GPU-side
+timings cannot show is the host's per-iteration work, which overlaps them. ``fit_host`` finds the
+``HostFloor`` (h0, h_layer, h_ar, h_seq >= 0) that minimises the sum over the points not held out of
+log(max(gpu, host) / measured)^2, with the GPU times of the curves held fixed.
 """
 
 from __future__ import annotations
 
-import itertools
 import tomllib
 from pathlib import Path
 
 import attrs
 import numpy as np
+from scipy.optimize import least_squares
 
 from coral.catalog.types import Catalog
+from coral.perf import PerfModel
+from coral.perf.ops import HostFloor
+from coral.perf.params import PerfParams
 
 POINTS_FILE = Path(__file__).with_name("calibration.toml")
 
@@ -59,11 +62,8 @@ def load_points(path: Path = POINTS_FILE) -> list[Point]:
     return [Point(**p) for p in data["point"]]
 
 
-def _predict(cat: Catalog, p: Point) -> float:
-    from coral.perf import PerfModel
-
-    perf = PerfModel(cat)
-    m = cat.models[p.model]
+def _predict(perf: PerfModel, p: Point) -> float:
+    m = perf.catalog.models[p.model]
     if p.phase == "decode":
         t = perf.decode_step_s(p.model, p.node, layers=m.num_layers, batch=p.batch, context=p.context)
     else:
@@ -71,31 +71,36 @@ def _predict(cat: Catalog, p: Point) -> float:
     return float(t)
 
 
-def evaluate(cat: Catalog, points: list[Point] | None = None) -> list[Row]:
-    """Predicted vs measured for every calibration point under the catalog's current factors."""
+def evaluate(cat: Catalog, points: list[Point] | None = None, perf: PerfModel | None = None) -> list[Row]:
+    """Predicted vs measured for every calibration point (the catalog's perf model unless ``perf``)."""
     pts = load_points() if points is None else points
-    return [Row(p, cat.nodes[p.node].gpu, _predict(cat, p)) for p in pts]
+    pm = PerfModel(cat) if perf is None else perf
+    return [Row(p, cat.nodes[p.node].gpu, _predict(pm, p)) for p in pts]
 
 
-def fit(cat: Catalog, points: list[Point] | None = None) -> dict[str, tuple[float, float, float]]:
-    """Best (mem_efficiency, compute_efficiency, iter_overhead_s) per GPU type that has points."""
-    pts = load_points() if points is None else points
-    by_gpu: dict[str, list[Point]] = {}
-    for p in pts:
-        if p.held_out:
-            continue
-        by_gpu.setdefault(cat.nodes[p.node].gpu, []).append(p)
-    best: dict[str, tuple[float, float, float]] = {}
-    for gpu, gpts in sorted(by_gpu.items()):
-        scored: list[tuple[float, tuple[float, float, float]]] = []
-        # decode points at small batch do not identify the compute efficiency: keep the GPU's own value
-        cmp_grid = CMP_GRID if any(p.phase == "prefill" for p in gpts) else [cat.gpus[gpu].compute_efficiency]
-        for me, ce, ov in itertools.product(MEM_GRID, cmp_grid, OVH_GRID):
-            g = attrs.evolve(
-                cat.gpus[gpu], mem_efficiency=float(me), compute_efficiency=float(ce), iter_overhead_s=float(ov)
-            )
-            trial = attrs.evolve(cat, gpus={**cat.gpus, gpu: g})
-            errs = [np.log(_predict(trial, p) / p.measured_s) for p in gpts]
-            scored.append((float(np.sum(np.square(errs))), (float(me), float(ce), float(ov))))
-        best[gpu] = min(scored)[1]
-    return best
+def fit_host(cat: Catalog, params: PerfParams, points: list[Point] | None = None) -> HostFloor:
+    """The host floor that fits the points not held out best, the curves of ``params`` held fixed."""
+    pts = [p for p in (load_points() if points is None else points) if not p.held_out]
+    zero = attrs.evolve(params, host=HostFloor(0.0, 0.0, 0.0, 0.0, ""))
+    perf = PerfModel(cat, params=zero)
+    gpu = np.array([_predict(perf, p) for p in pts])
+    meas = np.array([p.measured_s for p in pts])
+    layers = np.array([cat.models[p.model].num_layers for p in pts], dtype=float)
+    ar = np.array([2.0 if cat.nodes[p.node].gpu_count > 1 else 0.0 for p in pts])
+    seqs = np.array([p.batch for p in pts], dtype=float)
+
+    def host(x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = x[0] + layers * (x[1] + ar * x[2]) + x[3] * seqs
+        return out * 1e-3
+
+    def r(x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.log(np.maximum(gpu, host(x)) / meas)
+        return out
+
+    x = least_squares(r, np.array([0.5, 0.2, 0.01, 0.01]), bounds=(0.0, np.inf)).x
+    src = (
+        f"fitted to the {len(pts)} end-to-end points of coral/perf/calibration.toml not held out, "
+        "GPU times from the operator curves held fixed"
+    )
+    h0, hl, ha, hs = (round(float(v) * 1e-3, 7) for v in x)
+    return HostFloor(h0, hl, ha, hs, source=src)

@@ -1,22 +1,35 @@
-"""Roofline performance model of one pipeline stage: prefill time, decode step time and memory.
+"""The stage model: one pipeline stage's prefill time, decode step time and memory, from operator curves.
 
-A stage is one node that holds ``layers`` contiguous layers of a model with tensor parallelism ``tp``
-over that node's GPUs. With b sequences, prompt length s and context c (tokens already in the KV cache):
+A stage is one node that holds ``layers`` (k) contiguous layers of a model with tensor parallelism ``tp``
+(t) over that node's GPUs, using the curves of ``coral.perf.ops`` for its GPU and link
+(``coral.perf.params``). An iteration over M tokens (decode: M = b sequences; prefill: M = b s prompt
+tokens, run in chunks of at most ``PREFILL_CHUNK_TOKENS``) costs per layer, on one GPU of the stage:
 
-- decode step: ``max(bytes / (tp * BW * eta_mem), flops / (tp * peak * eta_c)) + allreduce + overhead``
-  where bytes = weights touched (all of a dense layer; for MoE the expected distinct experts a batch of b
-  tokens touches) + KV-cache reads (b * c_eff * KV bytes per token per layer), and flops =
-  2 * active params * b + 4 * b * c_eff * heads * head_dim per layer; c_eff is sliding-window aware.
-- prefill (b prompts of s tokens): flops = 2 * active params * b * s + 2 * b * s * s_eff * heads *
-  head_dim per layer (causal attention), bytes = weights + KV written.
-- tensor parallelism adds two ring all-reduces per layer over the intra-node link:
-  ``latency + 2 (tp - 1) / tp * bytes / link_bw``.
-- each iteration pays a fixed overhead (scheduler, kernel launches) proportional to the layers held.
-- memory per GPU group: ``tp * memory * GPU_MEMORY_UTILIZATION`` must hold the stage's weights, the KV
-  cache for its batch at the workload's context, and an activation workspace.
+- GEMMs (measured curve): QKV (M, H, (h + 2 h_kv) d / t), output (M, h d / t, H), gate+up (M, H, 2F / t),
+  down (M, F / t, H). MoE, as before: of E routed experts with top-a routing, a batch of M tokens touches
+  E_t = E (1 - (1 - a/E)^M) of them (uniform routing), each with M a / E_t tokens, in one fused kernel per
+  projection (a grouped GEMM: the experts' tiles share the waves, the floor is paid once); shared experts
+  see all M; the router is an (M, H, E) GEMM;
+- streaming kernels (measured curves): two norms, rotary embedding, activation, residual add;
+- attention (no measured curve: the roofline at the GEMM efficiencies): decode reads b c_eff tokens of
+  KV and does 4 b c_eff h d / t FLOPs; prefill does 2 M s_eff h d / t FLOPs (causal) and reads Q, K, V;
+  c_eff and s_eff are sliding-window aware;
+- two all-reduces of M H bf16 values when t > 1 (measured link curve).
 
-The embedding and LM head are spread evenly over the layers (as Helix does), so every layer weighs the
-same and a stage's cost depends only on how many layers it holds.
+The embedding lookup and the LM head GEMM (over the b sequences that sample a token) are spread over the
+layers, k / L of them per stage, so that a stage's time depends only on how many layers it holds. An
+iteration takes ``max(GPU time, host floor)`` (``coral.perf.ops.HostFloor``, with its per-iteration and
+per-sequence terms spread over the layers likewise).
+
+Memory of a stage (all t GPUs together): k layers' own weights, the ends it holds
+(``ModelArch.end_bytes``: embedding with layer 0, LM head with the last layer), the KV cache of the
+sequences it holds at the context, and an activation workspace: one prefill chunk's live activations on
+each GPU, ``C (2 H + (h + 2 h_kv) d / t + 3 F_a / t) * 2 bytes`` (F_a: the FFN width a token passes
+through, all active experts for MoE), plus fp32 logits of every held sequence over the vocabulary on the
+stage with the LM head. Usable: ``t (memory * GPU_MEMORY_UTILIZATION - WORKSPACE_BYTES_PER_GPU)`` (the
+fixed reserve for the CUDA context, NCCL and graphs). When the caller does not say which ends a stage holds
+(``ends=None``), the conservative case is charged: both ends when k = L (the stage holds every layer),
+else the larger of the two (a stage of k < L layers holds at most one end).
 """
 
 from __future__ import annotations
@@ -26,87 +39,22 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from coral.catalog.types import GpuType, ModelArch, NodeType
+from coral.catalog.types import ModelArch, NodeType
+from coral.perf.ops import GpuCurve, HostFloor, LinkCurve
 
 GPU_MEMORY_UTILIZATION = 0.90
 WORKSPACE_BYTES_PER_GPU = 1.5e9
 PREFILL_CHUNK_TOKENS = 8192
 NET_LATENCY_S = 2e-4
-BASE_OVERHEAD_S = 3e-4
-# Per all-reduce latency. NVLink: set so that Llama-70B TP8 decode at batch 1 on H100 matches the
-# measured 30.6 ms (calibration.toml); the others are scaled from it (no measured point).
-ALLREDUCE_LATENCY_S = {"nvlink": 1.2e-4, "pcie": 1.5e-4, "infinity-fabric": 1.2e-4}
+LOGIT_BYTES = 4.0
 
 F = NDArray[np.float64]
+Ends = tuple[bool, bool] | None
+"""(holds layer 0, holds the last layer), or None for the conservative case (module docstring)."""
 
 
 def _arr(x: ArrayLike) -> F:
     return np.asarray(x, dtype=np.float64)
-
-
-def _attn_dim(m: ModelArch) -> int:
-    return m.heads * m.head_dim
-
-
-def _active_params_per_layer(m: ModelArch) -> float:
-    """Parameters one token multiplies through in one layer, with the LM head spread over layers."""
-    return m.attn_params_per_layer + m.active_mlp_params_per_layer + m.vocab * m.hidden / m.num_layers
-
-
-def _weight_bytes_touched(m: ModelArch, tokens: F) -> F:
-    """Bytes of one layer's weights that a step over ``tokens`` tokens reads."""
-    if not m.is_moe:
-        return np.full_like(tokens, m.layer_weight_bytes)
-    ebytes = m.expert_bytes_per_param if m.expert_bytes_per_param is not None else m.dtype_bytes
-    routed = m.num_experts * m.expert_params * ebytes
-    other = m.layer_weight_bytes - routed
-    e, a = m.num_experts, m.experts_active
-    touched = e * (1.0 - np.power(1.0 - a / e, np.maximum(tokens, 1.0)))
-    return other + touched * m.expert_params * ebytes
-
-
-def _allreduce_s(node: NodeType, tp: int, nbytes: F) -> F:
-    if tp <= 1:
-        return np.zeros_like(nbytes)
-    lat = ALLREDUCE_LATENCY_S.get(node.intra_link, 4e-5)
-    return lat + 2.0 * (tp - 1) / tp * nbytes / (node.intra_link_gbs * 1e9)
-
-
-def _overhead_s(m: ModelArch, gpu: GpuType, layers: F) -> F:
-    return BASE_OVERHEAD_S + gpu.iter_overhead_s * layers / m.num_layers
-
-
-def decode_step_s(
-    m: ModelArch, node: NodeType, gpu: GpuType, tp: int, layers: ArrayLike, batch: ArrayLike, context: ArrayLike
-) -> F:
-    """Seconds for one decode iteration of ``batch`` sequences at ``context`` tokens over ``layers`` layers."""
-    k, b, c = _arr(layers), _arr(batch), _arr(context)
-    c_eff = _kv_tokens(m, c)
-    wbytes = _weight_bytes_touched(m, b) * k
-    kvbytes = b * c_eff * m.kv_bytes_per_token_layer * k
-    flops = k * b * (2.0 * _active_params_per_layer(m) + 4.0 * c_eff * _attn_dim(m))
-    t_mem = (wbytes + kvbytes) / (tp * gpu.mem_bw_gbs * 1e9 * gpu.mem_efficiency)
-    t_cmp = flops / (tp * gpu.tflops_bf16 * 1e12 * gpu.compute_efficiency)
-    t_ar = 2.0 * k * _allreduce_s(node, tp, b * m.hidden * m.dtype_bytes)
-    out: F = np.maximum(t_mem, t_cmp) + t_ar + _overhead_s(m, gpu, k)
-    return out
-
-
-def prefill_s(
-    m: ModelArch, node: NodeType, gpu: GpuType, tp: int, layers: ArrayLike, batch: ArrayLike, prompt: ArrayLike
-) -> F:
-    """Seconds for one prompt pass of ``batch`` prompts of ``prompt`` tokens over ``layers`` layers."""
-    k, b, s = _arr(layers), _arr(batch), _arr(prompt)
-    tokens = b * s
-    s_eff = _kv_tokens(m, s)
-    flops = k * tokens * (2.0 * _active_params_per_layer(m) + 2.0 * s_eff * _attn_dim(m))
-    wbytes = _weight_bytes_touched(m, tokens) * k * np.ceil(np.maximum(tokens, 1.0) / PREFILL_CHUNK_TOKENS)
-    kvbytes = tokens * m.kv_bytes_per_token_layer * k
-    t_mem = (wbytes + kvbytes) / (tp * gpu.mem_bw_gbs * 1e9 * gpu.mem_efficiency)
-    t_cmp = flops / (tp * gpu.tflops_bf16 * 1e12 * gpu.compute_efficiency)
-    t_ar = 2.0 * k * _allreduce_s(node, tp, tokens * m.hidden * m.dtype_bytes)
-    out: F = np.maximum(t_mem, t_cmp) + t_ar + _overhead_s(m, gpu, k)
-    return out
 
 
 def _kv_tokens(m: ModelArch, context: F) -> F:
@@ -119,28 +67,138 @@ def _kv_tokens(m: ModelArch, context: F) -> F:
     return out
 
 
-def usable_bytes(node: NodeType, gpu: GpuType, tp: int) -> float:
-    """Bytes a stage may use on ``tp`` GPUs of the node, after the utilisation cap and workspace."""
-    return tp * (gpu.memory_bytes * GPU_MEMORY_UTILIZATION - WORKSPACE_BYTES_PER_GPU)
+def _ffn_width(m: ModelArch) -> float:
+    """FFN width one token passes through (all active experts for MoE)."""
+    return float(m.intermediate) if not m.is_moe else float((m.experts_active + m.shared_experts) * m.moe_intermediate)
 
 
-def stage_bytes(m: ModelArch, layers: ArrayLike, batch: ArrayLike, context: ArrayLike) -> F:
-    """Weights plus KV cache of a stage holding ``layers`` layers with ``batch`` sequences of ``context``."""
-    k, b, c = _arr(layers), _arr(batch), _arr(context)
-    out: F = k * (m.layer_weight_bytes + b * _kv_tokens(m, c) * m.kv_bytes_per_token_layer)
+def _layer_gpu_s(m: ModelArch, g: GpuCurve, link: LinkCurve, tp: int, tokens: F) -> F:
+    """Seconds of one layer's non-attention work over ``tokens`` tokens on one GPU of the stage."""
+    h, d = m.hidden, m.head_dim
+    t = _arr(tokens)
+    qkv = g.gemm_s(t, h, (m.heads + 2 * m.kv_heads) * d / tp)
+    out = g.gemm_s(t, m.heads * d / tp, h)
+    if not m.is_moe:
+        mlp = g.gemm_s(t, h, 2.0 * m.intermediate / tp) + g.gemm_s(t, m.intermediate / tp, h)
+    else:
+        e, a, fm, eb = m.num_experts, m.experts_active, m.moe_intermediate, m.expert_weight_bytes
+        touched = e * (1.0 - np.power(1.0 - a / e, np.maximum(t, 1.0)))
+        per = t * a / touched
+        experts = g.gemm_s(per, h, 2.0 * fm / tp, eb, touched) + g.gemm_s(per, fm / tp, h, eb, touched)
+        shared = m.shared_experts * (g.gemm_s(t, h, 2.0 * fm / tp, eb) + g.gemm_s(t, fm / tp, h, eb))
+        mlp = experts + shared + g.gemm_s(t, h, e)
+    stream = (
+        2.0 * g.stream_s("input_layernorm", 4.0 * t * h)
+        + g.stream_s("attn_rope", 4.0 * t * (m.heads + m.kv_heads) * d / tp)
+        + g.stream_s("mlp_act", 6.0 * t * _ffn_width(m) / tp)
+        + g.stream_s("add", 6.0 * t * h)
+    )
+    ar = 2.0 * link.allreduce_s(t * h * m.dtype_bytes, tp)
+    res: F = qkv + out + mlp + stream + ar
+    return res
+
+
+def _ends_s(m: ModelArch, g: GpuCurve, tp: int, tokens: F, sampled: F) -> F:
+    """Embedding lookup of ``tokens`` and LM head over ``sampled`` rows, for the whole model."""
+    out: F = g.stream_s("emb", 4.0 * tokens * m.hidden) + g.gemm_s(sampled, m.hidden, m.vocab / tp)
     return out
 
 
-def max_layers(m: ModelArch, node: NodeType, gpu: GpuType, tp: int, batch: float, context: float) -> int:
-    """Most layers a stage can hold while keeping the KV cache of ``batch`` sequences at ``context``."""
-    per_layer = float(stage_bytes(m, 1, batch, context))
-    return int(min(m.num_layers, max(0.0, usable_bytes(node, gpu, tp)) // per_layer))
+def _host_s(m: ModelArch, host: HostFloor, tp: int, k: F, seqs: F) -> F:
+    spread = k / m.num_layers
+    ar = 2 if tp > 1 else 0
+    out: F = spread * (host.per_iter_s + host.per_seq_s * seqs) + k * (host.per_layer_s + ar * host.per_allreduce_s)
+    return out
 
 
-def kv_capacity_tokens(m: ModelArch, node: NodeType, gpu: GpuType, tp: int, layers: int) -> int:
-    """Tokens of KV cache that fit beside ``layers`` layers of weights (0 when the weights do not fit)."""
-    free = usable_bytes(node, gpu, tp) - layers * m.layer_weight_bytes
-    if layers <= 0 or free <= 0:
+def decode_step_s(
+    m: ModelArch, g: GpuCurve, link: LinkCurve, host: HostFloor, tp: int,
+    layers: ArrayLike, batch: ArrayLike, context: ArrayLike,
+) -> F:  # fmt: skip
+    """Seconds of one decode iteration of ``batch`` sequences at ``context`` tokens over ``layers`` layers."""
+    k, b, c = _arr(layers), _arr(batch), _arr(context)
+    c_eff = _kv_tokens(m, c)
+    attn = g.roofline_s(
+        4.0 * b * c_eff * m.heads * m.head_dim / tp,
+        (b * c_eff * m.kv_bytes_per_token_layer + 4.0 * b * m.heads * m.head_dim * m.dtype_bytes) / tp,
+    )
+    gpu = k * (_layer_gpu_s(m, g, link, tp, b) + attn) + k / m.num_layers * _ends_s(m, g, tp, b, b)
+    out: F = np.maximum(gpu, _host_s(m, host, tp, k, b))
+    return out
+
+
+def prefill_s(
+    m: ModelArch, g: GpuCurve, link: LinkCurve, host: HostFloor, tp: int,
+    layers: ArrayLike, batch: ArrayLike, prompt: ArrayLike,
+) -> F:  # fmt: skip
+    """Seconds of one prompt pass of ``batch`` prompts of ``prompt`` tokens over ``layers`` layers."""
+    k, b, s = _arr(layers), _arr(batch), _arr(prompt)
+    tokens = np.maximum(b * s, 1.0)
+    chunks = np.ceil(tokens / PREFILL_CHUNK_TOKENS)
+    per_chunk = tokens / chunks
+    s_eff = _kv_tokens(m, s)
+    attn = g.roofline_s(
+        2.0 * tokens * s_eff * m.heads * m.head_dim / tp,
+        tokens * 2.0 * (m.heads + 2 * m.kv_heads) * m.head_dim * m.dtype_bytes / tp,
+    )
+    gpu = k * (chunks * _layer_gpu_s(m, g, link, tp, per_chunk) + attn)
+    gpu = gpu + k / m.num_layers * _ends_s(m, g, tp, tokens, b)
+    out: F = np.maximum(gpu, _host_s(m, host, tp, k, b))
+    return out
+
+
+def usable_bytes(node: NodeType, memory_bytes: float, tp: int) -> float:
+    """Bytes a stage may use on ``tp`` GPUs of the node, after the utilisation cap and fixed reserve."""
+    return tp * (memory_bytes * GPU_MEMORY_UTILIZATION - WORKSPACE_BYTES_PER_GPU)
+
+
+def end_bytes(m: ModelArch, layers: ArrayLike, ends: Ends) -> F:
+    """Weight bytes of the ends a stage of ``layers`` layers holds (``ends=None``: the conservative case)."""
+    k = _arr(layers)
+    if ends is not None:
+        return np.full_like(k, m.end_bytes(*ends))
+    one = max(m.end_bytes(True, False), m.end_bytes(False, True))
+    out: F = np.where(k >= m.num_layers, m.end_bytes(True, True), one)
+    return out
+
+
+def workspace_bytes(m: ModelArch, tp: int, seqs: ArrayLike, holds_head: ArrayLike) -> F:
+    """Activation workspace of a stage on all its GPUs (module docstring)."""
+    per_gpu = (
+        PREFILL_CHUNK_TOKENS
+        * (2.0 * m.hidden + ((m.heads + 2 * m.kv_heads) * m.head_dim + 3.0 * _ffn_width(m)) / tp)
+        * m.dtype_bytes
+    )
+    logits = _arr(holds_head) * _arr(seqs) * m.vocab * LOGIT_BYTES
+    out: F = tp * per_gpu + logits
+    return out
+
+
+def stage_bytes(
+    m: ModelArch, layers: ArrayLike, seqs: ArrayLike, context: ArrayLike, tp: int = 1, ends: Ends = None
+) -> F:
+    """Memory of a stage: its layers' weights, its ends, KV of ``seqs`` sequences at ``context``, workspace."""
+    k, b, c = _arr(layers), _arr(seqs), _arr(context)
+    head = True if ends is None else ends[1]
+    kv = k * b * _kv_tokens(m, c) * m.kv_bytes_per_token_layer
+    out: F = k * m.block_weight_bytes + end_bytes(m, k, ends) + kv + workspace_bytes(m, tp, b, head)
+    return out
+
+
+def max_layers(m: ModelArch, usable: float, tp: int, seqs: float, context: float) -> int:
+    """Most layers a stage can hold (conservative ends) with the KV cache of ``seqs`` sequences."""
+    k = np.arange(1, m.num_layers + 1)
+    fits = np.flatnonzero(stage_bytes(m, k, seqs, context, tp) <= usable)
+    # the whole model charges both ends: a stage may fit L - 1 layers and not L, but never L and not L - 1
+    return int(k[fits].max()) if fits.size else 0
+
+
+def kv_capacity_tokens(m: ModelArch, usable: float, tp: int, layers: int) -> int:
+    """Tokens of KV cache that fit beside ``layers`` layers (conservative ends; 0 when the weights do not)."""
+    if layers <= 0:
+        return 0
+    free = usable - float(stage_bytes(m, layers, 1, 0, tp))
+    if free <= 0:
         return 0
     return int(free // (layers * m.kv_bytes_per_token_layer))
 

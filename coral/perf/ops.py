@@ -1,0 +1,124 @@
+"""Operator-level time curves: GEMMs and streaming kernels per GPU, all-reduce per interconnect, host floor.
+
+GEMM of M tokens through a K x N weight (bf16), on a GPU with peak P FLOP/s, memory bandwidth W bytes/s and
+S streaming multiprocessors::
+
+    t_c  = min over tiles (tm, tn) of  ceil(ceil(M/tm) ceil(N/tn) / S) * S * tm * tn * 2K / (P e_c) * pen^(2-i)
+    t_m  = (w K N + 2 (M K + M N)) / (W e_m)            (w: bytes per weight, 2 for bf16)
+    t    = t0 + (t_c^p + t_m^p)^(1/p)
+
+The tile sizes (64x64, 128x128, 128x256; i = 0, 1, 2) stand for the kernel library's choice: a GEMM runs in
+whole waves of S tiles (wave quantisation), and smaller tiles waste fewer slots but run ``pen`` times
+slower per FLOP. ``p`` blends the compute and memory limits (p -> inf is the roofline's max); ``t0`` is
+the kernel's fixed floor. Streaming kernels (norms, rotary embedding, activation, residual add,
+embedding lookup) take ``t0_s + bytes / (W e_s)``, with (e_s, t0_s) per operator: their kernels differ
+(a gather reaches a third of the bandwidth a fused add does).
+
+A ring all-reduce of B bytes over n GPUs takes ``a0 + a1 (n - 1) + 2 (n - 1) / n * B / bw``.
+
+The host floor: a decode or prefill iteration's CPU work (scheduling, kernel launches) runs ahead of the
+GPU and overlaps it, so an iteration takes ``max(gpu, host)`` with ``host = h0 + k (h_layer + h_ar * ar)
++ h_seq * b`` (k layers, ar all-reduces per layer, b sequences).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+F = NDArray[np.float64]
+TILES = ((64, 64), (128, 128), (128, 256))
+
+
+def _arr(x: ArrayLike) -> F:
+    return np.asarray(x, dtype=np.float64)
+
+
+@attrs.frozen
+class GpuCurve:
+    """A GPU's fitted GEMM and streaming curves; ``source`` says measured (and where) or derived (from what)."""
+
+    name: str
+    peak_flops: float
+    mem_bw: float
+    sm_count: int
+    mem_eff: float
+    cmp_eff: float
+    floor_s: float
+    blend: float
+    small_tile: float
+    stream: Mapping[str, tuple[float, float]]
+    """Per streaming operator: (e_s, t0_s)."""
+    source: str
+    derived: bool = False
+
+    def gemm_s(self, m: ArrayLike, k: ArrayLike, n: ArrayLike, weight_bytes: float = 2.0, groups: ArrayLike = 1.0) -> F:
+        """Seconds of an (m x k) @ (k x n) GEMM with bf16 activations and ``weight_bytes`` per weight; m may
+        be fractional (a mean), taken at least 1. ``groups`` such GEMMs in one kernel (MoE experts) share
+        its waves and its floor."""
+        mm, kk, nn, gg = np.maximum(_arr(m), 1.0), _arr(k), _arr(n), _arr(groups)
+        tc: F | None = None
+        for i, (tm, tn) in enumerate(TILES):
+            tiles = gg * np.ceil(mm / tm) * np.ceil(nn / tn)
+            waves = np.ceil(tiles / self.sm_count)
+            t = waves * self.sm_count * tm * tn * 2.0 * kk / (self.peak_flops * self.cmp_eff)
+            t = t * self.small_tile ** (len(TILES) - 1 - i)
+            tc = t if tc is None else np.minimum(tc, t)
+        assert tc is not None
+        tmem = gg * (weight_bytes * kk * nn + 2.0 * (mm * kk + mm * nn)) / (self.mem_bw * self.mem_eff)
+        p = self.blend
+        out: F = self.floor_s + (tc**p + tmem**p) ** (1.0 / p)
+        return out
+
+    def stream_s(self, op: str, nbytes: ArrayLike) -> F:
+        """Seconds of the memory-bound streaming kernel ``op`` that reads and writes ``nbytes`` in all."""
+        eff, floor = self.stream[op]
+        out: F = floor + _arr(nbytes) / (self.mem_bw * eff)
+        return out
+
+    def roofline_s(self, flops: ArrayLike, nbytes: ArrayLike) -> F:
+        """Seconds of a kernel with no measured curve (attention): the larger of its compute and memory
+        times at the GEMM efficiencies, plus the GEMM floor."""
+        tc = _arr(flops) / (self.peak_flops * self.cmp_eff)
+        tm = _arr(nbytes) / (self.mem_bw * self.mem_eff)
+        out: F = self.floor_s + np.maximum(tc, tm)
+        return out
+
+
+@attrs.frozen
+class LinkCurve:
+    """A fitted all-reduce latency-bandwidth curve of one interconnect."""
+
+    name: str
+    latency_s: float
+    latency_per_peer_s: float
+    bw: float
+    source: str
+    derived: bool = False
+
+    def allreduce_s(self, nbytes: ArrayLike, n: int) -> F:
+        """Seconds of one all-reduce of ``nbytes`` over ``n`` GPUs (0 for one GPU)."""
+        b = _arr(nbytes)
+        if n <= 1:
+            return np.zeros_like(b)
+        out: F = self.latency_s + self.latency_per_peer_s * (n - 1) + 2.0 * (n - 1) / n * b / self.bw
+        return out
+
+
+@attrs.frozen
+class HostFloor:
+    """The per-iteration CPU floor that overlaps GPU time (see the module docstring)."""
+
+    per_iter_s: float
+    per_layer_s: float
+    per_allreduce_s: float
+    per_seq_s: float
+    source: str
+
+    def host_s(self, layers: ArrayLike, allreduces_per_layer: int, seqs: ArrayLike) -> F:
+        k, b = _arr(layers), _arr(seqs)
+        out: F = self.per_iter_s + k * (self.per_layer_s + self.per_allreduce_s * allreduces_per_layer)
+        return out + self.per_seq_s * b

@@ -1,0 +1,184 @@
+"""The fitted perf-model parameters (``coral/catalog/data/perf_fit.toml``) and their use for every catalog type.
+
+The file holds the curves fitted to measurements (``[gpu.NAME]`` with the datasheet figures they were
+fitted against, ``[link.NAME]``, ``[host]``) and per catalog GPU type its class (the measured type it is
+scaled from) and SM count (``[class]``, ``[sm_count]``).
+
+A catalog GPU type with its own curve uses it. Any other takes its class's curve with its own datasheet
+peak FLOP/s, bandwidth and SM count (the efficiencies and floors are the class's), and is marked derived.
+Fallback, stated in the curve's ``source``: a GPU type with no class entry takes the measured type whose
+bandwidth-to-FLOP ratio is nearest its own, and one with no SM count takes the class's scaled by the
+FLOP/s ratio.
+
+Links: NVLink on 4 or more GPUs uses the NVSwitch curve of the node's GPU generation (H100 class for
+Hopper and newer, A100 class otherwise), NVLink on 2 GPUs the NVLink-pair curve, PCIe the Gen5 curve at
+48 GB/s and above and the Gen4 curve below, Infinity Fabric the H100 NVSwitch curve; the bandwidth is
+scaled by the node's ``intra_link_gbs`` over the curve's nominal figure, and any scaled or borrowed curve
+is marked derived.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from coral.catalog.loader import DATA_DIR
+from coral.catalog.types import GpuType, NodeType
+from coral.errors import CoralError
+from coral.perf.ops import GpuCurve, HostFloor, LinkCurve
+
+PARAMS_FILE = DATA_DIR / "perf_fit.toml"
+GPU_FIELDS = ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")
+LINK_FIELDS = ("latency_s", "latency_per_peer_s", "bw_gbs", "nominal_gbs")
+HOST_FIELDS = ("per_iter_s", "per_layer_s", "per_allreduce_s", "per_seq_s")
+
+
+class ParamsError(CoralError):
+    """The fitted-parameter file is missing a table or holds a bad value; the message names file and key."""
+
+
+@attrs.frozen
+class LinkEntry:
+    curve: LinkCurve
+    nominal_gbs: float
+
+
+@attrs.frozen(eq=False)
+class PerfParams:
+    """Everything ``perf_fit.toml`` holds, checked."""
+
+    path: Path
+    digest: str
+    source: str
+    held_out: tuple[str, ...]
+    gpus: dict[str, GpuCurve]
+    classes: dict[str, str]
+    sm_counts: dict[str, int]
+    links: dict[str, LinkEntry]
+    host: HostFloor
+
+    def gpu_curve(self, gpu: GpuType) -> GpuCurve:
+        """The curve of a catalog GPU type: its own, or derived from its class (module docstring)."""
+        peak, bw = gpu.tflops_bf16 * 1e12, gpu.mem_bw_gbs * 1e9
+        if gpu.name in self.gpus:
+            return self.gpus[gpu.name]
+        why = ""
+        cls = self.classes.get(gpu.name)
+        if cls is None:
+            cls = min(
+                self.gpus, key=lambda c: abs(math.log((bw / peak) / (self.gpus[c].mem_bw / self.gpus[c].peak_flops)))
+            )
+            why = " (no class given: nearest bandwidth/FLOP ratio)"
+        base = self.gpus[cls]
+        sm = self.sm_counts.get(gpu.name)
+        if sm is None:
+            sm = max(1, round(base.sm_count * peak / base.peak_flops))
+            why += " (no SM count given: scaled by FLOP/s)"
+        return attrs.evolve(
+            base, name=gpu.name, peak_flops=peak, mem_bw=bw, sm_count=sm, derived=True,
+            source=f"derived from {cls} by datasheet ratios{why}",
+        )  # fmt: skip
+
+    def link_curve(self, node: NodeType, gpu: GpuType) -> LinkCurve:
+        """The all-reduce curve of a node's intra-node link (module docstring)."""
+        hopper = self.gpu_curve(gpu).peak_flops >= 0.5 * self.gpus["h100-80g"].peak_flops
+        if node.intra_link == "nvlink":
+            kind = "nvswitch" if node.gpu_count >= 4 else "nvlink-pair"
+            name = f"{kind}-{'h100' if hopper else 'a100'}"
+        elif node.intra_link == "pcie":
+            name = "pcie-gen5" if node.intra_link_gbs >= 48 else "pcie-gen4"
+        else:
+            name = "nvswitch-h100"
+        e = self.links[name]
+        scale = node.intra_link_gbs / e.nominal_gbs
+        if node.intra_link in ("nvlink", "pcie") and abs(scale - 1.0) < 1e-9:
+            return e.curve
+        return attrs.evolve(
+            e.curve, bw=e.curve.bw * scale, derived=True,
+            source=f"derived from {name} with bandwidth x {scale:.3g} ({node.intra_link} {node.intra_link_gbs:g} GB/s)",
+        )  # fmt: skip
+
+
+def _num(path: Path, where: str, table: dict[str, Any], key: str) -> float:
+    if key not in table:
+        raise ParamsError(f"{path}: [{where}]: key '{key}' missing")
+    v = table[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise ParamsError(f"{path}: [{where}]: key '{key}': must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+def _table(path: Path, data: dict[str, Any], key: str) -> dict[str, Any]:
+    v = data.get(key)
+    if not isinstance(v, dict):
+        raise ParamsError(f"{path}: table [{key}] missing")
+    return v
+
+
+def load_params(path: Path = PARAMS_FILE) -> PerfParams:
+    """Read and check the fitted-parameter file."""
+    try:
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode())
+    except OSError as e:
+        raise ParamsError(f"{path}: cannot read: {e.strerror}") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ParamsError(f"{path}: not valid TOML: {e}") from e
+    sm_counts = {
+        k: int(_num(path, "sm_count", _table(path, data, "sm_count"), k)) for k in _table(path, data, "sm_count")
+    }
+    gpus: dict[str, GpuCurve] = {}
+    for name, t in _table(path, data, "gpu").items():
+        w = f"gpu.{name}"
+        vals = {f: _num(path, w, t, f) for f in GPU_FIELDS}
+        stream = t.get("stream")
+        if not isinstance(stream, dict) or not stream:
+            raise ParamsError(f"{path}: [{w}]: key 'stream' missing")
+        ops = {
+            op: (_num(path, f"{w}.stream", v, "eff"), _num(path, f"{w}.stream", v, "floor_s"))
+            for op, v in stream.items()
+        }
+        gpus[name] = GpuCurve(
+            name, _num(path, w, t, "tflops_bf16") * 1e12, _num(path, w, t, "mem_bw_gbs") * 1e9,
+            int(_num(path, w, t, "sm_count")),
+            vals["mem_eff"], vals["cmp_eff"], vals["floor_s"], vals["blend"], vals["small_tile"], ops,
+            str(t.get("source", "")),
+        )  # fmt: skip
+    for must in ("h100-80g",):
+        if must not in gpus:
+            raise ParamsError(f"{path}: table [gpu.{must}] missing")
+    classes = {k: str(v) for k, v in _table(path, data, "class").items()}
+    for k, v in classes.items():
+        if v not in gpus:
+            raise ParamsError(f"{path}: [class]: key '{k}': {v!r} has no [gpu.{v}] curve")
+    links: dict[str, LinkEntry] = {}
+    for name, t in _table(path, data, "link").items():
+        w = f"link.{name}"
+        lv = {f: _num(path, w, t, f) for f in LINK_FIELDS}
+        links[name] = LinkEntry(
+            LinkCurve(name, lv["latency_s"], lv["latency_per_peer_s"], lv["bw_gbs"] * 1e9, str(t.get("source", ""))),
+            lv["nominal_gbs"],
+        )
+    for must in ("nvswitch-h100", "nvswitch-a100", "nvlink-pair-h100", "nvlink-pair-a100", "pcie-gen5", "pcie-gen4"):
+        if must not in links:
+            raise ParamsError(f"{path}: table [link.{must}] missing")
+    h = _table(path, data, "host")
+    hv = [_num(path, "host", h, f) for f in HOST_FIELDS]
+    host = HostFloor(hv[0], hv[1], hv[2], hv[3], source=str(h.get("source", "")))
+    held = data.get("held_out", [])
+    return PerfParams(
+        path=path,
+        digest=hashlib.sha256(raw).hexdigest()[:12],
+        source=str(data.get("source", "")),
+        held_out=tuple(str(x) for x in held),
+        gpus=gpus,
+        classes=classes,
+        sm_counts=sm_counts,
+        links=links,
+        host=host,
+    )
