@@ -11,11 +11,12 @@ setup:
 test *ARGS:
     python -m pytest {{ARGS}}
 
-# ruff and mypy over the four packages
+# ruff, mypy and the package contracts (import-linter, [tool.importlinter] in pyproject.toml)
 lint:
     ruff check coral actors solvers tui tests bench
     ruff format --check coral actors solvers tui tests bench
     mypy
+    lint-imports
 
 # run one benchmark: perf-fit, templates, plan, sim, bus, gateway
 bench NAME *ARGS:
