@@ -465,6 +465,7 @@ def test_decomposition_prunes_only_against_a_start_that_serves_the_demand() -> N
     assert float(c.cost @ split.plan) == pytest.approx(3.0)
 
 
+@pytest.mark.slow
 def test_decomposition_agrees_with_the_full_mip() -> None:
     """Generated instances where models compete for nodes (in some, not every demand can be served): the
     same optimum with and without the decomposition, which had to merge models in several of them."""
