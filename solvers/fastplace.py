@@ -30,7 +30,7 @@ at six the shape search often runs out of its work budget and the LP/MILP residu
    two it minimises each metric and their normalised sum in turn (a heuristic: the later steps stay
    exact). A set-partition DP over the subsets adds the replicas.
 4. If that placement reaches UB, or the tighter layer-work fixed point (the largest F with
-   L F <= sum_i max_o k_o min(c_o, F); ``solvers.shapes.work_fixed_point``), it is optimal ("dp-proven").
+   L F <= sum_i max_o k_o min(c_o, F); ``solvers.bounds.work_fixed_point``), it is optimal ("dp-proven").
 5. The shape search (``solvers.shapes.shape_search``, method "shapes"), started from the step 3
    placement: every connected shape of every sub-multiset that could still beat the best placement
    known is decided exactly at that threshold, and the best partition into components is assembled.

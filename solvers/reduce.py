@@ -67,7 +67,7 @@ def _upper_bound(problem: PlacementProblem, edges: Sequence[Edge]) -> float:
 
 
 def work_bound(problem: PlacementProblem) -> float:
-    """The layer-work fixed point of ``problem``'s menus (``solvers.shapes.work_fixed_point``): tighter
+    """The layer-work fixed point of ``problem``'s menus (``solvers.bounds.work_fixed_point``): tighter
     than ``_upper_bound``'s work term, which clips capacities at its own value only once."""
     ks = [np.asarray(m.k) for m in problem.menus]
     return work_fixed_point(ks, [np.asarray(m.cap, dtype=np.float64) for m in problem.menus], int(problem.num_layers))
