@@ -7,15 +7,20 @@ default:
 setup:
     python -m pip install -e ".[dev]"
 
-# run the test suite
+# run the test suite (everything, as CI does)
 test *ARGS:
     python -m pytest {{ARGS}}
 
-# ruff and mypy over the four packages
+# the unit tier, for the edit-run loop: no slow tests, no mesh, gateway or vLLM suites, two workers
+test-fast *ARGS:
+    python -m pytest -n 2 -m "not slow and not vllm" --ignore=tests/mesh --ignore=tests/gateway --ignore=tests/vllm --ignore=tests/tui/test_real_mesh.py {{ARGS}}
+
+# ruff, mypy and the package contracts (import-linter, [tool.importlinter] in pyproject.toml)
 lint:
     ruff check coral actors solvers tui tests bench
     ruff format --check coral actors solvers tui tests bench
     mypy
+    lint-imports
 
 # run one benchmark: alloc-bench, bus, gateway, helix, mesh, overload, perf-fit, placement-bench, placement-paths, plan, recovery, sim, templates
 bench NAME *ARGS:

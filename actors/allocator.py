@@ -30,13 +30,12 @@ optimality proven over the generated columns only (the plan reports the LP bound
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import attrs
 
 from actors.base import TickActor
-from actors.inspect import answer as answer_inspection
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import (
@@ -102,8 +101,11 @@ class Allocator(TickActor):
         efforts: Mapping[int, SolverEffort] | None = None,
         prior_demand: Mapping[str, float] | None = None,
         columns: str = "all",
+        inspector: Callable[[Allocator, Envelope], Awaitable[bool]] | None = None,
     ) -> None:
         super().__init__(name, tick_s=tick_s, subscribe=["dem.update", "mkt.update", "fleet.update"])
+        self.inspector = inspector
+        """Answers the TUI's inspection requests (``actors.inspect.answer``) at once, not at a tick."""
         self.scenario = scenario
         self.catalog = catalog
         self.perf = perf
@@ -150,7 +152,7 @@ class Allocator(TickActor):
     # -- inputs --------------------------------------------------------------------------------------
 
     async def handle(self, env: Envelope) -> None:
-        if not await answer_inspection(self, env):  # inspection requests are answered at once, not at a tick
+        if self.inspector is None or not await self.inspector(self, env):
             await super().handle(env)
 
     async def on_message(self, env: Envelope) -> None:

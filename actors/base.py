@@ -25,23 +25,6 @@ from collections.abc import Iterable
 from coral.kernel import Actor, Envelope
 from coral.messages.control import OWNERS, CommandResult, is_command
 
-_MASK = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
-
-
-def uniform(seed: int, *keys: int) -> float:
-    """A uniform number in [0, 1) determined by ``seed`` and ``keys`` (splitmix64), independent of call order."""
-    h = _mix(seed & _MASK)
-    for k in keys:
-        h = _mix(h ^ (k & _MASK))
-    return (h >> 11) * (1.0 / (1 << 53))
-
 
 def first_tick(now: float, tick_s: float) -> float:
     """The first tick instant strictly after ``now``."""

@@ -30,6 +30,7 @@ from actors.allocator import Allocator
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
 from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ScenarioFeed
+from actors.inspect import answer as answer_inspection
 from actors.operator import OperatorDesk
 from actors.price import HostsMarket, MarketSource, PriceWatcher, ScenarioMarket
 from actors.recovery import Recovery
@@ -194,6 +195,7 @@ class CoralMesh:
             efforts=self.efforts,
             prior_demand=prior,
             columns=self.setup.columns,
+            inspector=answer_inspection,
         )
         if rs is not None and rs.fleet.plan is not None:
             self.allocator.seq = rs.fleet.plan.plan.seq

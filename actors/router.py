@@ -31,14 +31,12 @@ only counted as arrivals, for the demand monitor.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 from collections.abc import Sequence
 
 import attrs
 
-from actors.base import TickActor, uniform
+from actors.base import TickActor
 from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SloChanged
 from coral.messages.fleet import ROUTABLE_STATES, FleetUpdate, InstanceInfo
@@ -58,6 +56,7 @@ from coral.messages.requests import (
     RoutingStats,
     WorkItem,
 )
+from coral.routing import pick, uniform
 from coral.scenario import Deployment
 from coral.sim.report import LogHist
 from coral.workload import Slo
@@ -101,12 +100,6 @@ class TrafficStats:
 
 def _inst_order(i: InstanceInfo) -> tuple[int, str]:
     return (len(i.id), i.id)
-
-
-def pick(instances: Sequence[InstanceInfo], u: float) -> InstanceInfo:
-    """The instance whose share of the total weight holds ``u`` in [0, 1)."""
-    cum = list(itertools.accumulate(i.weight for i in instances))
-    return instances[min(bisect.bisect_right(cum, u * cum[-1]), len(instances) - 1)]
 
 
 class Router(TickActor):

@@ -29,9 +29,10 @@ from coral.perf import PerfModel
 from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibility
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import limit_less_ends, path_limit
-from solvers.fastplace import PLACER, SMALL_NODES, place
+from solvers.fastplace import PLACER, place
 from solvers.options import FORMULATION, build_problem, prefill_bubble
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
+from solvers.small import SMALL_NODES
 
 FLOW_EPS = 1e-9
 

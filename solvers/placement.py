@@ -1,4 +1,4 @@
-r"""The reference placement MILP (HiGHS), plus helpers shared by every placer.
+r"""The reference placement MILP (HiGHS).
 
 Notation (see ``solvers/problem.py``): nodes i = 0..n-1; the source and the sink are both index n in
 the ``[u, v]`` link arrays; node i has options o in O_i with k_o layers, capacity c_o and latency
@@ -60,174 +60,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-import attrs
 import highspy
 import numpy as np
 
-from solvers.brute import max_flow
+from solvers.chains import pipeline_dp
 from solvers.problem import Edge, PlacementProblem, PlacementResult, check_problem
+from solvers.rules import canonical, evaluate_placement, interchangeable, usable_edges
 
-LAT_RTOL = 1e-9
 MIP_REL_GAP = 1e-7
 MIP_FEAS_TOL = 1e-9  # integrality: an edge at e = 1e-6 "off" would leak 1e-6 of its capacity
-
-
-# ----------------------------------------------------------------------------------------------------
-# Shared helpers
-
-
-def usable_edges(problem: PlacementProblem) -> list[Edge]:
-    """Edges that some feasible placement could choose: finite link latency and, with the cheapest
-    options at both ends, within every latency limit."""
-    n = problem.n
-    limit = np.asarray(problem.lat_limit, dtype=np.float64)
-    ll = np.asarray(problem.link_lat, dtype=np.float64)
-    minlat = np.zeros((problem.num_metrics, n + 1))
-    for i, menu in enumerate(problem.menus):
-        lat = np.asarray(menu.lat, dtype=np.float64)
-        minlat[:, i] = lat.min(axis=1) if lat.shape[1] else np.inf
-    tol = _lat_tol(limit)
-    out: list[Edge] = []
-    cand = [(n, i) for i in range(n)] + [(i, j) for i in range(n) for j in range(n) if i != j]
-    cand += [(i, n) for i in range(n)]
-    for u, v in cand:
-        lu = minlat[:, u] if u < n else 0.0
-        lv = minlat[:, v] if v < n else 0.0
-        x = ll[:, u, v]
-        if np.isfinite(x).all() and np.all(x + lu + lv <= limit + tol):
-            out.append((u, v))
-    return out
-
-
-def _lat_tol(limit: np.ndarray) -> np.ndarray:
-    return np.asarray(LAT_RTOL * np.where(np.isfinite(limit), np.maximum(limit, 1.0), 0.0))
-
-
-def evaluate_placement(
-    problem: PlacementProblem, option: Sequence[int], start: Sequence[int], edges: Iterable[Edge]
-) -> tuple[float, dict[Edge, float]] | None:
-    """The exact value of a placement, or None when it breaks a rule (ranges, coverage, latency).
-
-    Returns the maximum flow over ``edges`` and the flow on each of them.
-    """
-    n, L = problem.n, int(problem.num_layers)
-    edges = sorted(set(edges))
-    if len(option) != n or len(start) != n:
-        return None
-    ks = [int(problem.menus[i].k[option[i]]) for i in range(n)]
-    ends = [start[i] + ks[i] for i in range(n)]
-    if any(start[i] < 0 or ends[i] > L for i in range(n)):
-        return None
-    has_in, has_out = [False] * n, [False] * n
-    for u, v in edges:
-        if u == v or (u == n and v == n):
-            return None
-        if u == n and start[v] != 0:
-            return None
-        if v == n and ends[u] != L:
-            return None
-        if u < n and v < n and ends[u] != start[v]:
-            return None
-        if u < n:
-            has_out[u] = True
-        if v < n:
-            has_in[v] = True
-    if not (all(has_in) and all(has_out)):
-        return None
-    limit = np.asarray(problem.lat_limit, dtype=np.float64)
-    ll = np.asarray(problem.link_lat, dtype=np.float64)
-    if not np.isfinite(np.array([ll[:, u, v] for u, v in edges])).all():
-        return None
-    # Longest path per metric, nodes in order of start (edges go from smaller to larger start).
-    pot = np.full((problem.num_metrics, n), -np.inf)
-    for v in sorted(range(n), key=lambda i: start[i]):
-        best = np.full(problem.num_metrics, -np.inf)
-        for u, x in edges:
-            if x == v:
-                best = np.maximum(best, (0.0 if u == n else pot[:, u]) + ll[:, u, v])
-        pot[:, v] = best + np.asarray(problem.menus[v].lat[:, option[v]], dtype=np.float64)
-    worst = np.full(problem.num_metrics, -np.inf)
-    for u, v in edges:
-        if v == n:
-            worst = np.maximum(worst, pot[:, u] + ll[:, u, n])
-    if not np.all(worst <= limit + _lat_tol(limit)):
-        return None
-    caps = tuple(float(problem.menus[i].cap[option[i]]) for i in range(n))
-    return max_flow(n, edges, caps, np.asarray(problem.link_cap, dtype=np.float64))
-
-
-def stages_of(problem: PlacementProblem, result: PlacementResult) -> list[tuple[int, int, int, int]]:
-    """The stages of a placement: (node index, first layer, end layer (exclusive), option index),
-    sorted by first layer then node. Empty for a result without a placement."""
-    if not result.option:
-        return []
-    out = [
-        (i, int(result.start[i]), int(result.start[i] + problem.menus[i].k[result.option[i]]), int(o))
-        for i, o in enumerate(result.option)
-    ]
-    return sorted(out, key=lambda t: (t[1], t[0]))
-
-
-def interchangeable(problem: PlacementProblem, i: int, j: int) -> bool:
-    """Whether nodes i and j can swap roles in every placement: same kind, menu and links."""
-    if problem.kinds[i] != problem.kinds[j]:
-        return False
-    a, b = problem.menus[i], problem.menus[j]
-    if a is not b:
-        for x, y in ((a.k, b.k), (a.cap, b.cap), (a.lat, b.lat)):
-            if np.shape(x) != np.shape(y) or not np.array_equal(x, y):
-                return False
-    n = problem.n
-    perm = list(range(n + 1))
-    perm[i], perm[j] = j, i
-    p = np.asarray(perm)
-    ll, lc = np.asarray(problem.link_lat), np.asarray(problem.link_cap)
-    off = ~np.eye(n + 1, dtype=bool)
-    return bool(np.array_equal(ll[:, p][:, :, p][:, off], ll[:, off]) and np.array_equal(lc[p][:, p][off], lc[off]))
-
-
-def class_reps(problem: PlacementProblem) -> list[int]:
-    """Per node, the lowest-numbered node it is interchangeable with (itself when none is lower)."""
-    n = problem.n
-    rep = list(range(n))
-    for j in range(n):
-        for i in range(j):
-            if rep[i] == i and interchangeable(problem, i, j):
-                rep[j] = i
-                break
-    return rep
-
-
-def canonical(problem: PlacementProblem, res: PlacementResult) -> PlacementResult:
-    """The same placement with each run of consecutive interchangeable nodes sorted by (start, k),
-    the order that the MILP's symmetry rows require."""
-    n = problem.n
-    perm = list(range(n))  # perm[new position] = old node
-    i = 0
-    while i < n:
-        j = i
-        while j + 1 < n and interchangeable(problem, j, j + 1):
-            j += 1
-        if j > i:
-            block = sorted(range(i, j + 1), key=lambda x: (res.start[x], int(problem.menus[x].k[res.option[x]]), x))
-            perm[i : j + 1] = block
-        i = j + 1
-    if perm == list(range(n)):
-        return res
-    new_of = {old: new for new, old in enumerate(perm)}
-    new_of[n] = n
-    return attrs.evolve(
-        res,
-        option=tuple(res.option[perm[x]] for x in range(n)),
-        start=tuple(res.start[perm[x]] for x in range(n)),
-        flows={(new_of[u], new_of[v]): f for (u, v), f in res.flows.items()},
-    )
-
-
-# ----------------------------------------------------------------------------------------------------
-# The MILP
 
 
 class _Rows:
@@ -541,8 +384,8 @@ def milp_place(
 ) -> PlacementResult:
     """Solve the placement MILP of the module docstring with HiGHS.
 
-    ``warm_start`` seeds HiGHS with ``initial`` or, when that is None, with the pipeline DP of
-    ``solvers.fastplace``. ``time_limit`` is passed to HiGHS (which may overrun it). Returns status
+    ``warm_start`` seeds HiGHS with ``initial`` or, when that is None, with the chain family of
+    ``solvers.chains``. ``time_limit`` is passed to HiGHS (which may overrun it). Returns status
     ``optimal``, ``feasible`` (with ``bound``), ``infeasible`` or ``unknown``; ``method`` is "milp".
     """
     t0 = time.perf_counter()
@@ -552,8 +395,6 @@ def milp_place(
     if any(m.size == 0 for m in problem.menus):
         return PlacementResult(0.0, "infeasible", 0.0, "milp", solve_s=time.perf_counter() - t0)
     if warm_start and initial is None:
-        from solvers.fastplace import pipeline_dp  # here: fastplace imports this module
-
         initial = pipeline_dp(problem)
     model = _Model(problem, symmetry)
     h = highspy.Highs()

@@ -27,9 +27,10 @@ from coral.store import Outcome, TemplateStore, template_key
 from coral.templates import Template
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, prune_verdict
-from solvers.fastplace import PLACER, SMALL_NODES
+from solvers.fastplace import PLACER
 from solvers.library import ProblemCache, solve_multiset
 from solvers.options import FORMULATION
+from solvers.small import SMALL_NODES
 
 Multiset = tuple[str, ...]
 UNPROVEN = "(unproven)"

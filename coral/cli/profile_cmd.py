@@ -95,8 +95,8 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from coral.engines.vllm import VllmBackend
     from coral.perf.profile import load_profiles
+    from coral.vllm.engine import VllmBackend
     from coral.vllm.fleet import detect_device
     from coral.vllm.profile import ProfileSpec, profile_model
 

@@ -118,7 +118,7 @@ def mesh_setup(
 
 def vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any) -> Any:
     """The engine factory of ``--backend vllm``: real vLLM servers on this machine."""
-    from coral.engines.vllm import VllmBackend
+    from coral.vllm.engine import VllmBackend
     from coral.vllm.fleet import VllmFleet, detect_device, parse_weights, resolve_weights
 
     device = detect_device(args.vllm_device)

@@ -20,8 +20,8 @@ the worker reports it with ``StageLoaded`` and the fleet publishes it, so that a
 An engine that knows the tokens of requests still in flight has ``progress() -> {id: (tokens, t_first)}``
 (the simulated one): the worker relays it so that the gateway streams simulated tokens as they come.
 
-``SimEngine`` (``coral.engines.sim``) runs the fleet simulator's timing model for one instance; a vLLM
-engine implements the same protocol over real processes.
+``SimEngine`` (``coral.engines.sim``) runs the fleet simulator's timing model for one instance; ``VllmEngine``
+(``coral.vllm.engine``) implements the same protocol over real vLLM processes.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from coral.engines import EngineError, EngineMetrics, StageAssignment, check_loa
 from coral.messages.requests import Outcome, WorkItem
 from coral.perf import PerfModel
 from coral.perf.roofline import NET_LATENCY_S
-from coral.sim.engine import (
+from coral.sim.engine import _Sim
+from coral.sim.state import (
     DEAD,
     DRAINING,
     K_ARRIVAL,
@@ -34,7 +35,6 @@ from coral.sim.engine import (
     Req,
     SimConfig,
     Uniforms,
-    _Sim,
 )
 
 

@@ -21,8 +21,8 @@ from typing import Any
 import attrs
 import msgspec
 
-from actors.base import uniform
 from coral.errors import CoralError
+from coral.routing import uniform
 
 BYTES_PER_TOKEN = 4
 CHAT_MESSAGE_TOKENS = 4

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from actors.base import uniform
-from actors.router import pick
 from coral.messages.fleet import ROUTABLE_STATES, FleetUpdate, InstanceInfo
+from coral.routing import pick, uniform
 
 
 class RouteTable:

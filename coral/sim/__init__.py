@@ -15,8 +15,9 @@ from coral.sim.arrivals import (
     TraceArrivals,
     TraceLengths,
 )
-from coral.sim.engine import PlanFn, SimConfig, SimError, simulate, template_paths
+from coral.sim.engine import simulate
 from coral.sim.report import DepStats, LogHist, SimResult
+from coral.sim.state import PlanFn, SimConfig, SimError, template_paths
 
 __all__ = [
     "ArrivalError",

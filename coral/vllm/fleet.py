@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from coral.catalog.types import Catalog
-from coral.engines.vllm import VllmBackend, VllmEngine
 from coral.errors import CoralError
+from coral.vllm.engine import VllmBackend, VllmEngine
 from coral.vllm.tiny import TINY_MODEL, build_tiny_model
 
 log = logging.getLogger("coral.vllm")

@@ -26,10 +26,10 @@ from pathlib import Path
 import attrs
 
 from coral.engines import StageAssignment
-from coral.engines.vllm import VllmBackend, VllmEngine, prompt_ids
 from coral.errors import CoralError
 from coral.perf.profile import COLUMNS
 from coral.vllm import client
+from coral.vllm.engine import VllmBackend, VllmEngine, prompt_ids
 from coral.vllm.tiny import chain_template, deployment_for
 
 

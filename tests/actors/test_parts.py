@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.base import first_tick, uniform
+from actors.base import first_tick
 from actors.cloud import CloudError, SimCloud, StaticHosts
 from actors.demand import DemandEstimator
 from actors.feed import ScenarioFeed, Traffic
@@ -22,6 +22,7 @@ from coral.messages import (
     WorkItem,
 )
 from coral.messages.mesh import DemandTuning, Host
+from coral.routing import uniform
 from coral.store import TemplateStore
 from coral.templates import Template
 

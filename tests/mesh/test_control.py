@@ -144,6 +144,10 @@ async def test_commands_are_validated_confirmed_and_planned(world: World, tmp_pa
     assert isinstance(run_state.results[0], CommandResult)
 
 
-@pytest.mark.parametrize("bad", [SetChurn(-1.0), SetDemand("chat-8b", -3.0)])
-def test_commands_are_checked_before_they_are_sent(bad: object) -> None:
-    assert bad.problems() is not None  # type: ignore[attr-defined]
+@pytest.mark.parametrize(
+    ("bad", "good", "field"),
+    [(SetChurn(-1.0), SetChurn(2.0), "factor"), (SetDemand("chat-8b", -3.0), SetDemand("chat-8b", 3.0), "rps")],
+)
+def test_commands_are_checked_before_they_are_sent(bad: object, good: object, field: str) -> None:
+    assert bad.problems() == (field, f"must not be negative, got {getattr(bad, field)}")  # type: ignore[attr-defined]
+    assert good.problems() is None  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ import pytest
 from coral.perf import PerfModel
 from coral.plan import Plan, PlanRequest
 from coral.scenario import FaultEvent, MarketChange
-from coral.sim import LengthDist, PoissonArrivals, SimConfig, SimResult, engine, simulate, template_paths
+from coral.sim import LengthDist, PoissonArrivals, SimConfig, SimResult, engine, simulate, state, template_paths
 from coral.sim.handmade import FixedPlanner, GreedyPlanner, make_plan, single, stage, template
 from coral.templates import SINK, SOURCE
 from tests.sim import helpers as h
@@ -281,7 +281,7 @@ def test_router_splits_by_capacity_weight(perf: PerfModel, monkeypatch: pytest.M
     taken: dict[str, int] = {small.id: 0, big.id: 0}
     original = engine._Sim._take
 
-    def counting(self: engine._Sim, inst: engine.Inst, req: engine.Req, t: float) -> bool:
+    def counting(self: engine._Sim, inst: state.Inst, req: state.Req, t: float) -> bool:
         ok = original(self, inst, req, t)
         if ok:
             taken[inst.tpl.id] += 1

@@ -457,7 +457,10 @@ def test_column_generation_reaches_the_full_lp_bound(scarcity: float) -> None:
     res = solve_allocation(p, deadline_s=0.5, columns="generated")
     check_plan(p, res)
     assert res.column_generation
-    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6) or scarcity > 1
+    if scarcity > 1:  # availability cut fivefold: not all demand can be served
+        assert res.total_unmet_rps > 1.0
+    else:
+        assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
 
 
 def test_auto_generates_columns_at_the_extended_size() -> None:
@@ -525,6 +528,7 @@ def test_decomposition_prunes_only_against_a_start_that_serves_the_demand() -> N
     assert float(c.cost @ split.plan) == pytest.approx(3.0)
 
 
+@pytest.mark.slow
 def test_decomposition_agrees_with_the_full_mip() -> None:
     """Generated instances where models compete for nodes (in some, not every demand can be served): the
     same optimum with and without the decomposition, which had to merge models in several of them."""

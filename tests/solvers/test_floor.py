@@ -12,13 +12,14 @@ import pytest
 from coral.perf import PerfModel
 from coral.workload import Slo, WorkloadShape
 from solvers import fastplace, library
+from solvers.bounds import work_fixed_point
 from solvers.brute import brute_force_place
 from solvers.combos import layer_work_bound
 from solvers.fastplace import place
 from solvers.library import ProblemCache, place_one_batch, restrict_batch
-from solvers.placement import evaluate_placement
 from solvers.problem import PlacementProblem, PlacementResult
-from solvers.shapes import shape_search, work_fixed_point
+from solvers.rules import evaluate_placement
+from solvers.shapes import shape_search
 
 from .instances import random_tiny_problem
 

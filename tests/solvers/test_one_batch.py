@@ -11,7 +11,7 @@ from solvers.brute import brute_force_place
 from solvers.combos import layer_work_bound
 from solvers.library import ProblemCache, batch_work_bounds, place_one_batch, restrict_batch, solve_multiset
 from solvers.options import build_problem
-from solvers.placement import evaluate_placement
+from solvers.rules import evaluate_placement
 
 from .instances import random_tiny_problem
 

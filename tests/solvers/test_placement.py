@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 
 from solvers.brute import brute_force_place, max_flow
-from solvers.fastplace import exact_small, pipeline_dp, place, reduce_problem
-from solvers.placement import evaluate_placement, lp_reduce, milp_place, stages_of
+from solvers.chains import pipeline_dp
+from solvers.fastplace import place
+from solvers.placement import lp_reduce, milp_place
 from solvers.problem import NodeMenu, PlacementInputError, PlacementProblem, PlacementResult, check_problem
+from solvers.reduce import reduce_problem
+from solvers.rules import evaluate_placement, stages_of
 from solvers.shapes import exhaustive_shapes, shape_search, skeletons
+from solvers.small import exact_small
 from tests.solvers.instances import branching_problem, fork_problem, random_mid_problem, random_tiny_problem
 
 RTOL = 1e-6

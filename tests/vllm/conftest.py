@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coral.engines import StageAssignment
-from coral.engines.vllm import VllmBackend, VllmEngine
+from coral.vllm.engine import VllmBackend, VllmEngine
 from coral.vllm.tiny import TINY_MODEL, build_tiny_model, chain_template, deployment_for
 
 _VLLM: list[bool] = []

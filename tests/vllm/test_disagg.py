@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from coral.engines import StageAssignment
-from coral.engines.vllm import VllmEngine
 from coral.messages.requests import WorkItem
 from coral.vllm import client
+from coral.vllm.engine import VllmEngine
 from coral.vllm.tiny import TINY_MODEL, chain_template, deployment_for
 from tests.vllm.conftest import cpu_backend, reference_tokens
 

@@ -9,10 +9,10 @@ import pytest
 from coral.catalog import load_catalog
 from coral.cli import main
 from coral.engines import EngineError
-from coral.engines.vllm import VllmBackend, VllmEngine, prompt_ids
 from coral.errors import CoralError
 from coral.scenario import ScenarioError, load_scenario, scenario_catalogs
 from coral.vllm.client import parse_metrics
+from coral.vllm.engine import VllmBackend, VllmEngine, prompt_ids
 from coral.vllm.fleet import detect_device, parse_weights
 from coral.vllm.profile import ProfileRunError, ProfileSpec, model_layers
 from tests.conftest import FIXTURES

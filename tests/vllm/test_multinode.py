@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import coral
-from coral.engines.vllm import free_port
 from coral.vllm import client
+from coral.vllm.engine import free_port
 from coral.vllm.launch import LaunchOptions, launch_plan
 from coral.vllm.tiny import TINY_MODEL, chain_template
 from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens

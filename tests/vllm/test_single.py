@@ -11,10 +11,10 @@ import pytest
 
 from coral.catalog import load_catalog
 from coral.cli import main
-from coral.engines.vllm import VllmEngine
 from coral.messages.requests import WorkItem
 from coral.perf import PerfModel, load_profiles
 from coral.vllm import client
+from coral.vllm.engine import VllmEngine
 from tests.conftest import FIXTURES
 from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens
 

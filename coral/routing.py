@@ -1,0 +1,36 @@
+"""Seeded routing draws: a call-order-free uniform number, and the weighted pick it drives.
+
+The router actor and the gateway route the same way, so both take these from here: a request's
+instance depends only on the seed, the request's keys and the instances' weights.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+
+from coral.messages.fleet import InstanceInfo
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, *keys: int) -> float:
+    """A uniform number in [0, 1) determined by ``seed`` and ``keys`` (splitmix64), independent of call order."""
+    h = _mix(seed & _MASK)
+    for k in keys:
+        h = _mix(h ^ (k & _MASK))
+    return (h >> 11) * (1.0 / (1 << 53))
+
+
+def pick(instances: Sequence[InstanceInfo], u: float) -> InstanceInfo:
+    """The instance whose share of the total weight holds ``u`` in [0, 1)."""
+    cum = list(itertools.accumulate(i.weight for i in instances))
+    return instances[min(bisect.bisect_right(cum, u * cum[-1]), len(instances) - 1)]

@@ -1,0 +1,88 @@
+"""The allocator on its own, with a fake context and the mesh tests' templates: when it plans, what the
+plan covers, and which operator commands it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.allocator import Allocator
+from actors.compose import library_for
+from coral.messages.control import AllocatorState, ForbidTemplate, PauseAllocator, SetSlo
+from coral.messages.demand import DemandUpdate
+from coral.messages.market import MarketUpdate, Quote
+from coral.messages.plan import NewPlan
+from coral.scenario import Scenario
+from coral.store import TemplateStore
+
+from ..mesh.helpers import World
+from .fake import FakeContext, attach, envelope
+
+
+def _market(sc: Scenario, world: World, seq: int = 1) -> MarketUpdate:
+    price, avail = sc.market_at(world.catalog, 0.0)
+    quotes = tuple(Quote(r, n, p, avail[(r, n)]) for (r, n), p in sorted(price.items()))
+    return MarketUpdate(seq, 0.0, quotes, quotes)
+
+
+async def _allocator(world: World) -> tuple[Allocator, FakeContext, Scenario]:
+    sc = world.scenario("mesh-steady")
+    with TemplateStore(world.store, readonly=True) as store:
+        lib = library_for(store, sc)
+    a = Allocator(tick_s=1.0, scenario=sc, catalog=world.catalog, perf=world.perf, library=lib, deterministic=True)
+    return a, await attach(a), sc
+
+
+def _plans(ctx: FakeContext) -> list[NewPlan]:
+    return [m for m in ctx.published if isinstance(m, NewPlan)]
+
+
+async def test_no_plan_before_the_market_is_known_then_one_per_tick_that_changed(world: World) -> None:
+    a, ctx, sc = await _allocator(world)
+    await ctx.run_until(3.0)
+    assert _plans(ctx) == []
+    assert [type(m) for m in ctx.published] == [AllocatorState]  # its settings, at its first tick
+    await a.handle(envelope(_market(sc, world)))
+    demand = {d.name: 2 * d.demand.at(0.0) for d in sc.deployments}
+    await a.handle(envelope(DemandUpdate(1, 3.0, demand, demand)))
+    await ctx.run_until(4.0)
+    (first,) = _plans(ctx)
+    assert first.plan.seq == 1 and first.plan.trigger == "demand+initial+market"
+    assert {s.deployment: s.demand_rps for s in first.plan.serving} == demand
+    assert first.plan.unmet_rps == pytest.approx(0.0, abs=1e-6)
+    assert sum(c.delta for c in first.diff) == sum(i.count for i in first.plan.instances) > 0
+    assert (first.inputs.market_seq, first.inputs.demand_seq) == (1, 1)
+    await ctx.run_until(8.0)  # nothing changed, the re-plan interval has not passed
+    assert len(_plans(ctx)) == 1
+
+
+async def test_a_paused_allocator_does_not_plan_and_its_settings_are_published(world: World) -> None:
+    a, ctx, sc = await _allocator(world)
+    await a.handle(envelope(PauseAllocator(True), source="operator", kind="request"))
+    await a.handle(envelope(_market(sc, world)))
+    await ctx.run_until(2.0)
+    assert _plans(ctx) == []
+    states = [m for m in ctx.published if isinstance(m, AllocatorState)]
+    assert [s.paused for s in states] == [True]
+    assert len(ctx.replies) == 1 and ctx.replies[0][1].ok  # the command was confirmed to its sender
+    await a.handle(envelope(PauseAllocator(False), source="operator"))
+    await ctx.run_until(3.0)
+    assert len(_plans(ctx)) == 1  # the pending triggers are planned once it resumes
+
+
+async def test_commands_that_would_leave_a_deployment_unserved_are_refused(world: World) -> None:
+    a, ctx, sc = await _allocator(world)
+    dep = sc.deployments[0].name
+    only = {t.id for t in a.usable(dep)}
+    await a.handle(envelope(SetSlo("nope", 1.0, 0.1, 0.9), source="operator"))
+    await a.handle(envelope(SetSlo(dep, 1e-6, 1e-6, 0.9), source="operator"))
+    for tid in sorted(only):
+        await a.handle(envelope(ForbidTemplate(tid, True), source="operator"))
+    await a.handle(envelope(ForbidTemplate("t-unknown", True), source="operator"))
+    await ctx.run_until(1.0)
+    results = [m for m in ctx.published if type(m).__name__ == "CommandResult"]
+    refused = [(r.field, r.reason.split(" ")[0]) for r in results if not r.ok]
+    assert refused[0] == ("deployment", "unknown")
+    assert refused[1][0] == "ttft_s"
+    assert refused[-1] == ("template_id", "unknown")
+    assert any(r.field == "template_id" and "without a template" in r.reason for r in results if not r.ok)
+    assert {t.id for t in a.usable(dep)}  # the deployment can still be served

@@ -1,0 +1,141 @@
+"""The router on its own, with a fake context: where requests go, what waits, what is retried, what it
+reports."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from actors.router import Router
+from coral.catalog import Catalog
+from coral.messages.fleet import FleetUpdate, InstanceInfo
+from coral.messages.mesh import MeshTiming
+from coral.messages.requests import (
+    ArrivalBatch,
+    ArrivalCounts,
+    Completions,
+    Dispatch,
+    FinishTraffic,
+    Outcome,
+    RequestSpec,
+    RoutingStats,
+)
+from coral.scenario import Scenario, load_scenario
+
+from .fake import FakeContext, attach, envelope
+
+DEP = "chat-8b"
+
+
+@pytest.fixture(scope="module")
+def scenario(catalog: Catalog) -> Scenario:
+    return load_scenario("mesh-steady", catalog)
+
+
+def _inst(iid: str, weight: float, state: str = "serving", head: str = "") -> InstanceInfo:
+    return InstanceInfo(iid, DEP, "t1", "us-east", "aggregated", state, ("n",), (f"{iid}-n0",), head or f"w-{iid}",
+                        weight, 1e9, 0.0)  # fmt: skip
+
+
+def _fleet(seq: int, *insts: InstanceInfo, lost: tuple[str, ...] = ()) -> FleetUpdate:
+    return FleetUpdate(seq, 0.0, tuple(insts), lost=lost)
+
+
+def _arrivals(ids: range, t: float = 0.25, reply: bool = False) -> ArrivalBatch:
+    return ArrivalBatch(0.0, 1.0, tuple(RequestSpec(i, DEP, t, 100, 10) for i in ids), reply=reply)
+
+
+def _dispatched(ctx: FakeContext) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for dest, msg in ctx.sent:
+        if isinstance(msg, Dispatch):
+            out.setdefault(dest, []).extend(item.id for item in msg.items)
+    return out
+
+
+async def _router(scenario: Scenario, seed: int = 1, **timing: float) -> tuple[Router, FakeContext]:
+    r = Router(timing=attrs.evolve(MeshTiming(instance_queue_s=1e6), **timing), deployments=scenario.deployments,
+               seed=seed)  # fmt: skip
+    return r, await attach(r)
+
+
+async def test_requests_go_to_serving_instances_in_proportion_to_their_weight(scenario: Scenario) -> None:
+    r, ctx = await _router(scenario)
+    await r.handle(envelope(_fleet(1, _inst("i1", 1.0), _inst("i2", 3.0), _inst("i3", 9.0, state="loading"))))
+    await r.handle(envelope(_arrivals(range(4000))))
+    await ctx.run_until(1.0)
+    got = _dispatched(ctx)
+    assert set(got) == {"w-i1", "w-i2"}  # never to a loading instance
+    assert sorted(got["w-i1"] + got["w-i2"]) == list(range(4000))
+    assert 0.7 < len(got["w-i2"]) / 3000 < 1.3 and 0.7 < len(got["w-i1"]) / 1000 < 1.3
+    for dest, msg in ctx.sent:
+        assert isinstance(msg, Dispatch) and msg.instance == dest.removeprefix("w-")
+        assert all(item.attempt == 0 and item.avail == 1.0 for item in msg.items)
+
+
+async def test_the_draw_depends_on_the_seed_and_the_request_only(scenario: Scenario) -> None:
+    async def run(seed: int, order: range) -> dict[str, list[int]]:
+        r, ctx = await _router(scenario, seed)
+        await r.handle(envelope(_fleet(1, _inst("i1", 1.0), _inst("i2", 1.0))))
+        for i in order:
+            await r.handle(envelope(_arrivals(range(i, i + 1))))
+        await ctx.run_until(1.0)
+        return {k: sorted(v) for k, v in _dispatched(ctx).items()}
+
+    first = await run(1, range(200))
+    assert first == await run(1, range(199, -1, -1))
+    assert first != await run(2, range(200))
+
+
+async def test_a_request_with_nowhere_to_go_waits_then_fails(scenario: Scenario) -> None:
+    r, ctx = await _router(scenario, queue_timeout_s=3.0)
+    await r.handle(envelope(_arrivals(range(1), reply=True), source="gateway"))
+    await ctx.run_until(4.0)
+    assert r.stats[DEP].failed == 0 and r.stats[DEP].arrivals == 1
+    await ctx.run_until(5.0)  # queued at the tick at 1 s, more than 3 s ago
+    assert r.stats[DEP].failed_by == {"no_capacity": 1}
+    results = [m for d, m in ctx.sent if d == "gateway"]
+    assert [(o.id, o.kind, o.reason) for m in results for o in m.outcomes] == [(0, "failed", "no_capacity")]
+
+
+async def test_a_lost_instance_s_requests_are_retried_until_the_attempts_run_out(scenario: Scenario) -> None:
+    r, ctx = await _router(scenario, max_attempts=2)
+    await r.handle(envelope(_fleet(1, _inst("i1", 1.0))))
+    await r.handle(envelope(_arrivals(range(3))))
+    await ctx.run_until(1.0)
+    assert _dispatched(ctx) == {"w-i1": [0, 1, 2]}
+    ctx.take()
+    await r.handle(envelope(_fleet(2, _inst("i2", 1.0), lost=("i1",))))
+    await ctx.run_until(2.0)
+    sent, _ = ctx.take()
+    assert [(d, [(i.id, i.attempt) for i in m.items]) for d, m in sent] == [("w-i2", [(0, 1), (1, 1), (2, 1)])]
+    assert r.stats[DEP].retries == 3
+    await r.handle(envelope(_fleet(3, _inst("i3", 1.0), lost=("i2",))))
+    await ctx.run_until(3.0)
+    assert _dispatched(ctx) == {} and r.stats[DEP].failed_by == {"retries_exhausted": 3}
+
+
+async def test_completions_are_counted_against_the_slo_and_reported(scenario: Scenario) -> None:
+    r, ctx = await _router(scenario, report_s=2.0)
+    slo = r.slo[DEP]
+    await r.handle(envelope(_fleet(1, _inst("i1", 1.0))))
+    await r.handle(envelope(_arrivals(range(2))))
+    await ctx.run_until(1.0)
+    fast = Outcome(0, "done", 0.25 + slo.ttft_s / 2 + 9 * slo.tpot_s / 2, 0.25 + slo.ttft_s / 2)
+    slow = Outcome(1, "done", 0.25 + 2 * slo.ttft_s + 9 * slo.tpot_s / 2, 0.25 + 2 * slo.ttft_s)
+    await r.handle(envelope(Completions("i1", 1.0, (fast, slow)), source="w-i1"))
+    await r.handle(envelope(Completions("i9", 1.0, (Outcome(1, "failed", 1.0),)), source="w-i9"))  # not its instance
+    await ctx.run_until(2.0)
+    counts = [m for m in ctx.published if isinstance(m, ArrivalCounts)]
+    stats = [m for m in ctx.published if isinstance(m, RoutingStats)]
+    assert [c.counts for c in counts] == [{DEP: 2}]
+    (row,) = [d for d in stats[-1].deployments if d.deployment == DEP]
+    assert (row.arrivals, row.dispatched, row.completed, row.failed, row.slo_met) == (2, 2, 2, 0, 1)
+    assert row.window_attainment == 0.5 and not stats[-1].final
+    await r.handle(envelope(_arrivals(range(5, 6), t=2.5)))
+    await r.handle(envelope(FinishTraffic(3.0)))
+    await ctx.run_until(3.0)  # the tick that applies FinishTraffic fails what is open and reports at once
+    final = [m for m in ctx.published if isinstance(m, RoutingStats)][-1]
+    assert final.final and final.at == 3.0
+    (row,) = [d for d in final.deployments if d.deployment == DEP]
+    assert (row.completed, row.failed, row.failed_by) == (2, 1, {"unfinished": 1})
