@@ -2,7 +2,8 @@
 
 ``coral keys init [--dir DIR]`` creates the directory and the kernel's key pair; ``add NAME`` creates and
 allows a client key pair (print where its secret is, to copy to the client's machine with ``server.key``);
-``revoke NAME`` refuses that key from the next connection on; ``list`` shows every client. DIR defaults to
+``revoke NAME`` refuses that key from the next connection on; ``list`` shows every client; ``api ...`` manages
+the HTTP gateway's API keys (``coral.cli.apikeys_cmd``). DIR defaults to
 ``$CORAL_KEYS``, else ``coral-keys`` in the user data directory.
 """
 
@@ -13,6 +14,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+from coral.cli import apikeys_cmd
 from coral.errors import CoralError
 from coral.kernel import ClientKeys, Endpoints, ServerKeys, client_keys, server_keys
 from coral.kernel.keys import ENV_VAR, add_client, init_keys, keys_dir, list_clients, revoke_client
@@ -43,11 +45,14 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     r = ks.add_parser("revoke", parents=[where], help="stop allowing a client key")
     r.add_argument("name")
     ks.add_parser("list", parents=[where], help="list the client keys")
+    apikeys_cmd.add_parser(ks, where)
     p.set_defaults(func=run_keys)
 
 
 def run_keys(args: argparse.Namespace) -> int:
     d = args.dir if args.dir is not None else default_keys_dir()
+    if args.keys_command == "api":
+        return apikeys_cmd.run(args, d)
     if args.keys_command == "init":
         init_keys(d)
         print(f"coral keys: created {d} (kernel key pair; add clients with `coral keys --dir {d} add NAME`)")

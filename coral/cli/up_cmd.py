@@ -40,6 +40,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from coral.cli import apikeys_cmd
 from coral.cli.common import catalog_files, catalog_from, perf_from
 from coral.errors import CoralError
 from coral.gateway import Gateway, MeshLink, parse_address, serving
@@ -196,6 +197,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         help="requests that may wait for a slot; more are shed with 429 (default: 1024)",
     )
     p.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here (default: off)")
+    apikeys_cmd.add_up_options(p)
     p.set_defaults(func=run_up)
 
 
@@ -283,7 +285,7 @@ def run_up(args: argparse.Namespace) -> int:
     speed = parse_speed(args.speed)
     wall_limit = parse_duration(args.for_) if args.for_ is not None else None
     endpoints = parse_bind(args.bind)
-    from coral.cli.keys_cmd import kernel_keys
+    from coral.cli.keys_cmd import default_keys_dir, kernel_keys
 
     curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
@@ -306,12 +308,15 @@ def run_up(args: argparse.Namespace) -> int:
         raise CoralError(f"--gateway-active: must be at least 1, got {args.gateway_active}")
     if args.gateway_queue < 0:
         raise CoralError(f"--gateway-queue: must not be negative, got {args.gateway_queue}")
+    access = apikeys_cmd.up_access(args, gw_addr, metrics_addr, args.keys or default_keys_dir())
     if args.resume is not None:
         if vllm:
             raise CoralError("--resume: a crashed run on the vllm backend cannot be resumed (its servers died with it)")
         from coral.cli.resume import run_resumed
 
-        return run_resumed(args, endpoints, speed, wall_limit, curve, lambda: _serve(args, gw_addr, metrics_addr))
+        return run_resumed(
+            args, endpoints, speed, wall_limit, curve, lambda: _serve(args, gw_addr, metrics_addr, access)
+        )
     cat = catalog_from(args)
     perf = perf_from(args, cat)
     sc = load_scenario(args.scenario, cat)
@@ -342,8 +347,10 @@ def run_up(args: argparse.Namespace) -> int:
     )
     setup = make_setup(sc, cat, perf, library, options, catalog_files=catalog_files(args), profile_files=args.profiles)
     fleet = _vllm_fleet(args, sc, cat) if vllm else None
+    if fleet is not None:
+        access.use_engines(fleet.backend.engine_secret)
     console = Console(stderr=args.json, quiet=args.tui)
-    serve = _serve(args, gw_addr, metrics_addr)
+    serve = _serve(args, gw_addr, metrics_addr, access)
     try:
         summary = anyio.run(
             _run,
@@ -506,13 +513,19 @@ async def run_up_async(
     return out
 
 
-def _serve(args: argparse.Namespace, gw_addr: tuple[str, int] | None, metrics_addr: tuple[str, int] | None) -> Serve:
+def _serve(
+    args: argparse.Namespace,
+    gw_addr: tuple[str, int] | None,
+    metrics_addr: tuple[str, int] | None,
+    access: apikeys_cmd.Access | None = None,
+) -> Serve:
     """Bind the gateway's and the metrics' sockets (before the mesh starts: a taken port fails early)."""
     return Serve(
         bind(*gw_addr, "--gateway") if gw_addr is not None else None,
         bind(*metrics_addr, "--metrics") if metrics_addr is not None else None,
         args.gateway_active,
         args.gateway_queue,
+        access,
     )
 
 
@@ -585,6 +598,7 @@ class Serve:
     metrics: socket.socket | None = None
     max_active: int = 256
     max_queue: int = 1024
+    access: apikeys_cmd.Access | None = None
 
 
 async def start_serving(
@@ -606,15 +620,17 @@ async def start_serving(
             seed=seed,
             max_active=serve.max_active,
             max_queue=serve.max_queue,
+            auth=serve.access.auth if serve.access is not None else None,
         )
         link = await MeshLink.open(gw, mesh)
         links.append(link)
         tg.start_soon(link.run)
-        tg.start_soon(_serve_forever, gw, serve.gateway, "gateway", console)
+        tg.start_soon(_serve_forever, gw, serve.gateway, "gateway", console, serve.access)
     if serve.metrics is not None:
         metrics = MeshMetrics({d.name: d.model for d in scenario.deployments})
         if gw is not None:
             metrics.registry.register(GatewayCollector(gw))
+        app = serve.access.metrics_app(metrics.registry, metrics.asgi()) if serve.access else metrics.asgi()
         bus = await mesh.client("metrics", subscribe=TOPICS, inbox_size=1 << 16)
 
         async def feed() -> None:
@@ -622,12 +638,14 @@ async def start_serving(
                 metrics.update(env)
 
         tg.start_soon(feed)
-        tg.start_soon(_serve_forever, metrics.asgi(), serve.metrics, "metrics", console)
+        tg.start_soon(_serve_forever, app, serve.metrics, "metrics", console, serve.access)
 
 
-async def _serve_forever(app: Any, sock: socket.socket, what: str, console: Console) -> None:
+async def _serve_forever(
+    app: Any, sock: socket.socket, what: str, console: Console, access: apikeys_cmd.Access | None = None
+) -> None:
     try:
-        async with serving(app, sock, what=f"--{what}") as url:
+        async with serving(app, sock, what=f"--{what}", tls=access.tls if access is not None else None) as url:
             console.print(f"coral up: {what} at {url}")
             await anyio.sleep_forever()
     finally:

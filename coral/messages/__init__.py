@@ -77,6 +77,7 @@ from coral.messages.plan import NewPlan, PlanChange, PlanInputs
 from coral.messages.requests import (
     GATEWAY,
     OUTCOME_KINDS,
+    ApiRefused,
     ArrivalBatch,
     ArrivalCounts,
     Completions,
@@ -111,6 +112,7 @@ __all__ = [
     "ROUTER",
     "SUPERVISOR",
     "AllocatorState",
+    "ApiRefused",
     "ArrivalBatch",
     "ArrivalCounts",
     "CloudSetup",

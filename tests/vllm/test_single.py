@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def _complete(engine: VllmEngine, prompt: list[int], n: int) -> list[int]:
-    r = client.post_json(engine.endpoint, "/v1/completions", client.completion_body("tiny", prompt, n, stream=False))
+    body = client.completion_body("tiny", prompt, n, stream=False)
+    r = client.post_json(engine.endpoint, "/v1/completions", body, api_key=engine.api_key)
     return [int(t) for t in r["choices"][0]["token_ids"]]
 
 
@@ -31,7 +32,7 @@ def test_greedy_tokens_equal_transformers_generate(single: tuple[VllmEngine, flo
     got = [_complete(engine, p, N_TOKENS) for p in PROMPTS]
     assert got == reference_tokens(tiny_model, PROMPTS, N_TOKENS)
     assert len({tuple(g) for g in got}) == len(PROMPTS)  # the prompts lead to different continuations
-    streamed = client.stream_completion(engine.endpoint, "tiny", PROMPTS[0], N_TOKENS)
+    streamed = client.stream_completion(engine.endpoint, "tiny", PROMPTS[0], N_TOKENS, api_key=engine.api_key)
     assert list(streamed.token_ids) == got[0] and streamed.finish_reason == "length"
 
 
