@@ -143,6 +143,8 @@ class Gateway:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        if path in _PATHS:
+            send = self._counted(send, path)
         try:
             key = self.auth.check(scope["headers"]) if self.auth is not None and path.startswith("/v1/") else None
             if path == "/health":
@@ -150,7 +152,6 @@ class Gateway:
             elif path == "/v1/models":
                 await respond(send, 200, self.models(key))
             elif path in _PATHS:
-                send = self._counted(send, path)
                 if method != "POST":
                     raise _Reply(405, "invalid_request_error", f"{path}: use POST")
                 await self.generate(_PATHS[path], path, await read_body(receive), send, receive, key)
@@ -159,7 +160,7 @@ class Gateway:
         except _Reply as r:
             await respond(send, r.status, openai.error_body(str(r), r.kind, r.status, r.param), r.headers)
         except Refused as r:
-            await r.send(self._counted(send, path) if path in _PATHS else send)
+            await r.send(send)
 
     def _counted(self, send: Send, path: str) -> Send:
         """``send`` that counts the response's status per path (``responses``)."""
