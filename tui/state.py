@@ -61,13 +61,15 @@ TOPICS = (
     "kernel.error",
     "kernel.peer.",
     "kernel.shutdown",
+    "kernel.auth.",
+    "gw.refused",
 )
 """The bus topics (tag prefixes) the TUI subscribes to."""
 
 SNAPSHOT_TAGS = frozenset({"fleet.update", "dem.update", "req.stats", "mkt.update"})
 """Messages that carry a full snapshot: of several queued ones only the latest matters (see ``coalesce``)."""
 
-EVENT_KINDS = ("crash", "fault", "error", "command", "plan", "fleet", "market", "demand", "peer", "mesh")
+EVENT_KINDS = ("crash", "fault", "error", "command", "plan", "fleet", "market", "demand", "peer", "access", "mesh")
 SEVERITIES = ("info", "warn", "error")
 
 
@@ -764,6 +766,23 @@ def _on_error(state: State, env: Envelope) -> State:
     return _event(state, state.now, "error", "error", str(m.source), f"{m.tag}: {m.reason}")
 
 
+_REFUSED = {401: "no valid key", 403: "model not allowed", 429: "over its rate"}
+
+
+def _on_refused(state: State, env: Envelope) -> State:
+    """The gateway's API-key refusals (merged per key) and the kernel's refused bus connections."""
+    m = env.msg
+    if env.tag == "gw.refused":
+        why = f"{m.status} ({_REFUSED.get(int(m.status), 'refused')})"
+        if m.window_s <= 0:
+            text = f"refused a request of API key {m.key}: {why}"
+        else:
+            text = f"refused {m.count} more requests of API key {m.key} in {float(m.window_s):.1f}s: {why}"
+        return _event(state, state.now, "access", "warn", env.source, text)
+    text = f"refused a bus connection from {m.address} ({m.mechanism}): {m.reason}"
+    return _event(state, state.now, "access", "warn", env.source, text)
+
+
 def _on_peer(state: State, env: Envelope) -> State:
     m = env.msg
     kind = env.tag.rsplit(".", 1)[-1]
@@ -817,6 +836,8 @@ _HANDLERS: dict[str, Callable[[State, Envelope], State]] = {
     "kernel.peer.left": _on_peer,
     "kernel.peer.lost": _on_peer,
     "kernel.shutdown": _on_shutdown,
+    "kernel.auth.refused": _on_refused,
+    "gw.refused": _on_refused,
 }
 
 

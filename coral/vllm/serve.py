@@ -62,9 +62,10 @@ def _guard_every_path() -> bool:
         from vllm.entrypoints.serve.middleware import authenticate
     except Exception:
         return False
-    if not hasattr(authenticate, "GUARDED_PREFIX"):
+    module: Any = authenticate  # typed as Any: the prefix tuple's declared length differs between versions
+    if not hasattr(module, "GUARDED_PREFIX"):
         return False
-    authenticate.GUARDED_PREFIX = ("/",)
+    module.GUARDED_PREFIX = ("/",)
     return True
 
 

@@ -216,3 +216,23 @@ async def test_metrics_guard(tmp_path: Path) -> None:
             assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
         async with s.get(url + "/metrics", headers={"authorization": f"Bearer {key}"}) as r:
             assert r.status == 200 and await r.read() == b"coral_x 1\n"
+
+
+def test_the_tui_shows_refusals_as_access_events() -> None:
+    from coral.kernel import AuthRefused, Envelope
+    from tui import state as S
+
+    st = S.State()
+    for msg, tag in [
+        (ApiRefused("alice", 429, 1, 0.0), "gw.refused"),
+        (ApiRefused(NO_KEY, 401, 7, 1.0), "gw.refused"),
+        (AuthRefused("tcp://10.0.0.9", "CURVE", "Zz", "unknown or revoked client key"), "kernel.auth.refused"),
+    ]:
+        assert S.wanted(tag)
+        st = S.apply(st, Envelope("publish", "gateway", tag, msg))
+    texts = [(e.kind, e.severity, e.text) for e in st.events]
+    assert texts == [
+        ("access", "warn", "refused a request of API key alice: 429 (over its rate)"),
+        ("access", "warn", "refused 7 more requests of API key (none) in 1.0s: 401 (no valid key)"),
+        ("access", "warn", "refused a bus connection from tcp://10.0.0.9 (CURVE): unknown or revoked client key"),
+    ]
