@@ -88,7 +88,7 @@ def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return False  # a host name may resolve to a public interface
+        return False  # a host name or * may resolve to (or mean) a public interface
 
 
 @attrs.define

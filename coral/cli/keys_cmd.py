@@ -10,7 +10,6 @@ the HTTP gateway's API keys (``coral.cli.apikeys_cmd``). DIR defaults to
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +70,7 @@ def run_keys(args: argparse.Namespace) -> int:
 
 def is_loopback(address: str) -> bool:
     """Whether a tcp:// address binds only the loopback interface."""
-    host = address[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name or * may resolve to (or mean) a public interface
+    return apikeys_cmd.is_loopback(address[len("tcp://") :].rsplit(":", 1)[0].strip("[]"))
 
 
 def kernel_keys(endpoints: Endpoints | None, keys: Path | None, flag: str = "--bind") -> ServerKeys | None:
