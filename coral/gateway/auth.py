@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -65,6 +66,7 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(s|sec|second|m|min|minu
 _PER = {None: 1.0, "s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
 _PER.update({"h": 3600.0, "hour": 3600.0})
 _JSON = (b"content-type", b"application/json")
+log = logging.getLogger("coral.gateway")
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -280,8 +282,9 @@ class Auth:
         if now - self._checked >= RELOAD_S:
             try:
                 self.reload()
-            except KeyFileError:
-                self._checked = now  # a file being edited by hand: keep the keys in force, try again later
+            except KeyFileError as e:  # a file being edited by hand: keep the keys in force, try again later
+                self._checked = now
+                log.warning("API keys not reloaded, the keys in force stay: %s", e)
 
     @property
     def enforced(self) -> bool:

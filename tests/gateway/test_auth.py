@@ -236,3 +236,17 @@ def test_the_tui_shows_refusals_as_access_events() -> None:
         ("access", "warn", "refused 7 more requests of API key (none) in 1.0s: 401 (no valid key)"),
         ("access", "warn", "refused a bus connection from tcp://10.0.0.9 (CURVE): unknown or revoked client key"),
     ]
+
+
+def test_a_broken_key_file_keeps_the_keys_in_force(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    path = key_file(tmp_path)
+    key = add_key(path, "ann")
+    auth = Auth(path, clock=lambda: now[0])
+    path.write_text('{"keys": [{"name": "ann"}]}')
+    now[0] = 2.0
+    k = auth.check([(b"authorization", f"Bearer {key}".encode())])
+    assert k is not None and k.name == "ann"
+    assert "API keys not reloaded" in caplog.text and "field 'sha256'" in caplog.text and key not in caplog.text
+    with pytest.raises(KeyFileError, match="field 'sha256'"):
+        Auth(path)  # at start a broken file is an error
