@@ -14,7 +14,8 @@ next quiet point of the run and replies with the ``CommandResult``. The terminal
 
 ``--gateway HOST:PORT`` serves the OpenAI-compatible HTTP gateway (``coral.gateway``) in the same process:
 clients ask for a deployment by name as ``model``. ``--metrics HOST:PORT`` serves the mesh's Prometheus
-metrics (``coral.metrics``). Both are off unless given.
+metrics (``coral.metrics``). Both are off unless given; API keys, the safe-by-default checks and TLS
+(``--metrics-public``, ``--tls-cert``, ``--tls-key``) are ``coral.cli.apikeys_cmd``'s.
 """
 
 from __future__ import annotations

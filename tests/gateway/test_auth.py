@@ -250,3 +250,29 @@ def test_a_broken_key_file_keeps_the_keys_in_force(tmp_path: Path, caplog: pytes
     assert "API keys not reloaded" in caplog.text and "field 'sha256'" in caplog.text and key not in caplog.text
     with pytest.raises(KeyFileError, match="field 'sha256'"):
         Auth(path)  # at start a broken file is an error
+
+
+async def test_tls_with_uvicorns_certificate_options(tmp_path: Path) -> None:
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a test certificate")
+    cert, pkey = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-keyout", str(pkey), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    path = key_file(tmp_path / "keys")
+    key = add_key(path, "tls")
+    gw = Gateway({"chat": 4}, auth=Auth(path))
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.check_hostname = False
+    async with serving(gw, LOCAL, tls=(str(cert), str(pkey))) as url, aiohttp.ClientSession() as s:
+        assert url.startswith("https://")
+        async with s.get(url + "/v1/models", ssl=ctx, headers={"authorization": f"Bearer {key}"}) as r:
+            assert r.status == 200 and [m["id"] for m in (await r.json())["data"]] == ["chat"]
+        async with s.get(url + "/v1/models", ssl=ctx) as r:
+            assert r.status == 401
