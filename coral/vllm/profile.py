@@ -136,10 +136,11 @@ def profile_model(
     spec: ProfileSpec = ProfileSpec(),
     endpoint: str = "",
     served: str = "",
+    api_key: str = "",
     say: Callable[[str], None] = lambda _s: None,
 ) -> list[tuple[str, int, float]]:
-    """Measure ``model_dir`` with a vLLM server (started here, or the running one at ``endpoint``) and write
-    the table to ``out``; return its rows."""
+    """Measure ``model_dir`` with a vLLM server (started here, or the running one at ``endpoint``, whose key
+    is ``api_key``) and write the table to ``out``; return its rows."""
     layers, vocab, max_pos = model_layers(model_dir)
     limit = backend.max_model_len or max_pos
     spec = spec.check(limit)
@@ -161,7 +162,7 @@ def profile_model(
     elif not served:
         raise ProfileRunError("--served-name: needed with --endpoint (the model name the server serves)")
     try:
-        key = engine.api_key if engine is not None else ""
+        key = engine.api_key if engine is not None else api_key
         rows = measure(endpoint, served, layers, vocab, spec, seed=backend.seed, api_key=key)
     except client.HttpError as e:
         raise ProfileRunError(f"profile request failed: {e}") from None

@@ -67,9 +67,10 @@ def test_the_engine_serves_work_items_and_reports_the_server_metrics(single: tup
 
 
 def test_profile_writes_a_table_the_perf_model_loads(
-    single: tuple[VllmEngine, float], tiny_model: Path, tmp_path: Path
+    single: tuple[VllmEngine, float], tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "tiny.csv"
+    monkeypatch.setenv("VLLM_API_KEY", single[0].api_key)  # the server's key (it refuses requests without)
     rc = main(
         [
             "profile", "--model", str(tiny_model), "--out", str(out), "--name", "tiny-llama",
