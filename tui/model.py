@@ -44,6 +44,7 @@ TOPICS = (
     "kernel.error",
     "kernel.peer.",
     "kernel.auth.",
+    "gw.refused",
     "kernel.shutdown",
 )
 """The bus topics (tag prefixes) the TUI subscribes to."""
@@ -51,7 +52,7 @@ TOPICS = (
 SNAPSHOT_TAGS = frozenset({"fleet.update", "dem.update", "req.stats", "mkt.update"})
 """Messages that carry a full snapshot: of several queued ones only the latest matters (see ``coalesce``)."""
 
-EVENT_KINDS = ("crash", "fault", "error", "command", "plan", "fleet", "market", "demand", "peer", "mesh")
+EVENT_KINDS = ("crash", "fault", "error", "command", "plan", "fleet", "market", "demand", "peer", "access", "mesh")
 SEVERITIES = ("info", "warn", "error")
 
 

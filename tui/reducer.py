@@ -502,10 +502,22 @@ def _on_peer(state: State, env: Envelope) -> State:
     return _event(state, state.now, "peer", "info", name, "peer joined")
 
 
+_REFUSED = {401: "no valid key", 403: "model not allowed", 429: "over its rate"}
+
+
 def _on_refused(state: State, env: Envelope) -> State:
+    """The gateway's API-key refusals (merged per key) and the kernel's refused bus connections (merged
+    per peer)."""
     m = env.msg
-    text = f"refused {int(m.count)} connection(s) from {m.address}: {m.reason}"
-    return _event(state, state.now, "peer", "warn", str(m.address), text)
+    if env.tag == "gw.refused":
+        why = f"{m.status} ({_REFUSED.get(int(m.status), 'refused')})"
+        if m.window_s <= 0:
+            text = f"refused a request of API key {m.key}: {why}"
+        else:
+            text = f"refused {m.count} more requests of API key {m.key} in {float(m.window_s):.1f}s: {why}"
+        return _event(state, state.now, "access", "warn", env.source, text)
+    text = f"refused {int(m.count)} bus connection(s) from {m.address} ({m.mechanism}): {m.reason}"
+    return _event(state, state.now, "access", "warn", str(m.address), text)
 
 
 def _on_shutdown(state: State, env: Envelope) -> State:
@@ -560,6 +572,7 @@ _HANDLERS: dict[str, Callable[[State, Envelope], State]] = {
     "kernel.peer.left": _on_peer,
     "kernel.peer.lost": _on_peer,
     "kernel.auth.refused": _on_refused,
+    "gw.refused": _on_refused,
     "kernel.shutdown": _on_shutdown,
 }
 

@@ -2,17 +2,18 @@
 
 ``coral keys init [DIR]`` creates the directory and the kernel's key pair; ``add NAME`` creates and
 allows a client key pair (print where its secret is, to copy to the client's machine with ``server.key``);
-``revoke NAME`` refuses that key from the next connection on; ``list`` shows every client. DIR defaults to
+``revoke NAME`` refuses that key from the next connection on; ``list`` shows every client; ``api ...`` manages
+the HTTP gateway's API keys (``coral.cli.apikeys_cmd``). DIR defaults to
 ``$CORAL_KEYS``, else ``coral-keys`` in the user data directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from pathlib import Path
 from typing import Any
 
+from coral.cli import apikeys_cmd
 from coral.cli.common import print_json
 from coral.errors import CoralError
 from coral.kernel import ClientKeys, Endpoints, ServerKeys, client_keys, server_keys
@@ -46,11 +47,14 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     r = ks.add_parser("revoke", parents=[where], help="stop allowing a client key")
     r.add_argument("name", help="the client's name")
     ks.add_parser("list", parents=[where], help="list the client keys")
+    apikeys_cmd.add_parser(ks, where)
     p.set_defaults(func=run_keys)
 
 
 def run_keys(args: argparse.Namespace) -> int:
     d = getattr(args, "path", None) or (args.dir if args.dir is not None else default_keys_dir())
+    if args.keys_command == "api":
+        return apikeys_cmd.run(args, d)
     out: Any
     if args.keys_command == "init":
         init_keys(d)
@@ -81,13 +85,7 @@ def run_keys(args: argparse.Namespace) -> int:
 
 def is_loopback(address: str) -> bool:
     """Whether a tcp:// address binds only the loopback interface."""
-    host = address[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name or * may resolve to (or mean) a public interface
+    return apikeys_cmd.is_loopback(address[len("tcp://") :].rsplit(":", 1)[0].strip("[]"))
 
 
 def kernel_keys(endpoints: Endpoints | None, keys: Path | None, flag: str = "--bind") -> ServerKeys | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,10 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--vllm-dir", type=Path, default=None, metavar="DIR", help="server logs and caches")
     p.add_argument(
-        "--endpoint", default="", metavar="URL", help="measure a running vLLM server instead of starting one"
+        "--endpoint",
+        default="",
+        metavar="URL",
+        help="measure a running vLLM server instead of starting one (its API key, if any, from $VLLM_API_KEY)",
     )
     p.add_argument("--served-name", default="", help="the model name the --endpoint server serves")
     p.add_argument("--json", action="store_true", help="print the measured rows as JSON")
@@ -133,6 +137,7 @@ def run_profile(args: argparse.Namespace) -> int:
         spec=spec,
         endpoint=args.endpoint,
         served=args.served_name,
+        api_key=os.environ.get("VLLM_API_KEY", "") if args.endpoint else "",
         say=con.print,
     )
     load_profiles(args.out)  # what the perf model reads: fail here rather than later

@@ -18,7 +18,8 @@ next quiet point of the run and replies with the ``CommandResult``. The terminal
 
 ``--gateway HOST:PORT`` serves the OpenAI-compatible HTTP gateway (``coral.gateway``) in the same process:
 clients ask for a deployment by name as ``model``. ``--metrics HOST:PORT`` serves the mesh's Prometheus
-metrics (``coral.metrics``). Both are off unless given.
+metrics (``coral.metrics``). Both are off unless given; API keys, the safe-by-default checks and TLS
+(``--metrics-public``, ``--tls-cert``, ``--tls-key``) are ``coral.cli.apikeys_cmd``'s.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 import anyio
 from rich.console import Console
 
+from coral.cli import apikeys_cmd
 from coral.cli.common import add_policy, catalog_from, check_output, open_store, perf_from, store_path
 from coral.cli.up_driver import run_up_args, run_up_async
 from coral.cli.up_serve import Serve, serve_from_args, start_serving
@@ -190,6 +192,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         help="requests that may wait for a slot; more are shed with 429 (default: 1024)",
     )
     p.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics here (default: off)")
+    apikeys_cmd.add_up_options(p)
     p.set_defaults(func=run_up)
 
 
@@ -202,7 +205,7 @@ def run_up(args: argparse.Namespace) -> int:
     speed = parse_speed(args.speed)
     wall_limit = parse_duration(args.for_) if args.for_ is not None else None
     endpoints = parse_bind(args.bind)
-    from coral.cli.keys_cmd import kernel_keys
+    from coral.cli.keys_cmd import default_keys_dir, kernel_keys
 
     curve = kernel_keys(endpoints, args.keys)
     if args.seed < 0:
@@ -231,13 +234,14 @@ def run_up(args: argparse.Namespace) -> int:
     for addr, flag in ((gw_addr, "--gateway"), (metrics_addr, "--metrics")):
         if addr is not None and addr[1] != 0:
             bind(*addr, flag).close()  # a taken port fails now, not after the templates are built
+    access = apikeys_cmd.up_access(args, gw_addr, metrics_addr, args.keys or default_keys_dir())
     if args.resume is not None:
         if vllm:
             raise CoralError("--resume: a crashed run on the vllm backend cannot be resumed (its servers died with it)")
         from coral.cli.resume import run_resumed
 
         return run_resumed(
-            args, endpoints, speed, wall_limit, curve, lambda: serve_from_args(args, gw_addr, metrics_addr)
+            args, endpoints, speed, wall_limit, curve, lambda: serve_from_args(args, gw_addr, metrics_addr, access)
         )
     cat = catalog_from(args)
     perf = perf_from(args, cat)
@@ -251,8 +255,10 @@ def run_up(args: argparse.Namespace) -> int:
         library = library_for(store, sc, perf.version, vllm_only=vllm or args.vllm_only)
     setup = mesh_setup(args, sc, cat, perf, library, warmup=warmup, drain=drain, queue=queue)
     fleet = vllm_fleet(args, sc, cat) if vllm else None
+    if fleet is not None:
+        access.use_engines(fleet.backend.engine_secret)
     console = Console(stderr=args.json, quiet=args.tui)
-    serve = serve_from_args(args, gw_addr, metrics_addr)
+    serve = serve_from_args(args, gw_addr, metrics_addr, access)
     try:
         summary = anyio.run(
             run_up_args,

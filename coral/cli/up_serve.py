@@ -12,6 +12,7 @@ import anyio.abc
 import attrs
 from rich.console import Console
 
+from coral.cli import apikeys_cmd
 from coral.gateway import Gateway, MeshLink, serving
 from coral.gateway.server import bind
 from coral.kernel import Mesh
@@ -26,6 +27,7 @@ class Serve:
     metrics: socket.socket | None = None
     max_active: int = 256
     max_queue: int = 1024
+    access: apikeys_cmd.Access | None = None
 
 
 async def start_serving(
@@ -47,15 +49,17 @@ async def start_serving(
             seed=seed,
             max_active=serve.max_active,
             max_queue=serve.max_queue,
+            auth=serve.access.auth if serve.access is not None else None,
         )
         link = await MeshLink.open(gw, mesh)
         links.append(link)
         tg.start_soon(link.run)
-        tg.start_soon(_serve_forever, gw, serve.gateway, "gateway", console)
+        tg.start_soon(_serve_forever, gw, serve.gateway, "gateway", console, serve.access)
     if serve.metrics is not None:
         metrics = MeshMetrics({d.name: d.model for d in scenario.deployments})
         if gw is not None:
             metrics.registry.register(GatewayCollector(gw))
+        app = serve.access.metrics_app(metrics.registry, metrics.asgi()) if serve.access else metrics.asgi()
         bus = await mesh.client("metrics", subscribe=TOPICS, inbox_size=1 << 16)
 
         async def feed() -> None:
@@ -63,12 +67,14 @@ async def start_serving(
                 metrics.update(env)
 
         tg.start_soon(feed)
-        tg.start_soon(_serve_forever, metrics.asgi(), serve.metrics, "metrics", console)
+        tg.start_soon(_serve_forever, app, serve.metrics, "metrics", console, serve.access)
 
 
-async def _serve_forever(app: Any, sock: socket.socket, what: str, console: Console) -> None:
+async def _serve_forever(
+    app: Any, sock: socket.socket, what: str, console: Console, access: apikeys_cmd.Access | None = None
+) -> None:
     try:
-        async with serving(app, sock, what=f"--{what}") as url:
+        async with serving(app, sock, what=f"--{what}", tls=access.tls if access is not None else None) as url:
             console.print(f"coral up: {what} at {url}")
             await anyio.sleep_forever()
     finally:
@@ -78,7 +84,10 @@ async def _serve_forever(app: Any, sock: socket.socket, what: str, console: Cons
 
 
 def serve_from_args(
-    args: argparse.Namespace, gw_addr: tuple[str, int] | None, metrics_addr: tuple[str, int] | None
+    args: argparse.Namespace,
+    gw_addr: tuple[str, int] | None,
+    metrics_addr: tuple[str, int] | None,
+    access: apikeys_cmd.Access | None = None,
 ) -> Serve:
     """Bind the gateway's and the metrics' sockets (before the mesh starts: a taken port fails early)."""
     return Serve(
@@ -86,4 +95,5 @@ def serve_from_args(
         bind(*metrics_addr, "--metrics") if metrics_addr is not None else None,
         args.gateway_active,
         args.gateway_queue,
+        access,
     )

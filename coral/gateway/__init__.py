@@ -27,6 +27,10 @@ Errors are OpenAI-style JSON: 400 (malformed body, naming the field; or a simula
 the instance's KV cache), 404 (unknown model or path), 503 with ``Retry-After`` (the model has no live
 instance, or its request failed in the fleet before its first byte), 429 with ``Retry-After`` (more than
 ``max_active`` requests in progress and ``max_queue`` waiting), 502 (both instances tried failed).
+
+Access (``coral.gateway.auth``, given as ``Gateway(auth=...)``): once the key file lists a key, every
+``/v1/...`` request needs ``Authorization: Bearer KEY`` (401 without a valid one, 403 for a model outside
+the key's list, 429 with ``Retry-After`` over its rate), and each proxied request carries its engine's key.
 """
 
 from coral.gateway.app import GATEWAY_ID_BASE, Gateway, GatewayError

@@ -14,7 +14,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from coral.errors import CoralError
 from coral.gateway import openai
-from coral.gateway.client import Client, UpstreamError
+from coral.gateway.auth import ApiKey, Auth, Refused
+from coral.gateway.client import Client, Response, UpstreamError
 from coral.gateway.openai import ApiRequest, BadRequest
 from coral.gateway.table import RouteTable
 from coral.messages.fleet import FleetUpdate, InstanceInfo
@@ -68,6 +69,7 @@ class Gateway:
         max_queue: int = 1024,
         retry_after_s: int = 2,
         connect_timeout_s: float = 5.0,
+        auth: Auth | None = None,
     ) -> None:
         if max_active < 1:
             raise GatewayError(f"max_active: must be at least 1, got {max_active}")
@@ -92,6 +94,7 @@ class Gateway:
         self.retried = 0
         self.prefilled = 0
         self.responses: dict[tuple[str, int], int] = {}
+        self.auth = auth
 
     # -- the bus side -------------------------------------------------------------------------------
 
@@ -140,20 +143,24 @@ class Gateway:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        if path in _PATHS:
+            send = self._counted(send, path)
         try:
+            key = self.auth.check(scope["headers"]) if self.auth is not None and path.startswith("/v1/") else None
             if path == "/health":
                 await respond(send, 200, b'{"status":"ok"}')
             elif path == "/v1/models":
-                await respond(send, 200, self.models())
+                await respond(send, 200, self.models(key))
             elif path in _PATHS:
-                send = self._counted(send, path)
                 if method != "POST":
                     raise _Reply(405, "invalid_request_error", f"{path}: use POST")
-                await self.generate(_PATHS[path], path, await read_body(receive), send, receive)
+                await self.generate(_PATHS[path], path, await read_body(receive), send, receive, key)
             else:
                 raise _Reply(404, "not_found_error", f"no route {method} {path}")
         except _Reply as r:
             await respond(send, r.status, openai.error_body(str(r), r.kind, r.status, r.param), r.headers)
+        except Refused as r:
+            await r.send(send)
 
     def _counted(self, send: Send, path: str) -> Send:
         """``send`` that counts the response's status per path (``responses``)."""
@@ -166,14 +173,17 @@ class Gateway:
 
         return counted
 
-    def models(self) -> bytes:
+    def models(self, key: ApiKey | None = None) -> bytes:
         data = [
             {"id": d, "object": "model", "created": 0, "owned_by": "coral", "ready": bool(self.table.instances(d))}
             for d in sorted(self.table.known)
+            if key is None or key.models is None or d in key.models
         ]
         return openai.encode_json({"object": "list", "data": data})
 
-    async def generate(self, kind: str, path: str, body: bytes, send: Send, receive: Receive) -> None:
+    async def generate(
+        self, kind: str, path: str, body: bytes, send: Send, receive: Receive, key: ApiKey | None = None
+    ) -> None:
         """Serve one completion request: check it, admit it, route it. A stream ends when its client goes
         away (a proxied one closes its upstream connection, which makes vLLM abort the request)."""
         try:
@@ -182,6 +192,8 @@ class Gateway:
             r = _Reply(400, "invalid_request_error", str(e))
             r.param = e.param
             raise r from None
+        if key is not None and self.auth is not None:
+            self.auth.admit(key, req.model)
         if req.model not in self.table.known:
             raise _Reply(404, "not_found_error", f"model {req.model!r} does not exist (see /v1/models)")
         rid = self.next_id
@@ -241,7 +253,7 @@ class Gateway:
             prefill = inst
             inst = await self._prefill(req, rid, inst, path, body)
         try:
-            resp = await self.client.post(inst.endpoint, path, body)
+            resp = await self._post(inst, path, body)
         except UpstreamError as e:
             if prefill is not None:  # another decode instance of the region (the KV cache is shared there)
                 other = next(
@@ -254,7 +266,7 @@ class Gateway:
                 raise _Reply(502, "upstream_error", f"instance {inst.id} failed: {e}") from None
             self.retried += 1
             try:
-                resp = await self.client.post(other.endpoint, path, body)
+                resp = await self._post(other, path, body)
             except UpstreamError as e2:
                 raise _Reply(502, "upstream_error", f"instances {inst.id} and {other.id} failed: {e2}") from None
         try:
@@ -277,6 +289,11 @@ class Gateway:
         finally:
             resp.release()
 
+    async def _post(self, inst: InstanceInfo, path: str, body: bytes) -> Response:
+        """POST to ``inst``'s engine, with its engine key when it has one (``coral.gateway.auth``)."""
+        extra = self.auth.engine_header(inst.id) if self.auth is not None else b""
+        return await self.client.post(inst.endpoint, path, body, extra)
+
     async def _prefill(self, req: ApiRequest, rid: int, inst: InstanceInfo, path: str, body: bytes) -> InstanceInfo:
         """Step one of the disaggregated protocol on ``inst``; returns the decode instance for step two."""
         doc = json.loads(body)
@@ -288,7 +305,7 @@ class Gateway:
         tried = [inst]
         while True:
             try:
-                resp = await self.client.post(tried[-1].endpoint, path, first)
+                resp = await self._post(tried[-1], path, first)
                 try:
                     data = await resp.read()
                 finally:

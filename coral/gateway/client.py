@@ -175,12 +175,14 @@ class Client:
             raise UpstreamError(f"cannot connect to {key[0]}:{key[1]} ({e})", before_first_byte=True) from None
         return conn
 
-    async def post(self, endpoint: str, path: str, body: bytes) -> Response:
-        """POST a JSON ``body`` to ``endpoint`` + ``path``; return once the response's headers arrived."""
+    async def post(self, endpoint: str, path: str, body: bytes, extra: bytes = b"") -> Response:
+        """POST a JSON ``body`` to ``endpoint`` + ``path``; return once the response's headers arrived.
+        ``extra``: more header lines, each ending in CRLF."""
         key, host, prefix = self._target(endpoint)
         msg = b"".join(
             (b"POST ", prefix, path.encode(), b" HTTP/1.1\r\nhost: ", host,
-             b"\r\ncontent-type: application/json\r\ncontent-length: ", str(len(body)).encode(), b"\r\n\r\n", body)
+             b"\r\ncontent-type: application/json\r\n", extra, b"content-length: ", str(len(body)).encode(),
+             b"\r\n\r\n", body)
         )  # fmt: skip
         pool = self.idle.get(key)
         while pool:

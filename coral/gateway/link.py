@@ -38,6 +38,10 @@ class MeshLink:
             self.gateway.unlink()
 
     def step(self, now: float) -> None:
-        """Deliver the gateway's new requests to the router (call only while the mesh is quiet)."""
+        """Deliver the gateway's new requests to the router and publish its refusals (call only while the
+        mesh is quiet)."""
         for msg in self.gateway.take_inputs(now):
             self.mesh.send(ROUTER, msg, source=GATEWAY)
+        if self.gateway.auth is not None:
+            for refused in self.gateway.auth.reports():
+                self.mesh.publish(refused, source=GATEWAY)

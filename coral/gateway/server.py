@@ -39,9 +39,12 @@ def bind(host: str, port: int, what: str) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any, where: tuple[str, int] | socket.socket, *, what: str = "server") -> AsyncIterator[str]:
+async def serving(
+    app: Any, where: tuple[str, int] | socket.socket, *, what: str = "server", tls: tuple[str, str] | None = None
+) -> AsyncIterator[str]:
     """Serve ``app`` on ``(host, port)`` or a bound socket (``bind``) while the block runs; yields the base
-    URL (``http://host:port``). The socket is closed at the end."""
+    URL (``http://host:port``, ``https`` with ``tls``: the certificate and key files). The socket is closed
+    at the end."""
     sock = where if isinstance(where, socket.socket) else bind(*where, what)
     host, bound = sock.getsockname()[:2]
     config = uvicorn.Config(
@@ -54,6 +57,8 @@ async def serving(app: Any, where: tuple[str, int] | socket.socket, *, what: str
         server_header=False,
         date_header=False,
         timeout_graceful_shutdown=2,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     server = _Server(config)
     shown = f"[{host}]" if ":" in host else host
@@ -62,7 +67,7 @@ async def serving(app: Any, where: tuple[str, int] | socket.socket, *, what: str
         while not server.started and not server.should_exit:
             await anyio.sleep(0.005)
         try:
-            yield f"http://{shown}:{bound}"
+            yield f"{'https' if tls else 'http'}://{shown}:{bound}"
         finally:
             server.should_exit = True
     sock.close()

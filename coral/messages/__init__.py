@@ -91,6 +91,7 @@ from coral.messages.plan import NewPlan, PlanChange, PlanInputs
 from coral.messages.requests import (
     GATEWAY,
     OUTCOME_KINDS,
+    ApiRefused,
     ArrivalBatch,
     ArrivalCounts,
     Completions,
@@ -125,6 +126,7 @@ __all__ = [
     "ROUTER",
     "SUPERVISOR",
     "AllocatorState",
+    "ApiRefused",
     "ArrivalBatch",
     "ArrivalCounts",
     "CapacityShort",

@@ -21,6 +21,7 @@ From the HTTP gateway (``coral.gateway``), delivered at the mesh's quiet points 
   at each tick while it grows), then ``done`` or ``failed``.
 - ``req.proxied`` (``ProxiedArrivals``): requests the gateway sent straight to an instance's HTTP
   endpoint; the router only counts them as arrivals for the demand monitor.
+- ``gw.refused`` (``ApiRefused``, published): requests its API-key check refused, merged per key name.
 """
 
 from __future__ import annotations
@@ -203,3 +204,16 @@ class ProxiedArrivals:
 
     at: float
     counts: dict[str, int]
+
+
+@message("gw.refused")
+@attrs.frozen
+class ApiRefused:
+    """Gateway -> everyone: requests refused by the API-key check (``coral.gateway.auth``), merged per key
+    and status: ``count`` refusals of key ``key`` (its name, never the key; ``(none)`` or ``(unknown)``)
+    with HTTP status ``status`` (401, 403, 429) over the last ``window_s`` seconds (0: the first one)."""
+
+    key: str
+    status: int
+    count: int
+    window_s: float

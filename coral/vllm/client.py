@@ -33,11 +33,19 @@ def _conn(base: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
     return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout), u.path.rstrip("/")
 
 
-def get(base: str, path: str, *, timeout: float = 5.0) -> tuple[int, bytes]:
-    """GET ``path``; return (status, body). Raises HttpError when no answer comes."""
+def _headers(api_key: str, json_body: bool = False) -> dict[str, str]:
+    h = {"Content-Type": "application/json"} if json_body else {}
+    if api_key:
+        h["Authorization"] = "Bearer " + api_key
+    return h
+
+
+def get(base: str, path: str, *, timeout: float = 5.0, api_key: str = "") -> tuple[int, bytes]:
+    """GET ``path`` (with the server's ``api_key``, if any); return (status, body). Raises HttpError when no
+    answer comes."""
     conn, prefix = _conn(base, timeout)
     try:
-        conn.request("GET", prefix + path)
+        conn.request("GET", prefix + path, headers=_headers(api_key))
         r = conn.getresponse()
         return r.status, r.read()
     except (OSError, http.client.HTTPException) as e:
@@ -46,19 +54,21 @@ def get(base: str, path: str, *, timeout: float = 5.0) -> tuple[int, bytes]:
         conn.close()
 
 
-def healthy(base: str, *, timeout: float = 2.0) -> bool:
+def healthy(base: str, *, timeout: float = 2.0, api_key: str = "") -> bool:
     """Whether ``/health`` answers 200."""
     try:
-        return get(base, "/health", timeout=timeout)[0] == 200
+        return get(base, "/health", timeout=timeout, api_key=api_key)[0] == 200
     except HttpError:
         return False
 
 
-def post_json(base: str, path: str, body: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
+def post_json(
+    base: str, path: str, body: dict[str, Any], *, timeout: float = 600.0, api_key: str = ""
+) -> dict[str, Any]:
     """POST a JSON body; return the JSON answer. Raises HttpError on a transport error or a non-2xx status."""
     conn, prefix = _conn(base, timeout)
     try:
-        conn.request("POST", prefix + path, json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", prefix + path, json.dumps(body), _headers(api_key, True))
         r = conn.getresponse()
         data = r.read()
     except (OSError, http.client.HTTPException) as e:
@@ -109,6 +119,7 @@ def stream_completion(
     *,
     timeout: float = 600.0,
     extra: dict[str, Any] | None = None,
+    api_key: str = "",
 ) -> StreamResult:
     """Run one streamed greedy completion; raises HttpError on a transport error or a non-2xx status."""
     conn, prefix = _conn(base, timeout)
@@ -118,7 +129,7 @@ def stream_completion(
     reason = ""
     try:
         body = completion_body(model, prompt, max_tokens, stream=True, extra=extra)
-        conn.request("POST", prefix + "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", prefix + "/v1/completions", json.dumps(body), _headers(api_key, True))
         r = conn.getresponse()
         if not 200 <= r.status < 300:
             data = r.read()

@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -46,7 +47,7 @@ import coral
 from coral.engines import EngineError, EngineMetrics, StageAssignment, check_load
 from coral.messages.requests import Outcome, WorkItem
 from coral.vllm import client
-from coral.vllm.launch import DEVICES, KvTransfer, LaunchOptions, LaunchPlan, VllmLaunchError, launch_plan
+from coral.vllm.launch import DEVICES, KvTransfer, LaunchOptions, LaunchPlan, VllmLaunchError, engine_key, launch_plan
 
 LOG_TAIL_LINES = 12
 log = logging.getLogger("coral.vllm")
@@ -74,6 +75,8 @@ class VllmBackend:
     scrape_s: float = 1.0
     seed: int = 0
     env: Mapping[str, str] = attrs.field(factory=dict)
+    engine_secret: bytes = attrs.field(factory=lambda: secrets.token_bytes(32), repr=False)
+    """Each server's API key is ``engine_key(engine_secret, instance)``; empty: the servers take no key."""
 
     def check(self) -> VllmBackend:
         if self.device not in DEVICES:
@@ -189,6 +192,8 @@ class VllmEngine:
         self.stage: StageAssignment | None = None
         self.plan: LaunchPlan | None = None
         self.endpoint = ""
+        self.api_key = ""
+        """The key of this instance's server (``Authorization: Bearer``); never log it."""
         self.server: _Server | None = None
         self.fault = ""
         self._ready = False
@@ -222,6 +227,7 @@ class VllmEngine:
         if tpl.mode in ("prefill", "decode"):
             kv = KvTransfer(b.kv_connector, str(work / "kv" / stage.deployment.name)).check()
         port = free_port(b.host) if stage.head else 1
+        self.api_key = engine_key(b.engine_secret, stage.instance) if b.engine_secret else ""
         opts = LaunchOptions(
             model_path=weights,
             served_name=stage.deployment.name,
@@ -238,6 +244,7 @@ class VllmEngine:
             cache_root=str(work / "cache"),
             kv_transfer=kv,
             seed=b.seed,
+            api_key=self.api_key,
         )
         self.stage = stage
         try:  # every worker of the mesh runs on this machine: all stages of an instance share one host
@@ -252,7 +259,7 @@ class VllmEngine:
             return now
         if kv is not None:
             Path(kv.path).mkdir(parents=True, exist_ok=True)
-        env = {**b.env, **launch.env, "HF_HUB_OFFLINE": b.env.get("HF_HUB_OFFLINE", "1")}
+        env = {**b.env, **launch.environment(), "HF_HUB_OFFLINE": b.env.get("HF_HUB_OFFLINE", "1")}
         if b.device == "cpu":
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         logf = work / "logs" / f"{stage.instance}-{self.node_id or 'node'}-{os.getpid()}-{port}.log"
@@ -281,7 +288,7 @@ class VllmEngine:
         self._check_exit()
         if self.fault:
             return False
-        if not self.endpoint or client.healthy(self.endpoint):
+        if not self.endpoint or client.healthy(self.endpoint, api_key=self.api_key):
             self._ready = True
             log.info("%s: server ready at %s", self.node_id, self.endpoint)
         elif time.monotonic() - self._started_wall > self.backend.startup_timeout_s:
@@ -363,7 +370,7 @@ class VllmEngine:
         if wall - self._scraped_at >= self.backend.scrape_s:
             self._scraped_at = wall
             try:
-                status, body = client.get(self.endpoint, "/metrics", timeout=2.0)
+                status, body = client.get(self.endpoint, "/metrics", timeout=2.0, api_key=self.api_key)
                 if status == 200:
                     self._scraped = client.parse_metrics(body.decode(errors="replace"))
             except client.HttpError:
@@ -449,6 +456,7 @@ class VllmEngine:
             prompt,
             n_out,
             timeout=b.request_timeout_s,
+            api_key=self.api_key,
         )
         self._flights[item.id] = fl
 
@@ -458,7 +466,7 @@ class VllmEngine:
         if 400 <= status < 500:
             return True
         self._check_exit()
-        if not self.fault and not client.healthy(self.endpoint, timeout=5.0):
+        if not self.fault and not client.healthy(self.endpoint, timeout=5.0, api_key=self.api_key):
             self._check_exit(wait=2.0)
             if not self.fault:
                 self._set_fault(f"the server stopped answering /health after a request failed ({exc})")

@@ -13,7 +13,12 @@ One instance of a template is one vLLM deployment:
   the first stage) serves HTTP, the others run ``--headless``. vLLM places ``TP x PP / N`` consecutive ranks
   on each host, so every host must hold the same number of stages, consecutive in the pipeline;
 - a ``prefill`` or ``decode`` template is one side of a disaggregated pair: its server gets a
-  ``--kv-transfer-config`` (``KvTransfer``), ``kv_producer`` for prefill and ``kv_consumer`` for decode.
+  ``--kv-transfer-config`` (``KvTransfer``), ``kv_producer`` for prefill and ``kv_consumer`` for decode;
+- with ``LaunchOptions.api_key`` (``engine_key``: one per instance) the HTTP server refuses every request
+  without ``Authorization: Bearer KEY`` (vLLM's ``--api-key``, given as ``VLLM_API_KEY`` in its environment,
+  ``ServerLaunch.environment()``, so that the key is not in its command line, which every local user can
+  read; ``coral.vllm.serve`` extends vLLM's check from ``/v1`` to every path). It listens on
+  ``LaunchOptions.host``: the worker's private address where one is given, loopback by default.
 
 ``launch_plan`` refuses (``VllmLaunchError``) what vLLM cannot run as it is; it never substitutes another
 layout.
@@ -21,6 +26,8 @@ layout.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import sys
@@ -35,6 +42,15 @@ DEVICES = ("cpu", "gpu")
 CONNECTORS = ("ExampleConnector", "NixlConnector")
 SERVER_MODULE = "coral.vllm.serve"
 """The module the servers run: vLLM's OpenAI server, with Coral's fixes for known vLLM bugs."""
+
+
+API_KEY_ENV = "VLLM_API_KEY"
+"""The environment variable vLLM reads its API key from (as ``--api-key``)."""
+
+
+def engine_key(secret: bytes, instance: str) -> str:
+    """The API key of instance ``instance``'s vLLM server under ``secret`` (HMAC-SHA256, hex)."""
+    return "coral-engine-" + hmac.new(secret, instance.encode(), hashlib.sha256).hexdigest()
 
 
 class VllmLaunchError(CoralError):
@@ -96,9 +112,14 @@ class ServerLaunch:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     serves_http: bool
+    api_key: str = attrs.field(default="", repr=False)
 
     def command(self, python: str = sys.executable) -> list[str]:
         return [python, *self.argv]
+
+    def environment(self) -> dict[str, str]:
+        """``env`` with the server's API key (``VLLM_API_KEY``) when it has one."""
+        return {**self.env, API_KEY_ENV: self.api_key} if self.api_key else dict(self.env)
 
 
 @attrs.frozen
@@ -148,6 +169,7 @@ class LaunchOptions:
     kv_transfer: KvTransfer | None = None
     seed: int = 0
     extra_args: tuple[str, ...] = ()
+    api_key: str = attrs.field(default="", repr=False)
 
     def check(self) -> LaunchOptions:
         if self.device not in DEVICES:
@@ -278,7 +300,8 @@ def launch_plan(tpl: Template, hosts: Sequence[str], opts: LaunchOptions) -> Lau
             argv += ["--host", opts.host, "--port", str(opts.port)]
         else:
             argv.append("--headless")
-        servers.append(ServerLaunch(h, rank, tuple(stages), tuple(argv), dict(env), rank == 0))
+        key = opts.api_key if rank == 0 else ""
+        servers.append(ServerLaunch(h, rank, tuple(stages), tuple(argv), dict(env), rank == 0, key))
     url_host = opts.host if opts.host not in ("0.0.0.0", "::") else head_host
     return LaunchPlan(
         tpl.id,
@@ -295,6 +318,7 @@ def launch_plan(tpl: Template, hosts: Sequence[str], opts: LaunchOptions) -> Lau
 
 
 __all__ = [
+    "API_KEY_ENV",
     "CONNECTORS",
     "DEVICES",
     "KvTransfer",
@@ -303,5 +327,6 @@ __all__ = [
     "ServerLaunch",
     "VllmLaunchError",
     "cpu_threads_bind",
+    "engine_key",
     "launch_plan",
 ]

@@ -78,19 +78,21 @@ def model_layers(model_dir: Path) -> tuple[int, int, int]:
 
 
 def measure(
-    endpoint: str, served: str, layers: int, vocab: int, spec: ProfileSpec, *, seed: int = 0
+    endpoint: str, served: str, layers: int, vocab: int, spec: ProfileSpec, *, seed: int = 0, api_key: str = ""
 ) -> list[tuple[str, int, float]]:
-    """(phase, x, per-layer seconds) rows measured against a running server."""
+    """(phase, x, per-layer seconds) rows measured against a running server (whose key is ``api_key``)."""
     rows: list[tuple[str, int, float]] = []
     rid = 1 << 30  # request ids of the profile's own prompts
     for _ in range(2):  # warm-up: the first requests pay one-off allocations
         rid += 1
-        client.stream_completion(endpoint, served, prompt_ids(seed, rid, spec.prompt_tokens[0], vocab), 2)
+        client.stream_completion(
+            endpoint, served, prompt_ids(seed, rid, spec.prompt_tokens[0], vocab), 2, api_key=api_key
+        )
     for n in spec.prompt_tokens:
         times = []
         for _ in range(spec.repeat):
             rid += 1
-            r = client.stream_completion(endpoint, served, prompt_ids(seed, rid, n, vocab), 1)
+            r = client.stream_completion(endpoint, served, prompt_ids(seed, rid, n, vocab), 1, api_key=api_key)
             times.append(r.first - r.started)
         rows.append(("prefill", n, max(statistics.median(times), 1e-9) / layers))
     with ThreadPoolExecutor(max(spec.batches)) as pool:
@@ -101,7 +103,10 @@ def measure(
                 for _ in range(b):
                     rid += 1
                     prompts.append(prompt_ids(seed, rid, spec.context, vocab))
-                futs = [pool.submit(client.stream_completion, endpoint, served, p, spec.steps + 1) for p in prompts]
+                futs = [
+                    pool.submit(client.stream_completion, endpoint, served, p, spec.steps + 1, api_key=api_key)
+                    for p in prompts
+                ]
                 for f in futs:
                     r = f.result()
                     per.append((r.ended - r.first) / spec.steps)
@@ -131,10 +136,11 @@ def profile_model(
     spec: ProfileSpec = ProfileSpec(),
     endpoint: str = "",
     served: str = "",
+    api_key: str = "",
     say: Callable[[str], None] = lambda _s: None,
 ) -> list[tuple[str, int, float]]:
-    """Measure ``model_dir`` with a vLLM server (started here, or the running one at ``endpoint``) and write
-    the table to ``out``; return its rows."""
+    """Measure ``model_dir`` with a vLLM server (started here, or the running one at ``endpoint``, whose key
+    is ``api_key``) and write the table to ``out``; return its rows."""
     layers, vocab, max_pos = model_layers(model_dir)
     limit = backend.max_model_len or max_pos
     spec = spec.check(limit)
@@ -156,7 +162,8 @@ def profile_model(
     elif not served:
         raise ProfileRunError("--served-name: needed with --endpoint (the model name the server serves)")
     try:
-        rows = measure(endpoint, served, layers, vocab, spec, seed=backend.seed)
+        key = engine.api_key if engine is not None else api_key
+        rows = measure(endpoint, served, layers, vocab, spec, seed=backend.seed, api_key=key)
     except client.HttpError as e:
         raise ProfileRunError(f"profile request failed: {e}") from None
     finally:

@@ -10,9 +10,14 @@ as ``__mp_main__``; a forked one inherits the fix):
   the first request fails with ``assert self.intermediate_tensors is not None``. The fix allocates the
   buffer where it is first needed, exactly as vLLM's own dummy run would.
 
-The fix applies only to the vLLM version that has the bug; any other version runs unchanged. With
-``CORAL_VLLM_PARENT=PID`` the server stops itself (its whole process group) when that process is gone,
-so that a crashed ``coral up`` leaves no server behind.
+The fix applies only to the vLLM version that has the bug; any other version runs unchanged.
+
+With an API key (``VLLM_API_KEY``, as ``coral.vllm.launch`` gives it), vLLM checks the key only on paths under
+``/v1``, ``/v2``, ``/inference`` and ``/cohere``; its other routes (``/invocations``, ``/pause``,
+``/abort_requests``, ``/metrics``, ...) would answer anyone. ``_guard_every_path`` makes its check cover
+every path, ``/health`` included (the engine sends the key there too). With ``CORAL_VLLM_PARENT=PID`` the
+server stops itself (its whole process group) when that process is gone, so that a crashed ``coral up``
+leaves no server behind.
 """
 
 from __future__ import annotations
@@ -48,6 +53,20 @@ def _fix_cpu_pp_eager() -> bool:
 
 
 FIXED = _fix_cpu_pp_eager()
+
+
+def _guard_every_path() -> bool:
+    """Make vLLM's API-key middleware check every path (see the module docstring); False where this vLLM
+    has no such middleware (its own check then applies as it is)."""
+    try:
+        from vllm.entrypoints.serve.middleware import authenticate
+    except Exception:
+        return False
+    module: Any = authenticate  # typed as Any: the prefix tuple's declared length differs between versions
+    if not hasattr(module, "GUARDED_PREFIX"):
+        return False
+    module.GUARDED_PREFIX = ("/",)
+    return True
 
 
 def _headless() -> None:
@@ -96,6 +115,8 @@ def main() -> None:
     if "--headless" in sys.argv[1:]:
         _headless()
         return
+    if os.environ.get("VLLM_API_KEY"):
+        _guard_every_path()
     try:
         from vllm.entrypoints.launchers.api_server.entry import main as serve
     except ImportError:  # another vLLM layout: its documented module entry point

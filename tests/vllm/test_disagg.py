@@ -22,8 +22,8 @@ from tests.vllm.conftest import cpu_backend, reference_tokens
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def _external_tokens(endpoint: str) -> float:
-    text = client.get(endpoint, "/metrics")[1].decode()
+def _external_tokens(engine: VllmEngine) -> float:
+    text = client.get(engine.endpoint, "/metrics", api_key=engine.api_key)[1].decode()
     m = re.search(r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\} (\S+)$', text, re.M)
     assert m is not None, "the server reports no prompt tokens by source"
     return float(m.group(1))
@@ -58,7 +58,7 @@ def test_prefill_then_decode_through_the_kv_connector_equals_aggregated(tiny_mod
             time.sleep(0.05)
         (h,) = out
         assert h.kind == "handoff" and h.id == 7 and h.t_first >= now
-        before = _external_tokens(dec.endpoint)
+        before = _external_tokens(dec)
         now = time.monotonic() - t0
         dec.submit([WorkItem(7, "tiny", item.t_arr, now, 300, 12, gen=1, first_t=h.t_first, kv_nic=1e9)], now)
         out = []
@@ -67,19 +67,25 @@ def test_prefill_then_decode_through_the_kv_connector_equals_aggregated(tiny_mod
             time.sleep(0.05)
         (d,) = out
         assert d.kind == "done" and d.t_first == h.t_first and d.t >= now
-        assert _external_tokens(dec.endpoint) - before >= 256  # the prompt's KV came through the connector
+        assert _external_tokens(dec) - before >= 256  # the prompt's KV came through the connector
 
         # the tokens: prefill (max_tokens=1) then decode equal the aggregated instance's
         prompt = [int(x) for x in range(40, 340)]
         first = client.post_json(
-            pre.endpoint, "/v1/completions", client.completion_body("tiny", prompt, 1, stream=False)
+            pre.endpoint,
+            "/v1/completions",
+            client.completion_body("tiny", prompt, 1, stream=False),
+            api_key=pre.api_key,
         )
-        before = _external_tokens(dec.endpoint)
+        before = _external_tokens(dec)
         full = client.post_json(
-            dec.endpoint, "/v1/completions", client.completion_body("tiny", prompt, 12, stream=False)
+            dec.endpoint,
+            "/v1/completions",
+            client.completion_body("tiny", prompt, 12, stream=False),
+            api_key=dec.api_key,
         )
         got = [int(t) for t in full["choices"][0]["token_ids"]]
-        assert _external_tokens(dec.endpoint) - before >= 256
+        assert _external_tokens(dec) - before >= 256
         (ref,) = reference_tokens(tiny_model, [prompt], 12)
         assert first["choices"][0]["token_ids"] == ref[:1]
         assert got == ref

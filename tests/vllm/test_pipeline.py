@@ -28,7 +28,10 @@ def test_uneven_pp2_equals_the_single_stage_tokens_and_a_crash_is_a_fault(tiny_m
         got = []
         for p in PROMPTS:
             r = client.post_json(
-                head.endpoint, "/v1/completions", client.completion_body("tiny", p, N_TOKENS, stream=False)
+                head.endpoint,
+                "/v1/completions",
+                client.completion_body("tiny", p, N_TOKENS, stream=False),
+                api_key=head.api_key,
             )
             got.append([int(t) for t in r["choices"][0]["token_ids"]])
         # the single-stage instance gives transformers' tokens (test_single); PP=2 must give the same

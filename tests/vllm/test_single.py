@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def _complete(engine: VllmEngine, prompt: list[int], n: int) -> list[int]:
-    r = client.post_json(engine.endpoint, "/v1/completions", client.completion_body("tiny", prompt, n, stream=False))
+    body = client.completion_body("tiny", prompt, n, stream=False)
+    r = client.post_json(engine.endpoint, "/v1/completions", body, api_key=engine.api_key)
     return [int(t) for t in r["choices"][0]["token_ids"]]
 
 
@@ -31,7 +32,7 @@ def test_greedy_tokens_equal_transformers_generate(single: tuple[VllmEngine, flo
     got = [_complete(engine, p, N_TOKENS) for p in PROMPTS]
     assert got == reference_tokens(tiny_model, PROMPTS, N_TOKENS)
     assert len({tuple(g) for g in got}) == len(PROMPTS)  # the prompts lead to different continuations
-    streamed = client.stream_completion(engine.endpoint, "tiny", PROMPTS[0], N_TOKENS)
+    streamed = client.stream_completion(engine.endpoint, "tiny", PROMPTS[0], N_TOKENS, api_key=engine.api_key)
     assert list(streamed.token_ids) == got[0] and streamed.finish_reason == "length"
 
 
@@ -66,9 +67,10 @@ def test_the_engine_serves_work_items_and_reports_the_server_metrics(single: tup
 
 
 def test_profile_writes_a_table_the_perf_model_loads(
-    single: tuple[VllmEngine, float], tiny_model: Path, tmp_path: Path
+    single: tuple[VllmEngine, float], tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "tiny.csv"
+    monkeypatch.setenv("VLLM_API_KEY", single[0].api_key)  # the server's key (it refuses requests without)
     rc = main(
         [
             "profile", "--model", str(tiny_model), "--out", str(out), "--name", "tiny-llama",

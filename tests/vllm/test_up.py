@@ -33,8 +33,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 SCENARIO = ROOT / "fixtures" / "scenarios" / "tiny-cpu.toml"
 
 
-def _servers(parent: int | None, model: Path) -> list[tuple[int, int]]:
-    """(pid, port) of the vLLM servers of ``model`` (started by process ``parent``, when given)."""
+def _servers(parent: int | None, model: Path) -> list[tuple[int, int, str]]:
+    """(pid, port, API key) of the vLLM servers of ``model`` (started by process ``parent``, when given); the
+    key is read from the server's environment (only its user can read it)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -48,7 +49,12 @@ def _servers(parent: int | None, model: Path) -> list[tuple[int, int]]:
         if parent not in (None, ppid) or str(model).encode() not in cmd:
             continue
         if b"coral.vllm.serve" in cmd and b"--port" in cmd:
-            out.append((int(d.name), int(cmd[cmd.index(b"--port") + 1])))
+            try:
+                env = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            key = next((e[len(b"VLLM_API_KEY=") :].decode() for e in env if e.startswith(b"VLLM_API_KEY=")), "")
+            out.append((int(d.name), int(cmd[cmd.index(b"--port") + 1]), key))
     return out
 
 
@@ -78,14 +84,14 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
     try:
         deadline = time.monotonic() + 300
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            for pid, port in _servers(proc.pid, tiny_model):
+            for pid, port, key in _servers(proc.pid, tiny_model):
                 base = f"http://127.0.0.1:{port}"
-                if not client.healthy(base):
+                if not client.healthy(base, api_key=key):
                     continue
                 if time.monotonic() - up_since.setdefault(pid, time.monotonic()) < settle:
                     continue
                 try:
-                    m = client.parse_metrics(client.get(base, "/metrics")[1].decode())
+                    m = client.parse_metrics(client.get(base, "/metrics", api_key=key)[1].decode())
                 except client.HttpError:
                     continue
                 if m.get("vllm:num_requests_running", 0) >= 1 and m.get("vllm:request_success_total", 0) >= 1:
