@@ -39,11 +39,11 @@ def add_parser(actions: Any, where: argparse.ArgumentParser) -> None:
     p = actions.add_parser("api", parents=[where], help="manage the API keys of the HTTP gateway")
     verbs = p.add_subparsers(dest="api_command", metavar="VERB", required=True)
     a = verbs.add_parser("add", parents=[where], help="make an API key (printed once)")
-    a.add_argument("name", metavar="NAME")
+    a.add_argument("name", metavar="NAME", help="the key's name (only this is ever logged or journaled)")
     a.add_argument("--models", default=None, metavar="M1,M2", help="the models it may use (default: all)")
     a.add_argument("--rate", default=None, metavar="R/s", help="requests per second (R/s, R/min, R/h; default: none)")
     r = verbs.add_parser("revoke", parents=[where], help="stop accepting an API key")
-    r.add_argument("name", metavar="NAME")
+    r.add_argument("name", metavar="NAME", help="the name of the key to revoke")
     verbs.add_parser("list", parents=[where], help="list the API keys (names, never the keys)")
 
 

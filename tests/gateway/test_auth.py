@@ -220,21 +220,22 @@ async def test_metrics_guard(tmp_path: Path) -> None:
 
 def test_the_tui_shows_refusals_as_access_events() -> None:
     from coral.kernel import AuthRefused, Envelope
-    from tui import state as S
+    from tui.model import State
+    from tui.reducer import apply, wanted
 
-    st = S.State()
+    st = State()
     for msg, tag in [
         (ApiRefused("alice", 429, 1, 0.0), "gw.refused"),
         (ApiRefused(NO_KEY, 401, 7, 1.0), "gw.refused"),
         (AuthRefused("tcp://10.0.0.9", "CURVE", "Zz", "unknown or revoked client key"), "kernel.auth.refused"),
     ]:
-        assert S.wanted(tag)
-        st = S.apply(st, Envelope("publish", "gateway", tag, msg))
+        assert wanted(tag)
+        st = apply(st, Envelope("publish", "gateway", tag, msg))
     texts = [(e.kind, e.severity, e.text) for e in st.events]
     assert texts == [
         ("access", "warn", "refused a request of API key alice: 429 (over its rate)"),
         ("access", "warn", "refused 7 more requests of API key (none) in 1.0s: 401 (no valid key)"),
-        ("access", "warn", "refused a bus connection from tcp://10.0.0.9 (CURVE): unknown or revoked client key"),
+        ("access", "warn", "refused 1 bus connection(s) from tcp://10.0.0.9 (CURVE): unknown or revoked client key"),
     ]
 
 
