@@ -37,6 +37,7 @@ SAMPLES: list[object] = [
     m.EngineStats("n1", "i1", 5.0, 3, 1, 0.25, 1200.0, 800.0, 0),
     m.ReleaseNode("n1", "drained"),
     m.KillNode("n1", "node_loss"),
+    m.ApiRefused("alice", 429, 3, 1.0),
     m.ArrivalBatch(0.0, 1.0, (m.RequestSpec(1, "chat", 0.5, 100, 20),)),
     m.FinishTraffic(9.0),
     m.Dispatch("i1", (m.WorkItem(1, "chat", 0.5, 0.5, 100, 20, 1, 1, 0.7, 1e9),)),
@@ -81,7 +82,7 @@ SAMPLES: list[object] = [
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda x: type(x).__name__)
 def test_every_message_round_trips(msg: object) -> None:
     tag, body = encode(msg)
-    assert tag.decode().split(".")[0] in ("mkt", "dem", "plan", "fleet", "req", "ctl", "slo", "mesh", "inspect")
+    assert tag.decode().split(".")[0] in ("mkt", "dem", "plan", "fleet", "req", "ctl", "slo", "mesh", "inspect", "gw")
     assert decode(tag, body) == msg
 
 

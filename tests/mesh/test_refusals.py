@@ -97,7 +97,7 @@ async def test_a_retrying_client_is_reported_once_then_merged(tmp_path: Path) ->
         {"address": "tcp://127.0.0.1", "mechanism": "CURVE", "key": pub.decode(), "reason": seen[-1].reason,
          "count": broker.refused}
     ]  # fmt: skip
-    events = [e for e in tui.events if e.kind == "peer"]
+    events = [e for e in tui.events if e.kind == "access"]
     assert len(events) == 2 and all(e.severity == "warn" and "tcp://127.0.0.1" in e.text for e in events)
     con = Console(file=io.StringIO(), width=300)
     summary = {"scenario": "s", "end_s": 1.0, "reason": "stopped", "wall_s": 1.0, "plans": 0, "spent_usd": 0.0,
