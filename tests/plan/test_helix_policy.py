@@ -82,14 +82,14 @@ Env = tuple[Path, Path]
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
-    """The scenario at 40 req/s (Coral needs 3 of the 4 nodes) and a store built for it."""
+    """The scenario at 60 req/s (Coral needs 3 of the 4 nodes) and a store built for it."""
     d = tmp_path_factory.mktemp("helix")
     base = (FIXTURES / "catalog" / "tiny-cpu.toml").read_text()
     marker = '[region.offers."cpu-local"]\nprice = 0.05\navailability = 2\n'
     assert marker in base
     (d / "cat.toml").write_text(base.replace(marker, marker + SLOW_NODE))
     sc = d / "sc.toml"
-    sc.write_text(SCENARIO.replace("DEMAND", "40.0"))
+    sc.write_text(SCENARIO.replace("DEMAND", "60.0"))
     store = d / "store.sqlite"
     assert main(["templates", "build", "--scenario", str(sc), "--store", str(store), "--workers", "1", "--json"]) == 0
     return sc, store
