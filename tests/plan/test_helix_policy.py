@@ -226,7 +226,7 @@ def test_helix_without_templates_names_the_build_command(
     empty = tmp_path / "empty.sqlite"
     assert main(["plan", "--scenario", str(env[0]), "--store", str(empty), "--no-build", "--policy", "helix"]) == 2
     err = capsys.readouterr().err
-    assert "has no templates" in err and "coral templates build --scenario" in err
+    assert "no template store here" in err and "coral templates build --scenario" in err
 
 
 def test_helix_rejects_negative_demand_and_unknown_policies(env: Env) -> None:
