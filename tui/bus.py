@@ -21,9 +21,11 @@ answers), asks the gateway where the clock
 stands (``ClockRequest``) at every ping, and ``ask`` sends any other inspection request (templates, plan
 previews); replies are posted as ``Answered`` or pushed as envelopes for the reducer to fold.
 
-Liveness: a live source runs a sync round trip with the kernel every ``ping_s``; when one fails (or the
-handshake does) it reports the link ``lost``, keeps retrying and reports ``connected`` when the mesh is
-back. The app keeps the last state on screen meanwhile.
+Liveness: a live source runs a sync round trip with the kernel every ``ping_s``, in a task of its own beside
+the inquiries and requests (a request to a peer that is gone waits out its whole timeout, and a mesh that
+stops sends remote clients no word); when one fails (or the handshake does) it reports the link ``lost``
+within ``ping_s + ping_timeout_s``, keeps retrying and reports ``connected`` when the mesh is back. The
+app keeps the last state on screen meanwhile.
 
 Commands go to ``coral up``'s ``operator`` gateway as requests (exact replay of a recorded run); where
 no gateway exists they go to the owner of the setting. The answer, a ``CommandResult`` or the reason
@@ -281,6 +283,20 @@ class LiveSource:
         try:
             async with anyio.create_task_group() as tg:
                 self._bus, self._tg = bus, tg
+
+                async def ping() -> None:
+                    # a task of its own: a request waiting out its timeout must not delay finding the mesh gone
+                    nonlocal reason
+                    while True:
+                        await anyio.sleep(self.ping_s)
+                        try:
+                            await bus.sync(timeout=self.ping_timeout_s)
+                        except BusError:
+                            reason = f"no answer from the kernel within {self.ping_timeout_s:g}s; retrying"
+                            tg.cancel_scope.cancel()
+                            return
+
+                tg.start_soon(ping)
                 covered = await self._attach(bus, sink)
                 need_scenario = True
 
@@ -298,14 +314,8 @@ class LiveSource:
                     if need_scenario:  # until the allocator answers (it may start after the kernel)
                         need_scenario = not await self._inquire(bus, sink, INSPECTOR, scenario_request())
                     await anyio.sleep(self.ping_s)
-                    try:
-                        await bus.sync(timeout=self.ping_timeout_s)
-                    except BusError:
-                        reason = f"no answer from the kernel within {self.ping_timeout_s:g}s; retrying"
-                        break
                     if clock:  # a mesh without a gateway cannot say: stop asking
                         clock = await self._inquire(bus, sink, OPERATOR, clock_request())
-                tg.cancel_scope.cancel()
         finally:
             self._bus, self._tg = None, None
         return reason
