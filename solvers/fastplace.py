@@ -5,19 +5,8 @@ at six the shape search often runs out of its work budget and the LP/MILP residu
 
 ``place`` runs, in order, stopping at the first step that proves the optimum:
 
-1. Exact menu reductions (``solvers.reduce.reduce_problem``); each keeps the optimum value and an optimal placement:
-   - drop options with k > L;
-   - drop an option whose latency, plus the least latency with which the other nodes could cover the
-     remaining L - k layers (a knapsack over the other nodes, each used at most once), plus the least
-     link latencies into and out of the node, exceeds a limit: no path through it can meet the limit;
-   - clip capacities at an upper bound UB on the total flow (no node carries more than the total), where
-     UB is the least of the layer-work bound sum_i max_o k_o c_o / L (every unit of flow crosses L
-     layers) and the capacity out of the source and into the sink;
-   - drop an option dominated by another of the same node with the same k: capacity >= and latency
-     <= in every metric (memory does not matter: every option already fits);
-   - drop a latency metric that no path can exceed (every node's largest latency plus n + 1 of the
-     largest link latencies fits its limit); edges unusable before stay unusable.
-   Repeated until nothing changes. A node left without options proves the problem infeasible.
+1. Exact menu reductions (``solvers.reduce.reduce_problem``, listed in its docstring); each keeps the
+   optimum value and an optimal placement, and a node left without options proves the problem infeasible.
 2. n <= 3 (``solvers.small.exact_small``, method "shapes"): every shape that three nodes allow is enumerated and
    solved exactly (replicas, chains, one node feeding two, two feeding one; see that function).
 3. n >= 4: the chain family (``solvers.chains.pipeline_dp``) gives a first placement: the best one whose weakly
