@@ -4,8 +4,8 @@ command line and every repr do not, and each instance's key is its own."""
 from __future__ import annotations
 
 import attrs
-from coral.vllm.engine import VllmBackend
 
+from coral.vllm.engine import VllmBackend
 from coral.vllm.launch import API_KEY_ENV, LaunchOptions, engine_key, launch_plan
 from coral.vllm.tiny import chain_template
 
