@@ -59,7 +59,7 @@ async def test_killed_worker_is_found_by_heartbeat_replanned_and_its_requests_re
     world: World, tmp_path: Path
 ) -> None:
     journal = tmp_path / "kill.journal"
-    kill = Input(30.0, FAULT_SOURCE, SUPERVISOR, FaultInjected(30.0, "node_loss", REGION, "g6.xlarge", 1))
+    kill = Input(30.0, FAULT_SOURCE, SUPERVISOR, FaultInjected(30.0, "node_loss", REGION, "g5.xlarge", 1))
     seen: dict[str, Any] = {}
 
     async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
@@ -69,7 +69,7 @@ async def test_killed_worker_is_found_by_heartbeat_replanned_and_its_requests_re
     decisions = decisions_of(journal)
     (lost,) = [d.msg for d in decisions if isinstance(d.msg, NodeLost)]
     timing = FAST_CLOUD.timing
-    assert lost.cause == "heartbeat" and lost.node_type == "g6.xlarge"
+    assert lost.cause == "heartbeat" and lost.node_type == "g5.xlarge"
     assert 30.0 + timing.heartbeat_timeout_s - timing.heartbeat_s <= lost.at <= 31.0 + timing.heartbeat_timeout_s + 1
     replans = [d.msg.plan for d in decisions if isinstance(d.msg, NewPlan) and d.at > lost.at]
     assert replans and "fleet" in replans[0].trigger and replans[0].at == lost.at + 1.0

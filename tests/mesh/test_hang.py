@@ -19,7 +19,7 @@ from .test_faults import FAST_CLOUD, REGION, all_accounted, final
 
 async def test_hung_worker_is_found_by_heartbeat_and_replaced(world: World, tmp_path: Path) -> None:
     journal = tmp_path / "hang.journal"
-    hang = Input(30.0, FAULT_SOURCE, SUPERVISOR, FaultInjected(30.0, "hang", REGION, "g6.xlarge", 1))
+    hang = Input(30.0, FAULT_SOURCE, SUPERVISOR, FaultInjected(30.0, "hang", REGION, "g5.xlarge", 1))
     seen: dict[str, Any] = {"hung": []}
 
     async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
