@@ -345,8 +345,9 @@ class Journal:
         payload = _encoder.encode((seq, time, kind, source, dest, tag, body, corr))
         if len(payload) > MAX_RECORD:
             raise JournalError(f"{self.path}: record for {tag!r} is {len(payload)} bytes (max {MAX_RECORD})")
-        self._f.write(RECORD_HEAD.pack(len(payload), zlib.crc32(payload)))
-        self._f.write(payload)
+        # One write per record: the buffered file flushes whole writes, so a writer killed between two
+        # flushes leaves whole records (two writes left the 8-byte head alone on disk as a torn tail).
+        self._f.write(RECORD_HEAD.pack(len(payload), zlib.crc32(payload)) + payload)
         self.next_seq = seq + 1
         self.last_time = time
         self._appended = True
