@@ -9,6 +9,7 @@ the same journal (see ``actors.recovery``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -59,7 +60,8 @@ def run_resumed(
 ) -> int:
     """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
     from actors.setup import world_of
-    from coral.cli import up_cmd
+    from coral.cli.up_driver import run_up_async
+    from coral.cli.up_status import print_summary
     from coral.store import default_store_path
 
     rec = open_resume(args)
@@ -67,22 +69,24 @@ def run_resumed(
     sc, cat, perf = world_of(setup)
     console = Console(stderr=args.json, quiet=args.tui)
     summary = anyio.run(
-        up_cmd._run,
-        setup,
-        sc,
-        cat,
-        perf,
-        args.resume,
-        endpoints,
-        speed,
-        wall_limit,
-        console,
-        not (args.no_status or args.json or args.tui),
-        (args.store or default_store_path()) if args.tui else None,
-        curve,
-        serve() if serve is not None else None,
-        rec,
-        args.unknown_nodes,
+        functools.partial(
+            run_up_async,
+            setup,
+            sc,
+            cat,
+            perf,
+            journal=args.resume,
+            endpoints=endpoints,
+            speed=speed,
+            wall_limit=wall_limit,
+            console=console,
+            live=not (args.no_status or args.json or args.tui),
+            tui_store=(args.store or default_store_path()) if args.tui else None,
+            curve=curve,
+            serve=serve() if serve is not None else None,
+            resume=rec,
+            unknown_nodes=args.unknown_nodes,
+        ),
         backend="asyncio",
     )
     console.quiet = False
@@ -90,7 +94,7 @@ def run_resumed(
         json.dump(summary, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        up_cmd._print_summary(summary, console)
+        print_summary(summary, console)
     return 0
 
 

@@ -25,6 +25,7 @@ metrics (``coral.metrics``). Both are off unless given; API keys, the safe-by-de
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ from rich.console import Console
 
 from coral.cli import apikeys_cmd
 from coral.cli.common import add_policy, catalog_from, check_output, open_store, perf_from, store_path
-from coral.cli.up_driver import run_up_args, run_up_async
+from coral.cli.up_driver import run_up_async
 from coral.cli.up_serve import Serve, serve_from_args, start_serving
 from coral.cli.up_setup import DEFAULT_SPEED, mesh_setup, parse_duration, parse_speed, vllm_fleet
 from coral.cli.up_status import print_summary, summarize
@@ -46,9 +47,6 @@ from coral.kernel.address import DEFAULT_BIND, check_free, parse_bind
 from coral.scenario import load_scenario
 
 __all__ = ["DEFAULT_BIND", "DEFAULT_SPEED", "Serve", "add", "run_up", "run_up_async", "start_serving", "summarize"]
-
-_run = run_up_args  # coral.cli.resume runs a resumed mesh through these two
-_print_summary = print_summary
 
 
 def add(sub: Any, parent: argparse.ArgumentParser) -> None:
@@ -261,24 +259,24 @@ def run_up(args: argparse.Namespace) -> int:
     serve = serve_from_args(args, gw_addr, metrics_addr, access)
     try:
         summary = anyio.run(
-            run_up_args,
-            setup,
-            sc,
-            cat,
-            perf,
-            args.record,
-            endpoints,
-            speed,
-            wall_limit,
-            console,
-            not (args.no_status or args.json or args.tui),
-            path if args.tui else None,
-            curve,
-            serve,
-            None,
-            "release",
-            fleet,
-            args.until_idle,
+            functools.partial(
+                run_up_async,
+                setup,
+                sc,
+                cat,
+                perf,
+                journal=args.record,
+                endpoints=endpoints,
+                speed=speed,
+                wall_limit=wall_limit,
+                console=console,
+                live=not (args.no_status or args.json or args.tui),
+                tui_store=path if args.tui else None,
+                curve=curve,
+                serve=serve,
+                engine_factory=fleet,
+                until_idle=args.until_idle,
+            ),
             backend="asyncio",
         )
     finally:

@@ -13,7 +13,7 @@ import zmq
 from rich.console import Console
 
 from actors.watch import RunState
-from coral.cli.up_cmd import _print_summary
+from coral.cli.up_status import print_summary
 from coral.kernel import AuthRefused, Broker, BusClient, BusError, Endpoints, Envelope, client_keys, server_keys
 from coral.kernel.broker import _Refusals, handshake_reason, peer_host
 from coral.kernel.keys import ClientKeys, add_client, init_keys
@@ -102,6 +102,6 @@ async def test_a_retrying_client_is_reported_once_then_merged(tmp_path: Path) ->
     con = Console(file=io.StringIO(), width=300)
     summary = {"scenario": "s", "end_s": 1.0, "reason": "stopped", "wall_s": 1.0, "plans": 0, "spent_usd": 0.0,
                "journal": None, "refused_connections": st.refusals()}  # fmt: skip
-    _print_summary(summary, con)
+    print_summary(summary, con)
     out = con.file.getvalue()  # type: ignore[attr-defined]
     assert f"refused {broker.refused} connection(s) from tcp://127.0.0.1: unknown or revoked client key" in out
