@@ -18,10 +18,10 @@ reported as ``PeerLost``.
 
 Refusals (a CURVE kernel): ZAP refuses an unknown or revoked key, naming the peer's address (its host:
 the port changes with each retry). libzmq reports a failed handshake (a plaintext client never reaches
-ZAP) with a code but not the peer: its address is ``?`` (the fd of the connection is closed by the time
-the event arrives). Each is an ``AuthRefused`` with a readable reason; repeats from one peer (host,
-mechanism, key) are merged: the first is published at once, later ones at most once per
-``REFUSAL_REPORT_S`` with their count.
+ZAP) with a code but not the peer, and the fd of the connection is closed (or already reused) by the
+time the event arrives, so its address is ``UNNAMED_PEER``, which says so. Each is an ``AuthRefused``
+with a readable reason; repeats from one peer (host, mechanism, key) are merged: the first is published
+at once, later ones at most once per ``REFUSAL_REPORT_S`` with their count.
 """
 
 from __future__ import annotations
@@ -114,6 +114,8 @@ def inproc_endpoints() -> Endpoints:
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL) | int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+UNNAMED_PEER = "unnamed peer (libzmq gives no address for a failed handshake)"
+"""The address of a refusal that libzmq reports without its peer (a plaintext client of a CURVE kernel)."""
 REFUSAL_REPORT_S = 10.0
 """Repeated refusals of one peer are reported at most once in this many seconds (real time), merged."""
 _PROTOCOL_ERRORS = {
@@ -140,8 +142,8 @@ def handshake_reason(code: int) -> str:
 
 def peer_host(address: str) -> str:
     """``tcp://HOST`` of a ZAP address or ``host:port`` (the port changes with every retry)."""
-    if not address or address == "?":
-        return "?"
+    if not address or address in ("?", UNNAMED_PEER):
+        return UNNAMED_PEER
     host = address.removeprefix("tcp://")
     if host.startswith("[") and "]" in host:
         host = host[: host.index("]") + 1]
@@ -453,8 +455,8 @@ class Broker:
         return [b"1.0", rid, b"200", b"OK", name.encode(), b""]
 
     async def _monitor_loop(self, mon: zmq.asyncio.Socket) -> None:
-        """Report failed security handshakes (a plaintext client of a CURVE kernel) as AuthRefused, naming
-        the latest accepted connection still open as the peer."""
+        """Report failed security handshakes (a plaintext client of a CURVE kernel) as AuthRefused, from
+        ``UNNAMED_PEER`` (see the module docstring)."""
         from zmq.utils.monitor import parse_monitor_message
 
         while True:
@@ -466,10 +468,10 @@ class Broker:
             event, value = int(ev.get("event", 0)), int(ev.get("value", 0))
             if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                 mech = "NULL" if value == int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) else "CURVE"
-                self._refuse("?", mech, "", handshake_reason(value))
+                self._refuse(UNNAMED_PEER, mech, "", handshake_reason(value))
             else:
                 name = errno.errorcode.get(value, str(value))
-                self._refuse("?", "?", "", f"security handshake failed ({name}): not a CURVE client?")
+                self._refuse(UNNAMED_PEER, "?", "", f"security handshake failed ({name}): not a CURVE client?")
 
     def _refuse(self, address: str, mechanism: str, key: str, reason: str) -> None:
         self.refused += 1

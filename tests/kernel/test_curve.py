@@ -24,6 +24,7 @@ from coral.kernel import (
     client_keys,
     server_keys,
 )
+from coral.kernel.broker import UNNAMED_PEER
 from coral.kernel.keys import ClientKeys, add_client, init_keys, keys_dir, list_clients, revoke_client
 
 from .msgs import Ping, next_match, next_of
@@ -135,6 +136,7 @@ async def test_revoked_key_is_refused_and_reported(keydir: Path) -> None:
 async def test_plaintext_client_is_refused_and_reported(keydir: Path) -> None:
     ev = await _refused(keydir, None)
     assert "not a CURVE client" in ev.reason
+    assert ev.address == UNNAMED_PEER  # libzmq names no peer for a failed handshake: the address says so
 
 
 async def test_client_with_the_wrong_server_key_is_refused(keydir: Path) -> None:

@@ -15,7 +15,7 @@ from rich.console import Console
 from actors.watch import RunState
 from coral.cli.up_status import print_summary
 from coral.kernel import AuthRefused, Broker, BusClient, BusError, Endpoints, Envelope, client_keys, server_keys
-from coral.kernel.broker import _Refusals, handshake_reason, peer_host
+from coral.kernel.broker import UNNAMED_PEER, _Refusals, handshake_reason, peer_host
 from coral.kernel.keys import ClientKeys, add_client, init_keys
 from tui.model import State
 from tui.reducer import apply
@@ -56,7 +56,7 @@ def test_readable_reasons_and_peer_hosts() -> None:
     assert peer_host("10.1.2.3") == "tcp://10.1.2.3"
     assert peer_host("10.1.2.3:5555") == "tcp://10.1.2.3"
     assert peer_host("[::1]:5555") == "tcp://[::1]"
-    assert peer_host("") == peer_host("?") == "?"
+    assert peer_host("") == peer_host("?") == UNNAMED_PEER and "no address" in UNNAMED_PEER
 
 
 async def _intrude(ep: Endpoints, curve: ClientKeys | None) -> None:
