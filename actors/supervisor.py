@@ -5,11 +5,19 @@ newest first) and starts missing ones: one node per template stage from the clou
 refusal waits as a pending start, retried every tick until the next plan). The first plan's instances
 start warm when ``warm_start`` (the fleet that exists when a run begins).
 
+A surplus instance still on its way (provisioning or loading) is a ``bridge`` instead of being stopped
+while its deployment's serving capacity, with the bridges kept before it, stays below min(its demand,
+the new plan's capacity): it is nearer to serving than any fresh start, so stopping it would only
+lengthen the shortfall (a demand estimate that climbs over several re-plans, or a re-plan after a node
+loss, would otherwise stop each start before it serves). A bridge that comes to serve retires at once
+(below); one whose nodes a start of the plan needs, and the cloud lacks, stops (it serves nothing yet).
+A later plan that wants it again takes it back.
+
 Make before break: a surplus serving instance keeps serving (``retiring``) and drains (hands back the
 requests it had not started and releases its nodes once the rest finished) only when the deployment's
-serving capacity without it stays at or above its floor, min(capacity serving when the plan came, the
-new plan's capacity): so a transition never takes a deployment below the lesser of the old and the new
-plan unless nodes are lost. The one exception: a start waits for nodes the cloud cannot give, and
+serving capacity without it stays at or above its floor, min(capacity serving or bridged when the plan
+came, the new plan's capacity): so a transition never takes a deployment below the lesser of the old and
+the new plan unless nodes are lost. The one exception: a start waits for nodes the cloud cannot give, and
 retiring instances in its region hold exactly node types it lacks, enough to cover the shortfall
 (counting free nodes and nodes of instances already draining); those drain, because draining them is
 what lets the start go ahead. They drain so only when the start's deployment serves less than its
@@ -135,6 +143,7 @@ class InstRec:
     nodes: list[str]
     warm: bool
     drained: bool = False
+    bridge: bool = False  # surplus to the plan, kept loading because its deployment serves too little
 
     @property
     def key(self) -> Key:
@@ -269,36 +278,88 @@ class Supervisor(TickActor):
     async def _reconcile(self, msg: NewPlan, now: float) -> None:
         plan = msg.plan
         target = plan.counts()
-        serving_now = self.capacity(self._routable())
         planned = self._planned_capacity(target)
-        self.floor = {d: min(serving_now.get(d, 0.0), planned.get(d, 0.0)) for d in self.deployments}
         self.demand = {s.deployment: s.demand_rps for s in plan.serving}
         self.lost_since_plan = set()
         live: dict[Key, list[InstRec]] = {}
         for inst in self.instances.values():
             if inst.state in _PLANNABLE:
                 live.setdefault(inst.key, []).append(inst)
+        surplus: list[InstRec] = []
         for key in sorted(set(target) | set(live)):
             have = sorted(live.get(key, []), key=lambda i: (_VICTIM_RANK[i.state], -i.num))
             cut = max(0, len(have) - target.get(key, 0))
-            for inst in have[:cut]:
-                await self._stop(inst, now, f"plan {plan.seq}")
+            surplus += have[:cut]
             for inst in have[cut:]:
-                if inst.state == "retiring":  # wanted again
-                    inst.state = "serving"
+                if inst.state == "retiring" or inst.bridge:  # wanted again
+                    inst.state = "serving" if inst.state == "retiring" else inst.state
+                    inst.bridge = False
                     self.changed.add("instances")
             live[key] = have[cut:]
+        bridges = self._bridges(surplus, planned)
+        for inst in surplus:
+            if inst in bridges:
+                if not inst.bridge:
+                    inst.bridge = True
+                    self._action(now, "keep", inst, f"plan {plan.seq}: bridges until its replacement serves")
+            else:
+                inst.bridge = False
+                await self._stop(inst, now, f"plan {plan.seq}")
+        coming = self.capacity([*self._routable(), *bridges])
+        self.floor = {d: min(coming.get(d, 0.0), planned.get(d, 0.0)) for d in self.deployments}
         self.target = target
         warm = self.warm_start and not self.planned
         self.planned = True
         self.pending = {}
         for key in sorted(target):
             for _ in range(target[key] - len(live.get(key, []))):
-                if not self._start(key, now, warm, f"plan {plan.seq}"):
+                if not await self._start_or_free(key, now, warm, f"plan {plan.seq}"):
                     self.pending[key] = self.pending.get(key, 0) + 1
                     d, tid, region = key
                     self.out.append(FleetAction(now, "refused", "", d, tid, region, "no capacity"))
         self.changed.add("plan")
+
+    def _bridges(self, surplus: list[InstRec], planned: Mapping[str, float]) -> list[InstRec]:
+        """The surplus instances still on their way (provisioning or loading) that keep loading: per
+        deployment, the ones nearest to serving first (loading before provisioning, oldest first), while
+        its serving capacity plus theirs stays below min(its demand, the new plan's capacity). Stopping
+        them would leave the deployment short until a fresh start loads from nothing."""
+        have = self._routable()
+        kept: list[InstRec] = []
+        coming = [i for i in surplus if i.state in ("provisioning", "loading")]
+        for inst in sorted(coming, key=lambda i: (i.state != "loading", i.num)):
+            d = inst.deployment
+            need = min(self.demand.get(d, 0.0), planned.get(d, 0.0))
+            if self.capacity([*have, *kept]).get(d, 0.0) < need - 1e-6:
+                kept.append(inst)
+        return kept
+
+    async def _start_or_free(self, key: Key, now: float, warm: bool, reason: str) -> bool:
+        """Start an instance of ``key``; when the cloud lacks nodes that bridging instances (not serving
+        yet) hold in its region, enough of them to cover the shortfall, stop those and start."""
+        if self._start(key, now, warm, reason):
+            return True
+        dep, tid, region = key
+        need = Counter(s.node for s in self.templates[tid].stages)
+        lack = +Counter({n: k - self.cloud.free(region, n) for n, k in need.items()})
+        picks: list[InstRec] = []
+        cover: Counter[str] = Counter()
+        for inst in sorted(self.instances.values(), key=lambda i: -i.num):
+            if not lack or not (inst.bridge and inst.region == region and inst.state in ("provisioning", "loading")):
+                continue
+            types = Counter(inst.template.nodes)
+            if not set(types) & set(lack):
+                continue
+            picks.append(inst)
+            cover += types
+            if all(cover[n] >= k for n, k in lack.items()):
+                break
+        if not lack or not all(cover[n] >= k for n, k in lack.items()):
+            return False
+        for inst in picks:
+            inst.bridge = False
+            await self._stop(inst, now, f"nodes needed by a start of {dep}")
+        return self._start(key, now, warm, reason)
 
     def _start(self, key: Key, now: float, warm: bool, reason: str) -> bool:
         dep, tid, region = key
@@ -503,6 +564,10 @@ class Supervisor(TickActor):
                 inst.state = "serving"
                 await self.ctx.send(recs[0].worker, ServeInstance(inst.id))
                 self._action(now, "serving", inst, "all stages loaded")
+                if inst.bridge:  # it serves until its replacement does (make before break)
+                    inst.bridge = False
+                    inst.state = "retiring"
+                    self._action(now, "retire", inst, "bridge: surplus to the plan")
             if inst.state == "draining" and inst.drained:
                 await self._release_nodes(inst, now, "drained")
                 inst.state = "stopped"
@@ -510,7 +575,7 @@ class Supervisor(TickActor):
                 self._action(now, "release", inst, "drained")
         await self._retire(now)
         for key in sorted(self.pending):
-            while self.pending[key] > 0 and self._start(key, now, False, "pending start"):
+            while self.pending[key] > 0 and await self._start_or_free(key, now, False, "pending start"):
                 self.pending[key] -= 1
                 self.changed.add("pending")
         self.pending = {k: v for k, v in self.pending.items() if v > 0}

@@ -10,7 +10,9 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
   the pace at its worst (target at 60: never more than 5 s behind);
 - per actor (workers summed as ``worker-*``): messages handled, timer calls (ticks) and the wall time
   spent in them, the share of the run's wall time, and the bus totals (routed, published);
-- ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``).
+- ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``);
+- ``--compare``: also runs ``coral simulate`` on the same scenario, seed and planner, and prints each
+  deployment's SLO attainment and share of requests served in both (target: within 1 point).
 
 The machine's load average is printed with the figures: they depend on it. Run
 ``python bench/mesh.py [--scenario default] [--store PATH] [--speed max|N] [--duration S] [--json]``
@@ -41,6 +43,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=None, help="simulated seconds (default: the scenario's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default: 0)")
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
+    p.add_argument("--compare", action="store_true", help="also run `coral simulate` and compare attainment")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p.parse_args()
 
@@ -50,10 +53,14 @@ def main() -> None:
     import anyio
 
     from actors.compose import CoralMesh, RunOptions, library_for, make_setup, run_mesh
+    from actors.watch import RunState
     from coral.catalog import load_catalog
+    from coral.cli.planning import make_planner
+    from coral.cli.up_status import summarize
     from coral.kernel import Mesh
     from coral.perf import PerfModel
     from coral.scenario import load_scenario
+    from coral.sim import simulate
     from coral.store import TemplateStore, default_store_path
 
     speed = None if args.speed == "max" else float(args.speed)
@@ -70,6 +77,7 @@ def main() -> None:
     if not any(lib.values()):
         raise SystemExit(f"--store: {store} holds no templates for scenario {sc.name!r}")
     setup = make_setup(sc, cat, perf, lib, RunOptions(seed=args.seed, deterministic=True, duration_s=args.duration))
+    state = RunState()
     meshes: list[Mesh] = []
     behind = [0.0]
     t0: list[float] = []
@@ -82,13 +90,32 @@ def main() -> None:
         if speed is not None and t0:
             behind[0] = max(behind[0], (time.monotonic() - t0[0]) * speed - (t - t0[1]))
 
+    def compare(mesh_summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        with TemplateStore(Path(store), readonly=True) as st:
+            plan_fn, templates = make_planner("coral", sc, cat, perf, st)
+        dur = args.duration if args.duration is not None else sc.duration_s
+        sim = simulate(sc, templates, perf, plan_fn, seed=args.seed, duration_s=dur).to_json()
+        rows = {}
+        for name, m in mesh_summary["deployments"].items():
+            s = sim["per_model"][name]
+            rows[name] = {
+                "mesh_attainment": m["slo_attainment"],
+                "sim_attainment": s["attainment"]["both"],
+                "diff_points": 100 * (m["slo_attainment"] - s["attainment"]["both"]),
+                "mesh_served": m["completed"] / max(1, m["arrivals"]),
+                "sim_served": s["completed"] / max(1, s["requests"]),
+                "mesh_failed_by": m["failed_by"],
+            }
+        return rows
+
     load0 = os.getloadavg()
     cpu0 = time.process_time()
     prof = cProfile.Profile() if args.profile is not None else None
     if prof is not None:
         prof.enable()
     res = anyio.run(
-        lambda: run_mesh(setup, sc, cat, perf, pace=speed, on_start=on_start, on_step=on_step), backend="asyncio"
+        lambda: run_mesh(setup, sc, cat, perf, pace=speed, state=state, on_start=on_start, on_step=on_step),
+        backend="asyncio",
     )
     if prof is not None:
         prof.disable()
@@ -117,6 +144,8 @@ def main() -> None:
         "bus": {"routed": mesh.broker.stats.routed, "published": mesh.broker.stats.published},
         "actors": {k: {**v, "busy_s": round(v["busy_s"], 3)} for k, v in sorted(per.items())},
     }
+    if args.compare:
+        out["compare"] = compare(summarize(setup, res.state, res.end, res.reason, res.wall_s, None))
     if args.json:
         print(json.dumps(out, indent=1))
         return
@@ -127,6 +156,12 @@ def main() -> None:
     )
     if speed is not None:
         print(f"  at most {behind[0]:.2f} s behind the pace")
+    for d, c in out.get("compare", {}).items():
+        print(
+            f"  {d:<10} attainment mesh {c['mesh_attainment']:.4f} simulate {c['sim_attainment']:.4f} "
+            f"(diff {c['diff_points']:+.2f} points); served mesh {c['mesh_served']:.4f} "
+            f"simulate {c['sim_served']:.4f}; mesh failed {c['mesh_failed_by']}"
+        )
     print(f"  {'actor':<18} {'n':>4} {'handled':>9} {'ticks':>8} {'busy s':>8} {'share':>6}")
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]["busy_s"]):
         share = v["busy_s"] / res.wall_s

@@ -97,7 +97,8 @@ class FleetUpdate:
 @attrs.frozen
 class FleetAction:
     """One supervisor decision: ``start``, ``serving``, ``retire``, ``drain``, ``stop``, ``release``,
-    ``refused``, ``lost``, or ``adopt`` (an instance taken over after a crash, ``coral up --resume``)."""
+    ``refused``, ``lost``, ``keep`` (a surplus instance still loading kept as a bridge) or ``adopt`` (an
+    instance taken over after a crash, ``coral up --resume``)."""
 
     at: float
     action: str

@@ -21,7 +21,7 @@ from coral.messages.fleet import (
 from coral.messages.market import MarketUpdate, Quote
 from coral.messages.mesh import MeshTiming
 from coral.messages.plan import NewPlan
-from coral.plan import Plan, PlannedInstances
+from coral.plan import DeploymentServing, Plan, PlannedInstances
 from coral.store import TemplateStore
 from coral.templates import Template
 
@@ -32,20 +32,28 @@ DEP = "chat-8b"
 REGION = "aws-us-east-1"
 
 
-def _template(world: World) -> Template:
+def _templates(world: World) -> list[Template]:
     with TemplateStore(world.store, readonly=True) as store:
         tpls = [t for t in store.query(model="llama-3.1-8b") if t.mode == "aggregated" and t.shape.mean_in == 512]
-    return min(tpls, key=lambda t: (len(t.nodes), t.id))
+    return sorted(tpls, key=lambda t: (len(t.nodes), t.id))
 
 
-def _plan(seq: int, tpl: Template, count: int) -> NewPlan:
+def _template(world: World) -> Template:
+    return _templates(world)[0]
+
+
+def _plan(seq: int, tpl: Template, count: int, demand: float = 0.0) -> NewPlan:
     inst = PlannedInstances(DEP, tpl.id, REGION, count, tpl.nodes, "aggregated", 1.0, 1.0)
-    plan = Plan(seq, 0.0, "coral", "test", (inst,) if count else (), (), 1.0, 0.0, "optimal", 0.0, 1.0, 0.0)
+    serving = (DeploymentServing(DEP, tpl.model, demand, 1.0, 0.0),) if demand else ()
+    plan = Plan(seq, 0.0, "coral", "test", (inst,) if count else (), serving, 1.0, 0.0, "optimal", 0.0, 1.0, 0.0)
     return NewPlan(plan, ())
 
 
-async def _supervisor(world: World) -> tuple[Supervisor, FakeContext, Template, list[str]]:
+async def _supervisor(
+    world: World, also: Template | None = None
+) -> tuple[Supervisor, FakeContext, Template, list[str]]:
     tpl = _template(world)
+    tpls = {tpl.id: tpl} if also is None else {tpl.id: tpl, also.id: also}
     sc = world.scenario("mesh-steady")
     spawned: list[str] = []
 
@@ -54,9 +62,9 @@ async def _supervisor(world: World) -> tuple[Supervisor, FakeContext, Template, 
         return f"worker-{node_id}"
 
     cloud = SimCloud(provision_s=5.0)
-    quotes = tuple(Quote(REGION, n, 1.0, 4) for n in sorted(set(tpl.nodes)))
+    quotes = tuple(Quote(REGION, n, 1.0, 4) for n in sorted({n for t in tpls.values() for n in t.nodes}))
     cloud.set_market(MarketUpdate(1, 0.0, quotes, quotes))
-    sup = Supervisor(timing=MeshTiming(), cloud=cloud, templates={tpl.id: tpl},
+    sup = Supervisor(timing=MeshTiming(), cloud=cloud, templates=tpls,
                      deployments={d.name: d for d in sc.deployments}, catalog=world.catalog, spawn_worker=spawn,
                      warm_start=False)  # fmt: skip
     return sup, await attach(sup), tpl, spawned
@@ -135,3 +143,41 @@ async def test_a_dropped_instance_retires_then_drains_then_is_released(world: Wo
     assert [(a.action, a.reason) for a in published if isinstance(a, FleetAction)] == [("release", "drained")]
     update = [m for m in published if isinstance(m, FleetUpdate)][-1]
     assert update.stopped == ("i1",) and update.instances == () and update.cost_per_hour == 0.0
+
+
+async def test_a_loading_instance_a_new_plan_drops_bridges_until_its_replacement_serves(world: World) -> None:
+    tpl, other = _templates(world)[:2]
+    sup, ctx, _, spawned = await _supervisor(world, also=other)
+    await sup.handle(envelope(_plan(1, tpl, 1, demand=1.0), kind="publish"))
+    await ctx.run_until(6.0)  # i1's nodes are up: it loads
+    first = list(spawned)
+    ctx.take()
+    await sup.handle(envelope(_plan(2, other, 1, demand=1.0), kind="publish"))  # before i1 serves
+    await ctx.run_until(7.0)
+    _, published = ctx.take()
+    actions = [(a.action, a.instance) for a in published if isinstance(a, FleetAction)]
+    assert actions == [("keep", "i1"), ("start", "i2")]  # not stopped: nothing of its deployment serves
+    for nid in first:
+        await sup.handle(envelope(StageLoaded(nid, "i1", 7.0), source=f"worker-{nid}"))
+    await ctx.run_until(8.0)
+    _, published = ctx.take()
+    actions = [(a.action, a.instance) for a in published if isinstance(a, FleetAction)]
+    assert actions == [("serving", "i1"), ("retire", "i1")]  # it serves until i2 does
+    await ctx.run_until(12.0)
+    for nid in spawned[len(first) :]:
+        await sup.handle(envelope(StageLoaded(nid, "i2", 12.0), source=f"worker-{nid}"))
+    await ctx.run_until(13.0)
+    _, published = ctx.take()
+    why = [(a.action, a.instance, a.reason) for a in published if isinstance(a, FleetAction)]
+    assert why == [("serving", "i2", "all stages loaded"), ("drain", "i1", "replacement serving")]
+
+
+async def test_a_loading_instance_is_stopped_when_its_deployment_serves_enough(world: World) -> None:
+    sup, ctx, tpl, _ = await _serving(world)
+    await sup.handle(envelope(_plan(2, tpl, 2, demand=1.0), kind="publish"))
+    await ctx.run_until(9.0)
+    ctx.take()
+    await sup.handle(envelope(_plan(3, tpl, 1, demand=1.0), kind="publish"))  # i1 serves the demand alone
+    await ctx.run_until(10.0)
+    _, published = ctx.take()
+    assert [(a.action, a.instance) for a in published if isinstance(a, FleetAction)] == [("stop", "i2")]
