@@ -7,8 +7,12 @@ on the order in which requests are handled. A prefill instance's ``handoff`` is 
 a serving decode instance of the same region with the KV transfer's bandwidth. A request with no
 instance to go to waits (``queue_timeout_s``, then it fails as ``no_capacity``).
 
-Bounds (overload): an instance holds at most ``weight × instance_queue_s`` of the router's requests at
-once (what it serves in that time; a full instance is skipped); requests with nowhere to go wait, at most
+Bounds (overload): an instance holds at most ``weight × (service_s + instance_queue_s)`` of the
+router's requests at once (a full instance is skipped): by Little's law the requests it serves at its
+capacity ``weight`` while each takes ``service_s`` (the SLO's time for one request in its mode: TTFT plus
+the mean output times TPOT when aggregated, TTFT for prefill, the output times TPOT for decode), plus
+``instance_queue_s`` of waiting work. A bound without the service time would cap an instance whose
+requests take longer than ``instance_queue_s`` below its capacity. Requests with nowhere to go wait, at most
 ``max_queue`` per deployment: beyond that the newest fail at once as ``queue_full``. So under any load the
 router's and the engines' queues stay bounded, and what cannot be served is shed with a reason.
 
@@ -110,6 +114,7 @@ class Router(TickActor):
         self.timing = timing
         self.seed = seed
         self.slo: dict[str, Slo] = {d.name: d.slo for d in deployments}
+        self.mean_out = {d.name: d.shape.mean_out for d in deployments}
         self.stats: dict[str, TrafficStats] = {d.name: TrafficStats() for d in deployments}
         self.open: dict[int, OpenRequest] = {}
         self.todo: set[int] = set()
@@ -231,6 +236,13 @@ class Router(TickActor):
         if r.origin:
             self.replies.setdefault(r.origin, []).append(o)
 
+    def bound(self, i: InstanceInfo) -> int:
+        """The most of the router's requests instance ``i`` holds at once (see the module docstring)."""
+        slo = self.slo[i.deployment]
+        decode = self.mean_out[i.deployment] * slo.tpot_s
+        service = slo.ttft_s if i.mode == "prefill" else decode if i.mode == "decode" else slo.ttft_s + decode
+        return max(1, math.ceil(i.weight * (service + self.timing.instance_queue_s)))
+
     # -- the tick ------------------------------------------------------------------------------------
 
     async def on_tick(self, now: float) -> None:
@@ -263,7 +275,7 @@ class Router(TickActor):
         for o in self.open.values():
             if o.instance:
                 held[o.instance] = held.get(o.instance, 0) + 1
-        cap = {i.id: max(1, math.ceil(i.weight * self.timing.instance_queue_s)) for i in self.serving}
+        cap = {i.id: self.bound(i) for i in self.serving}
         for rid in sorted(self.todo):
             r = self.open.get(rid)
             if r is None or r.instance:

@@ -56,8 +56,9 @@ def _dyadic(x: float) -> bool:
 class MeshTiming:
     """Clock discipline of a run (seconds of the kernel clock), and the router's bounds.
 
-    Overload: an instance is given at most ``weight × instance_queue_s`` requests at once (what it serves
-    in that time); the rest wait in the router, at most ``max_queue`` per deployment: beyond that the
+    Overload: an instance is given at most ``weight × (service_s + instance_queue_s)`` requests at once
+    (those in service at its capacity, and what it serves in ``instance_queue_s``; ``actors.router``);
+    the rest wait in the router, at most ``max_queue`` per deployment: beyond that the
     newest fail at once as ``queue_full`` (shed, not queued without bound). The defaults (10 s of work
     per instance, 500 waiting per deployment) recovered the SLO 80 s after a minute at 10x the capacity,
     where 120 s and 10,000 had not recovered it 180 s after (``bench/overload.py``).

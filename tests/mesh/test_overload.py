@@ -4,12 +4,12 @@ arrival still ends completed or failed. (The memory and recovery figures are in 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import attrs
 
 from actors.replay import decisions_of
+from actors.router import Router
 from coral.messages import CloudSetup, FleetUpdate, RoutingStats
 from coral.messages.mesh import MeshTiming
 
@@ -27,11 +27,12 @@ async def test_router_sheds_beyond_its_bounds(world: World, tmp_path: Path) -> N
     journal = tmp_path / "overload.journal"
     await world.run("mesh-surge", options=options, journal=journal, scenario=sc)
     decisions = decisions_of(journal)
+    router = Router(timing=timing, deployments=sc.deployments, seed=0)  # its bounds, as the run's router
     recent = [0, 0]  # the shares of the instances in the last two fleet updates
     for d in decisions:
         if isinstance(d.msg, FleetUpdate):
             held = [i for i in d.msg.instances if i.state in ("serving", "retiring", "draining")]
-            recent = [recent[1], sum(math.ceil(i.weight * timing.instance_queue_s) for i in held)]
+            recent = [recent[1], sum(router.bound(i) for i in held)]
         if isinstance(d.msg, RoutingStats):
             caps = max(recent)
             (t,) = d.msg.deployments
