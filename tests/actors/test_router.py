@@ -3,6 +3,8 @@ reports."""
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import pytest
 
@@ -139,3 +141,17 @@ async def test_completions_are_counted_against_the_slo_and_reported(scenario: Sc
     assert final.final and final.at == 3.0
     (row,) = [d for d in final.deployments if d.deployment == DEP]
     assert (row.completed, row.failed, row.failed_by) == (2, 1, {"unfinished": 1})
+
+
+async def test_an_instance_holds_what_it_serves_at_capacity_plus_its_queue(scenario: Scenario) -> None:
+    # mesh-steady's chat-8b: a request takes up to TTFT + 128 tokens x TPOT (14.8 s) at the SLO, so an
+    # instance serving 2 req/s holds about 30 in service: a bound of 2 x 1 s of queue alone would cap it.
+    r, ctx = await _router(scenario, instance_queue_s=1.0)
+    slo = r.slo[DEP]
+    service = slo.ttft_s + scenario.deployments[0].shape.mean_out * slo.tpot_s
+    inst = _inst("i1", 2.0)
+    assert r.bound(inst) == math.ceil(2.0 * (service + 1.0)) > 2 * service
+    await r.handle(envelope(_fleet(1, inst)))
+    await r.handle(envelope(_arrivals(range(40))))
+    await ctx.run_until(1.0)
+    assert len(_dispatched(ctx)["w-i1"]) == r.bound(inst)  # the rest wait in the router
