@@ -12,7 +12,9 @@ targets. ``per_model`` is keyed by deployment name (the served model's name in t
 
 from __future__ import annotations
 
+import bisect
 import csv
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,12 +44,13 @@ SERIES_FIELDS = (
 class LogHist:
     """A fixed-size log-spaced histogram of positive durations, with exact count and sum."""
 
-    __slots__ = ("counts", "n", "total")
+    __slots__ = ("_cum", "counts", "n", "total")
 
     def __init__(self) -> None:
         self.counts = [0] * HIST_BINS
         self.n = 0
         self.total = 0.0
+        self._cum: tuple[int, list[int]] = (0, [])  # (n when computed, cumulative counts)
 
     def add(self, x: float) -> None:
         self.n += 1
@@ -62,15 +65,14 @@ class LogHist:
         """The ``q`` quantile (geometric middle of its bin); 0.0 when empty."""
         if self.n == 0:
             return 0.0
-        target = q * self.n
-        acc = 0
-        for i, c in enumerate(self.counts):
-            acc += c
-            if acc >= target and c:
-                if i == 0:
-                    return 0.0
-                return float(10 ** (HIST_LO + (i - 0.5) / HIST_BPD))
-        return float(10 ** (HIST_LO + (HIST_BINS - 1.5) / HIST_BPD))
+        # the first bin whose cumulative count reaches q * n (counts are integers: at least 1), which is
+        # never an empty bin; accumulate and bisect run in C (the router asks at every report)
+        if self._cum[0] != self.n:  # counts change only with n (add, and merges that set both)
+            self._cum = (self.n, list(itertools.accumulate(self.counts)))
+        i = bisect.bisect_left(self._cum[1], max(q * self.n, 1))
+        if i == 0:
+            return 0.0
+        return float(10 ** (HIST_LO + (min(i, HIST_BINS - 1) - 0.5) / HIST_BPD))
 
     @property
     def mean(self) -> float:

@@ -1,5 +1,7 @@
 """One engine model: the mesh's simulated engines and ``coral simulate`` agree on the same scenario, seed and
-plan (a steady demand, so that both plan once, at the start, for the same demand)."""
+plan (a steady demand, so that both plan once, at the start, for the same demand). The default scenario
+(one hour, demand steps, its own template library) is too long for a test: ``just bench mesh --compare``
+runs both on it and prints each deployment's attainment side by side."""
 
 from __future__ import annotations
 
