@@ -354,13 +354,24 @@ class Broker:
 
     # -- kernel-originated traffic -------------------------------------------------------------------
 
+    @property
+    def serving(self) -> bool:
+        """True between start and the beginning of shutdown; outside it, traffic is dropped and counted."""
+        return self._stack is not None
+
     def publish(self, msg: object, source: str = KERNEL) -> None:
-        """Publish (and journal) a message on behalf of ``source``."""
+        """Publish (and journal) a message on behalf of ``source``; dropped once the broker is closing."""
+        if not self.serving:
+            self.stats.dropped += 1
+            return
         tag, body = self.codec.encode(msg)
         self._publish(tag, source.encode(), tag, body)
 
     def send(self, dest: str, msg: object, source: str = KERNEL) -> bool:
         """Send (and journal) a directed message on behalf of ``source``; False if it was not delivered."""
+        if not self.serving:
+            self.stats.dropped += 1
+            return False
         tag, body = self.codec.encode(msg)
         ok = self._route(source.encode(), dest.encode(), tag, body, None)
         # A send on the shadow socket may swallow the ROUTER's read notification: let pyzmq re-check it.
@@ -378,7 +389,10 @@ class Broker:
         self._local.pop(ident, None)
 
     def local_frames(self, frames: list[bytes]) -> None:
-        """Handle frames an in-process client sent (identity first), at once."""
+        """Handle frames an in-process client sent (identity first), at once; dropped once closing."""
+        if not self.serving:
+            self.stats.dropped += 1
+            return
         self._router_sent = False
         self._on_frames(frames)
         if self._router_sent:  # a send on the shadow socket may swallow the ROUTER's read notification

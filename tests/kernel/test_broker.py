@@ -207,6 +207,20 @@ async def test_destination_over_high_water_mark_drops_with_error() -> None:
             assert broker.stats.errors * 10 < broker.stats.dropped
 
 
+async def test_traffic_after_shutdown_is_dropped_not_raised() -> None:
+    """A late publisher (a solve that ends after the mesh closed) meets a closed broker: counted, no error."""
+    broker = Broker()
+    async with broker:
+        assert broker.serving
+        broker.publish(Ping(0))
+    assert not broker.serving
+    before = broker.stats.dropped
+    broker.publish(Ping(1))
+    assert broker.send("anyone", Ping(2)) is False
+    broker.local_frames([b"late", b"", b"x", b""])
+    assert broker.stats.dropped == before + 3
+
+
 async def test_bad_options_are_rejected() -> None:
     with pytest.raises(BusError, match="hwm"):
         Broker(hwm=0)
