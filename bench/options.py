@@ -10,6 +10,9 @@ nothing), then prints, per deployment, the cost per served request/s of
   type, possibly two different ones),
 - the best prefill/decode pair of any templates (mixed types allowed on either side).
 
+A pair counts only when its two sides may be paired: the prefill template's slowest NIC reaches the
+decode template's ``kv_min_nic`` (the allocation's rule, ``solvers.allocation.columns``).
+
 Cost per served req/s is $/h of the template's nodes divided by its request rate at the deployment's
 shape: aggregated, ``Template.requests_per_s``; prefill, prompt tokens/s over the mean prompt; decode,
 output tokens/s over the mean output; a pair is the sum of its two sides (fractional instances). Each node
@@ -81,6 +84,36 @@ def _best(
     return best
 
 
+def _best_pair(
+    pre: list[Template],
+    dec: list[Template],
+    d: Deployment,
+    prices: Mapping[str, tuple[float, str]],
+    homogeneous: bool | None,
+    cat: Any,
+) -> tuple[tuple[float, Template], tuple[float, Template]] | None:
+    """The cheapest compatible (prefill, decode) pair: for each decode template, the cheapest prefill
+    template whose slowest NIC reaches its ``kv_min_nic``."""
+    ps: list[tuple[float, str, Template]] = []
+    for t in pre:
+        b = _best([t], d, prices, homogeneous)
+        if b is not None:
+            ps.append((b[0], t.id, t))
+    ps.sort()
+    nic = {t.id: min(cat.nodes[n].nic_bytes_per_s for n in t.nodes) for _c, _i, t in ps}
+    best: tuple[tuple[float, Template], tuple[float, Template]] | None = None
+    for t in dec:
+        q = _best([t], d, prices, homogeneous)
+        if q is None:
+            continue
+        p = next(((c, tp) for c, _i, tp in ps if nic[tp.id] >= t.kv_min_nic * (1.0 - 1e-12)), None)
+        if p is None:
+            continue
+        if best is None or (p[0] + q[0], p[1].id, q[1].id) < (best[0][0] + best[1][0], best[0][1].id, best[1][1].id):
+            best = (p, q)
+    return best
+
+
 def _entry(parts: list[tuple[float, Template]]) -> dict[str, Any]:
     return {
         "usd_per_h_per_rps": sum(c for c, _ in parts),
@@ -102,10 +135,9 @@ def options_table(store: TemplateStore, sc: Any, cat: Any, perf: PerfModel) -> d
         for name, homo in (("aggregated_homogeneous", True), ("aggregated_mixed", False)):
             b = _best(by_mode["aggregated"], d, prices, homo)
             row[name] = _entry([b]) if b else None
-        for name, homo in (("pd_homogeneous", True), ("pd_any", None)):
-            p = _best(by_mode["prefill"], d, prices, homo)
-            q = _best(by_mode["decode"], d, prices, homo)
-            row[name] = _entry([p, q]) if p and q else None
+        for name, same in (("pd_homogeneous", True), ("pd_any", None)):
+            pair = _best_pair(by_mode["prefill"], by_mode["decode"], d, prices, same, cat)
+            row[name] = _entry(list(pair)) if pair else None
         row["templates"] = {k: len(v) for k, v in by_mode.items()}
         out[d.name] = row
     return out

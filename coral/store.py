@@ -120,6 +120,7 @@ def template_from_json(d: Mapping[str, Any]) -> Template:
         vllm_ok=vllm_ok,
         vllm_reason=vllm_reason,
         formulation=str(d.get("formulation", "")),
+        kv_min_nic=float(d.get("kv_min_nic", 0.0)),
     )
 
 

@@ -57,6 +57,9 @@ class Template:
     reference shape. ``ttft_s``/``tpot_s`` are the worst estimates over the paths that carry flow.
     ``status`` is ``optimal`` only when proven. ``formulation`` names the placement model that made it
     (``solvers.library.formulation_of``); a template of an older formulation is stale and not used.
+    ``kv_min_nic`` (decode templates only, else 0): the slowest prefill-side NIC, in bytes/s, whose KV
+    transfer still meets the TPOT target on every path of this placement; a decode instance pairs only
+    with prefill instances whose slowest node's NIC reaches it.
     """
 
     id: str
@@ -81,6 +84,7 @@ class Template:
     vllm_ok: bool = False
     vllm_reason: str = ""
     formulation: str = ""
+    kv_min_nic: float = 0.0
 
     @property
     def node_counts(self) -> dict[str, int]:
@@ -133,6 +137,7 @@ class Template:
             "vllm_ok": self.vllm_ok,
             "vllm_reason": self.vllm_reason,
             "formulation": self.formulation,
+            "kv_min_nic": self.kv_min_nic,
         }
 
 

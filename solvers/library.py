@@ -30,22 +30,24 @@ from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibi
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import limit_less_ends, path_limit
 from solvers.fastplace import PLACER, place
-from solvers.options import FORMULATION, build_problem, prefill_bubble
+from solvers.options import build_problem, formulation, prefill_bubble
 from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
 from solvers.small import SMALL_NODES
 
 FLOW_EPS = 1e-9
 
 
-def formulation_of(num_nodes: int) -> str:
-    """The placement model that makes templates of ``num_nodes`` nodes now (the menus' formulation, and
-    from 4 nodes up the placer's version); a stored template with another one is stale."""
-    return FORMULATION if num_nodes <= SMALL_NODES else f"{FORMULATION}+{PLACER}"
+def formulation_of(num_nodes: int, mode: str) -> str:
+    """The placement model that makes ``mode`` templates of ``num_nodes`` nodes now (the menus'
+    formulation, and from 4 nodes up the placer's version); a stored template with another one is stale."""
+    f = formulation(mode)
+    return f if num_nodes <= SMALL_NODES else f"{f}+{PLACER}"
 
 
 def is_current(t: Template, perf_version: str | None = None) -> bool:
     """Whether a stored template was made by the current formulation (and perf model, when given)."""
-    return t.formulation == formulation_of(len(t.nodes)) and (perf_version is None or t.perf_version == perf_version)
+    current = t.formulation == formulation_of(len(t.nodes), t.mode)
+    return current and (perf_version is None or t.perf_version == perf_version)
 
 
 def distinct(templates: Sequence[Template]) -> list[Template]:
@@ -112,6 +114,7 @@ def template_from_result(
     metric_names = {"aggregated": ("tpot", "ttft"), "prefill": ("ttft",), "decode": ("tpot",)}[mode]
     lat = dict(zip(metric_names, worst, strict=True))
     ok, reason = vllm_compatibility(stages, routes)
+    kv_nic = kv_min_nic(problem, result, [perf.catalog.nodes[k].nic_bytes_per_s for k in problem.kinds])
     return Template(
         id=key,
         model=model,
@@ -134,8 +137,37 @@ def template_from_result(
         solve_s=result.solve_s,
         vllm_ok=ok,
         vllm_reason=reason,
-        formulation=formulation_of(n),
+        formulation=formulation_of(n, mode),
+        kv_min_nic=kv_nic if mode == "decode" else 0.0,
     )
+
+
+def kv_min_nic(problem: PlacementProblem, result: PlacementResult, nic: Sequence[float]) -> float:
+    """The slowest sender NIC (bytes/s) for which a decode placement still meets its TPOT limit.
+
+    ``build_problem`` prices the KV transfer into entry node i at node i's own NIC ``nic[i]``
+    (``link_lat[0, n, i] = K / nic[i]``); behind a sender of NIC s it takes K / min(s, nic[i]). With
+    d_i the longest latency from node i to the sink over the edges that carry flow (its own stage
+    included), the path limit T holds iff K / min(s, nic[i]) <= T - d_i, so the template holds for every
+    s >= K / (T - d_i) over its used entry nodes i (the maximum; 0 when no path carries flow).
+    """
+    n = problem.n
+    limit = float(problem.lat_limit[0])
+    used = [(u, v) for (u, v), f in result.flows.items() if f > FLOW_EPS]
+    own = [float(problem.menus[i].lat[0, result.option[i]]) for i in range(n)]
+    down = np.full(n, -np.inf)
+    for i in sorted(range(n), key=lambda i: -result.start[i]):
+        for u, v in used:
+            if u == i:
+                down[i] = max(down[i], own[i] + problem.link_lat[0, i, v] + (0.0 if v == n else down[v]))
+    need = 0.0
+    for u, v in used:
+        if u != n:
+            continue
+        kv = float(problem.link_lat[0, n, v]) * nic[v]
+        slack = limit - float(down[v])
+        need = max(need, kv / slack if slack > 0 else math.inf)
+    return need
 
 
 def _pure_capacities(

@@ -61,8 +61,13 @@ o' steps Poisson(mu o'), mu = E[max] over the p micro-batches (the request's own
 TPOT counts ``x_q * pre_b / b`` (0 for b = 1, about 1.1-1.4 times the mean m for one stage). A decode
 template's KV transfer is a fixed delay per request, so it is spread over o'_q steps, the (1 - q) quantile
 of o' (``short_output_steps``: 22 steps for the conversation shape at q = 0.9, not 211); and it crosses the
-slower of the two NICs (the simulator's rule), where the sending prefill instance is not known when the
-template is built: the slowest NIC of the catalog stands for it, so that the estimate holds for any pairing.
+slower of the two NICs (the simulator's rule). The sending prefill instance is not known when the template
+is built, so the source edge into node i is priced at node i's own NIC (a sender at least as fast), and the
+template records the slowest sender it holds for (``solvers.library.kv_min_nic``: the least sender NIC whose
+transfer still fits the TPOT slack of every path that carries flow); the allocation pairs a decode template
+only with prefill instances whose slowest NIC reaches that (``solvers.allocation.columns``). So the transfer
+is priced by the pair that will run, not by the slowest NIC of the catalog (8 Gbps, a node type that need
+not even be in the scenario: code-14b needed 120 ms per token for it against a 50 ms TPOT).
 
 Edges between nodes add the NIC transfer of one token's activations (TPOT) or one prompt's (TTFT) and carry
 at most NIC bandwidth / activation bytes per flow unit.
@@ -83,7 +88,17 @@ from solvers.problem import NodeMenu, PlacementProblem
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FORMULATION = "options-9"
-"""Bumped whenever menus or metrics change meaning; part of every template's content key."""
+"""Bumped whenever menus or metrics change meaning; part of every template's content key (with
+``MODE_FORMULATION``: ``formulation``)."""
+MODE_FORMULATION = {"decode": "kv-pair-1"}
+"""Per mode, a version of the rules that only that mode's problems have (the decode source edge's KV
+transfer), so that a change to them rebuilds only that mode's templates."""
+
+
+def formulation(mode: str) -> str:
+    """The formulation of ``mode``'s problems: ``FORMULATION``, with the mode's own rules' version."""
+    own = MODE_FORMULATION.get(mode)
+    return FORMULATION if own is None else f"{FORMULATION}+{own}"
 
 
 def _poisson_cdf(k: int, lam: float) -> float:
@@ -289,10 +304,9 @@ def build_problem(
     nodes_cat = perf.catalog.nodes
     if mode == "decode":
         kv_bytes = shape.mean_in * m.kv_bytes_per_token
-        sender = min(nt.nic_bytes_per_s for nt in nodes_cat.values())
         steps = short_output_steps(shape.mean_out, slo.attainment)
         for i, a in enumerate(kinds):
-            link_lat[0, n, i] = kv_bytes / min(nodes_cat[a].nic_bytes_per_s, sender) / steps
+            link_lat[0, n, i] = kv_bytes / nodes_cat[a].nic_bytes_per_s / steps
     for i, a in enumerate(kinds):
         for j, bnode in enumerate(kinds):
             if i == j:

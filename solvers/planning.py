@@ -195,6 +195,7 @@ class Planner:
                         t.decode_tok_s * scale,
                         instance_load_s(self.perf, t),
                         f"{d.name}/{t.id}",
+                        t.kv_min_nic,
                     )
                 )
                 index.append((d, t))

@@ -29,7 +29,7 @@ from coral.workload import Slo, WorkloadShape
 from solvers.combos import best_split, best_sub, check_params, enumerate_multisets, prune_verdict
 from solvers.fastplace import PLACER
 from solvers.library import ProblemCache, solve_multiset
-from solvers.options import FORMULATION
+from solvers.options import formulation
 from solvers.small import SMALL_NODES
 
 Multiset = tuple[str, ...]
@@ -170,7 +170,9 @@ def build_library(
         raise ValueError(f"sample_top must be an integer >= 0, got {sample_top!r}")
     report = BuildReport(workers=workers)
     t_start = time.perf_counter()
-    params: dict[str, object] = {"time_limit": time_limit, "formulation": FORMULATION}
+    params: dict[str, dict[str, object]] = {
+        m: {"time_limit": time_limit, "formulation": formulation(m)} for m in {j.mode for j in jobs}
+    }
     levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
     if sample_top:
         for lv in levels.values():
@@ -192,7 +194,14 @@ def build_library(
                 level = levels[job][size]
                 keys = [
                     template_key(
-                        perf.catalog, job.model, s, job.mode, job.slo, job.shape, perf.version, _params(params, s)
+                        perf.catalog,
+                        job.model,
+                        s,
+                        job.mode,
+                        job.slo,
+                        job.shape,
+                        perf.version,
+                        _params(params[job.mode], s),
                     )
                     for s in level
                 ]

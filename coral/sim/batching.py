@@ -360,10 +360,15 @@ class Batching(SimState):
         g = req.dep.decode.get(src.region)
         dst: Inst | None = None
         if g is not None and g.insts:
-            x = self.route_u.next() * g.total
-            dst = g.insts[-1]
-            for i, c in zip(g.insts, g.cum, strict=True):
-                if x < c:
+            # only decode instances whose KV transfer holds behind this sender (Template.kv_min_nic), in
+            # proportion to their weights; all of them when none does (served late rather than not at all)
+            ok = [i for i in g.insts if i.tpl.kv_min_nic <= src.min_nic * (1.0 + 1e-12)] or g.insts
+            x = self.route_u.next() * sum(i.weight for i in ok)
+            dst = ok[-1]
+            acc = 0.0
+            for i in ok:
+                acc += i.weight
+                if x < acc:
                     dst = i
                     break
         bw = min(src.min_nic, dst.min_nic) if dst is not None else src.min_nic

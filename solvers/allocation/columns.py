@@ -1,5 +1,18 @@
 """The availability-filtered (template, region) columns of an allocation problem (lossless reductions:
-merged duplicate templates, columns that fit their region, prefill/decode only where paired)."""
+merged duplicate templates, columns that fit their region, prefill/decode only where paired).
+
+KV pairing by NIC. A prefill instance sends its KV cache from its slowest node's NIC, its class
+``pclass_j``; a decode template holds its SLO only behind a sender of NIC at least ``kv_min_nic``
+(``solvers.library.kv_min_nic``). So the disaggregated pools are q = (m, r, l): model m in region r at
+level l, one of the prefill classes of (m, r). A decode column j joins the pool of the least class
+l >= kv_min_nic_j (the prefill columns that may feed it are exactly those of class >= l; none: it is
+dropped). A prefill column of class c is copied into every pool (m, r, l) with l <= c that holds a
+decode column: each copy is its own integer variable (its instances feed that level), and the copies
+share the template's availability rows. Every pair kept is compatible and every compatible pair is in
+some pool, so a deployment is servable disaggregated whenever some available compatible pair is;
+what this costs against sharing one prefill instance across levels is at most one prefill instance per
+extra level of a pool (instances are whole).
+"""
 
 from __future__ import annotations
 
@@ -47,9 +60,12 @@ class _Columns:
     pcap: FloatArray  # util * P for prefill columns, else 0
     dcap: FloatArray  # util * D for decode columns, else 0
     nic: FloatArray  # bytes/s for prefill columns, else 0
-    pool: IntArray  # disaggregated pool q = (m, r) of prefill/decode columns, -1 otherwise
+    pclass: FloatArray  # the slowest node's NIC (bytes/s) of prefill columns, else 0
+    need: FloatArray  # kv_min_nic of decode columns, else 0
+    pool: IntArray  # disaggregated pool q = (m, r, l) of prefill/decode columns, -1 otherwise
     pool_m: IntArray  # (Q,)
     pool_r: IntArray
+    pool_level: FloatArray  # (Q,) the prefill NIC class l of the pool
     by_model: tuple[IntArray, ...]  # columns of each model
     by_region: tuple[IntArray, ...]
     by_pool_pre: tuple[IntArray, ...]
@@ -75,7 +91,7 @@ def _columns(p: AllocationProblem) -> _Columns:
     for i, t in enumerate(p.templates):
         if p.demand_rps[t.m] <= 0:
             continue
-        sig = (int(t.m), t.mode, t.node_counts.tobytes(), t.prefill_tok_s, t.decode_tok_s, t.load_s)
+        sig = (int(t.m), t.mode, t.node_counts.tobytes(), t.prefill_tok_s, t.decode_tok_s, t.load_s, t.kv_min_nic)
         u = sig_to_u.setdefault(sig, len(members))
         if u == len(members):
             members.append([])
@@ -98,8 +114,9 @@ def _columns(p: AllocationProblem) -> _Columns:
         "mode": np.array([MODES.index(t.mode) for t in reps], dtype=np.int64),
         "P": np.array([t.prefill_tok_s for t in reps], dtype=np.float64),
         "D": np.array([t.decode_tok_s for t in reps], dtype=np.float64),
+        "need": np.array([t.kv_min_nic if t.mode == "decode" else 0.0 for t in reps], dtype=np.float64),
     }
-    load, m, mode, P, D = (per_u[k][tu] for k in ("load", "m", "mode", "P", "D"))
+    load, m, mode, P, D, need = (per_u[k][tu] for k in ("load", "m", "mode", "P", "D", "need"))
     agg = mode == _AGG
     rate = np.zeros(len(tu))
     rate[agg] = util / (p.mean_in[m[agg]] / P[agg] + p.mean_out[m[agg]] / D[agg])
@@ -133,6 +150,10 @@ def _columns(p: AllocationProblem) -> _Columns:
         "pcap": np.where(mode == _PRE, util * P, 0.0),
         "dcap": np.where(mode == _DEC, util * D, 0.0),
         "nic": np.where(mode == _PRE, (nc * p.nic_bytes_s[None, :]).sum(axis=1), 0.0),
+        "pclass": np.where(
+            mode == _PRE, np.where(nc > 0, p.nic_bytes_s[None, :], np.inf).min(axis=1, initial=np.inf), 0.0
+        ),
+        "need": need,
     }
     base = {
         "M": M,
@@ -149,22 +170,62 @@ def _columns(p: AllocationProblem) -> _Columns:
     return _assemble(base, arrays)
 
 
+def _pools(arrays: dict[str, Any]) -> tuple[IntArray, IntArray, IntArray, IntArray, FloatArray]:
+    """The KV pairing (module docstring): (rows to take, each one's pool or -1, and pool_m, pool_r,
+    pool_level). Aggregated columns are taken once with pool -1; a decode column once in its level's
+    pool, or not at all; a prefill column once per pool it may feed (a copy), the highest level first."""
+    m, r, mode, pclass, need = (arrays[k] for k in ("m", "r", "mode", "pclass", "need"))
+    classes: dict[tuple[int, int], list[float]] = {}
+    for j in np.nonzero(mode == _PRE)[0]:
+        classes.setdefault((int(m[j]), int(r[j])), []).append(float(pclass[j]))
+    levels = {g: np.unique(v) for g, v in classes.items()}
+    dec_level: dict[int, tuple[int, int, float]] = {}
+    used: set[tuple[int, int, float]] = set()
+    for j in np.nonzero(mode == _DEC)[0]:
+        g = (int(m[j]), int(r[j]))
+        lv = levels.get(g)
+        if lv is None:
+            continue
+        i = int(np.searchsorted(lv, need[j] * (1.0 - 1e-12), side="left"))
+        if i < len(lv):
+            dec_level[int(j)] = (*g, float(lv[i]))
+            used.add((*g, float(lv[i])))
+    keys = sorted(used)
+    pid = {k: q for q, k in enumerate(keys)}
+    rows: list[int] = []
+    pool: list[int] = []
+    for j in range(len(mode)):
+        if mode[j] == _AGG:
+            rows.append(j)
+            pool.append(-1)
+        elif mode[j] == _DEC:
+            if j in dec_level:
+                rows.append(j)
+                pool.append(pid[dec_level[j]])
+        else:
+            g = (int(m[j]), int(r[j]))
+            for level in sorted((k[2] for k in keys if k[:2] == g and k[2] <= pclass[j]), reverse=True):
+                rows.append(j)
+                pool.append(pid[(*g, level)])
+    return (
+        np.asarray(rows, dtype=np.int64),
+        np.asarray(pool, dtype=np.int64),
+        np.asarray([k[0] for k in keys], dtype=np.int64),
+        np.asarray([k[1] for k in keys], dtype=np.int64),
+        np.asarray([k[2] for k in keys], dtype=np.float64),
+    )
+
+
 def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
-    """Columns from per-column arrays: drop prefill (decode) columns in a region without decode
-    (prefill) columns of their model (they serve nothing), then index pools, models and regions."""
+    """Columns from per-column arrays: pair prefill and decode columns into pools by NIC level (``_pools``;
+    a column with no partner serves nothing and is dropped, a prefill column may be copied), then index
+    pools, models and regions."""
     M, R = base["M"], base["R"]
-    m, r, mode = arrays["m"], arrays["r"], arrays["mode"]
-    has_pre = np.zeros((M, R), dtype=bool)
-    has_dec = np.zeros((M, R), dtype=bool)
-    has_pre[m[mode == _PRE], r[mode == _PRE]] = True
-    has_dec[m[mode == _DEC], r[mode == _DEC]] = True
-    gm, gr = np.nonzero(has_pre & has_dec)
-    gid = np.full((M, R), -1, dtype=np.int64)
-    gid[gm, gr] = np.arange(len(gm))
-    pool = np.where(mode == _AGG, -1, gid[m, r])
-    keep = (mode == _AGG) | (pool >= 0)
-    arrays = {k: v[keep] for k, v in arrays.items()}
-    pool = pool[keep]
+    rows, pool, gm, gr, glevel = _pools(arrays)
+    copy = np.zeros(len(rows), dtype=bool)
+    copy[1:] = rows[1:] == rows[:-1]
+    arrays = {k: v[rows] for k, v in arrays.items()}
+    arrays["cur"] = np.where(copy, 0, arrays["cur"])  # running instances count once, on the first copy
     m, r, mode = arrays["m"], arrays["r"], arrays["mode"]
     order = np.argsort(m, kind="stable")
     by_model = tuple(np.split(order, np.searchsorted(m[order], np.arange(1, M))))
@@ -184,6 +245,7 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
         pool=pool,
         pool_m=gm.astype(np.int64),
         pool_r=gr.astype(np.int64),
+        pool_level=glevel,
         by_model=by_model,
         by_region=by_region,
         by_pool_pre=tuple(np.nonzero((pool == q) & (mode == _PRE))[0] for q in range(Q)),

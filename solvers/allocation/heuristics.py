@@ -446,7 +446,7 @@ def _counts(c: _Columns, x: IntArray) -> dict[tuple[int, int], int]:
         for i in members:
             k = min(keep, c.cur_by_member.get((i, reg), 0))
             if k > 0:
-                out[(i, reg)] = k
+                out[(i, reg)] = out.get((i, reg), 0) + k
                 keep -= k
                 rest -= k
         if rest > 0:

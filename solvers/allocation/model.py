@@ -3,13 +3,15 @@
 Formulation
 -----------
 Letters (here and in the code of this package): models m (M of them), regions r (R), node types g (T),
-templates t, columns j = (t, r) (J), disaggregated pools q = (m, r) where region r has prefill and
-decode columns of model m (Q); the decomposition's groups are sets of models, each named in the code by
-its first model (``lead``). Lossless reductions first:
+templates t, columns j = (t, r) (J), disaggregated pools q = (m, r, l) where region r has decode columns
+of model m whose KV transfer holds behind a prefill instance of NIC class l, and prefill columns of class
+>= l (Q; ``solvers.allocation.columns``: a decode column is in one pool, a prefill column is copied into
+each pool it may feed, its copies being separate columns j); the decomposition's groups are sets of
+models, each named in the code by its first model (``lead``). Lossless reductions first:
 exact-duplicate templates (same model, mode, node counts, capacities, load time) are merged; a column
 exists only where the template fits region r's availability at least once and uses only node types
-offered there; templates of models without demand, and prefill (decode) columns in a region without
-decode (prefill) columns of their model, are dropped (they can only cost).
+offered there; templates of models without demand, and prefill (decode) columns without a compatible
+decode (prefill) column of their model in their region, are dropped (they can only cost).
 
 Data per column j: model m_j, mode, node counts n[j, g]; hourly cost c_j = sum_g n[j, g] price[r, g];
 churn penalty p_j = churn_factor * load_s / 3600 * c_j per started instance; upper bound
@@ -22,7 +24,7 @@ Variables:
 - new_j in Z, 0 <= new_j <= ub_j: instances of column j started;
 - keep_j in Z, 0 <= keep_j <= min(cur_j, ub_j): running instances kept (only where cur_j > 0);
   the plan is x_j = keep_j + new_j (split churn: no rows for it);
-- y_q >= 0, q = (m, r): req/s of model m served disaggregated in region r;
+- y_q >= 0, q = (m, r, l): req/s of model m served disaggregated in region r at NIC level l;
 - u_m in [0, d_m]: unmet demand of model m in req/s, for each model with demand d_m > 0.
 
 Constraints (rows scaled so that y has coefficient 1):

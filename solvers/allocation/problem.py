@@ -99,6 +99,8 @@ class AllocTemplate:
     ``node_counts[g]`` is how many nodes of node type g one instance needs. Capacities are at the
     model's SLO: prefill (prompt) and decode tokens per second. ``load_s`` is the time to load the
     weights, which prices churn. ``key`` is a stable id (it matches the current deployment).
+    ``kv_min_nic`` (decode only): the slowest NIC, in bytes/s, that a prefill instance's slowest node
+    may have and still feed this decode template within its SLO (0: any).
     """
 
     m: int
@@ -108,6 +110,7 @@ class AllocTemplate:
     decode_tok_s: float
     load_s: float
     key: str
+    kv_min_nic: float = 0.0
 
 
 @attrs.frozen(eq=False)
@@ -306,7 +309,7 @@ def _validate(p: AllocationProblem) -> None:
             raise _fail(f"{where}.node_counts", f"must be {T} integer counts (one per node type)")
         if np.any(nc < 0) or nc.sum() == 0:
             raise _fail(f"{where}.node_counts", "counts must be >= 0 with at least one node")
-        for field in ("prefill_tok_s", "decode_tok_s", "load_s"):
+        for field in ("prefill_tok_s", "decode_tok_s", "load_s", "kv_min_nic"):
             v = getattr(t, field)
             if not (isinstance(v, int | float | np.number) and math.isfinite(v) and v >= 0):
                 raise _fail(f"{where}.{field}", f"must be finite and >= 0, got {v}")

@@ -317,6 +317,129 @@ def test_kv_transfer_bandwidth_limits_disaggregated_flow() -> None:
     assert res.unmet_rps[0] == pytest.approx(4.0)
 
 
+def test_decode_pairs_only_with_a_prefill_whose_nic_is_fast_enough() -> None:
+    """A decode template whose KV transfer needs a 5e9 B/s sender is never fed by a prefill instance on
+    a 1e9 B/s node: the cheap slow prefill serves only the decode that takes any sender."""
+    slow_pre = AllocTemplate(0, "prefill", [0, 1], 20000.0, 0.0, 60.0, "slow-p")
+    fast_pre = AllocTemplate(0, "prefill", [1, 0], 20000.0, 0.0, 60.0, "fast-p")
+    picky = AllocTemplate(0, "decode", [1, 0], 0.0, 2000.0, 60.0, "picky-d", kv_min_nic=5e9)
+    p = one_region_problem([slow_pre, fast_pre, picky], demand=4.0, nic_bytes_s=[1e10, 1e9])
+    res = solve_allocation(p, deadline_s=10.0, mip_gap=0.0)
+    assert res.status == "optimal" and res.total_unmet_rps == pytest.approx(0.0, abs=1e-9)
+    used = {p.templates[i].key for (i, _r), n in res.counts.items() if n}
+    assert used == {"fast-p", "picky-d"}  # the slow prefill is cheaper ($2 against $10) but cannot feed it
+    # the same decode needing no more than the slow NIC pairs with the cheap prefill
+    easy = attrs.evolve(picky, key="easy-d", kv_min_nic=1e9)
+    p2 = one_region_problem([slow_pre, fast_pre, easy], demand=4.0, nic_bytes_s=[1e10, 1e9])
+    res2 = solve_allocation(p2, deadline_s=10.0, mip_gap=0.0)
+    assert {p2.templates[i].key for (i, _r), n in res2.counts.items() if n} == {"slow-p", "easy-d"}
+    # only the slow prefill on offer: the picky decode serves nothing, even with nodes to spare
+    p3 = one_region_problem([slow_pre, picky], demand=4.0, nic_bytes_s=[1e10, 1e9])
+    res3 = solve_allocation(p3, deadline_s=10.0, mip_gap=0.0)
+    assert res3.counts == {} and res3.unmet_rps[0] == pytest.approx(4.0)
+
+
+def _pairing_brute_force(p: AllocationProblem) -> tuple[float, float]:
+    """(least unmet, least cost + churn) over every plan and every assignment of each prefill instance
+    to one NIC level l <= its class (``solvers.allocation.columns``): pool (m, r, l) serves
+    min(prefill / in, decode / out, NIC / KV) from its prefill instances and the decode instances whose
+    least feeding class is l. Independent of the solver's columns; tiny instances only."""
+    nic_class = [float(p.nic_bytes_s[t.node_counts > 0].min()) for t in p.templates]
+    best: tuple[float, float] | None = None
+    ranges = [range(4) for _ in p.templates]
+    for r in range(p.num_regions):
+        assert r == 0, "one region only"
+    usable = [np.isfinite(_template_cost(p, t, 0)) for t in p.templates]
+    pre = [i for i, t in enumerate(p.templates) if t.mode == "prefill" and usable[i]]
+    levels = {m: sorted({nic_class[i] for i in pre if p.templates[i].m == m}) for m in range(p.num_models)}
+
+    def level(i: int) -> float | None:
+        lv = [c for c in levels[p.templates[i].m] if c >= p.templates[i].kv_min_nic * (1 - 1e-12)]
+        return lv[0] if lv else None
+
+    for plan in itertools.product(*ranges):
+        if any(n and not usable[i] for i, n in enumerate(plan)):
+            continue
+        use = sum((n * t.node_counts for n, t in zip(plan, p.templates, strict=True)), np.zeros(p.num_node_types))
+        if np.any(use > p.avail[0]):
+            continue
+        counts = {(i, 0): n for i, n in enumerate(plan) if n}
+        _served, cost, churn = evaluate(p, counts)
+        agg = np.zeros(p.num_models)
+        for i, n in enumerate(plan):
+            t = p.templates[i]
+            if t.mode == "aggregated" and n:
+                agg[t.m] += n * p.utilisation / (p.mean_in[t.m] / t.prefill_tok_s + p.mean_out[t.m] / t.decode_tok_s)
+        choices = []  # per prefill instance: the levels it may feed
+        for i in pre:
+            opts = [c for c in levels[p.templates[i].m] if c <= nic_class[i]]
+            choices += [[(i, c) for c in opts]] * plan[i]
+        served_best = np.zeros(p.num_models)
+        for pick in itertools.product(*choices) if choices else [()]:
+            served = agg.copy()
+            for m in range(p.num_models):
+                for c in levels[m]:
+                    P = sum(
+                        p.utilisation * p.templates[i].prefill_tok_s
+                        for i, cc in pick
+                        if cc == c and p.templates[i].m == m
+                    )
+                    B = sum(
+                        float((p.templates[i].node_counts * p.nic_bytes_s).sum())
+                        for i, cc in pick
+                        if cc == c and p.templates[i].m == m
+                    )
+                    D = sum(
+                        plan[i] * p.utilisation * t.decode_tok_s
+                        for i, t in enumerate(p.templates)
+                        if t.mode == "decode" and t.m == m and usable[i] and level(i) == c
+                    )
+                    served[m] += min(P / p.mean_in[m], D / p.mean_out[m], B / (p.mean_in[m] * p.kv_bytes_per_token[m]))
+            served_best = np.maximum(served_best, np.minimum(served, p.demand_rps))
+        unmet = float((p.demand_rps - served_best).sum())
+        key = (unmet, cost + churn)
+        if best is None or key[0] < best[0] - 1e-7 or (abs(key[0] - best[0]) <= 1e-7 and key[1] < best[1]):
+            best = key
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_nic_pairing_matches_exhaustive_enumeration(seed: int) -> None:
+    """One region, one model, prefill templates on nodes of three NIC classes and decode templates that
+    need a sender of some NIC: the solver's optimum equals the enumeration over plans and prefill-to-level
+    assignments."""
+    rng = np.random.default_rng(100 + seed)
+    nic = np.array([1e9, 4e9, 1.6e10])
+    templates = []
+    for i in range(5):
+        mode = "prefill" if i < 3 else "decode"
+        nc = np.zeros(3, dtype=np.int64)
+        nc[i % 3 if mode == "prefill" else int(rng.integers(0, 3))] = 1
+        need = float(rng.choice([0.0, 2e9, 8e9])) if mode == "decode" else 0.0
+        P = float(rng.uniform(3000, 9000)) if mode == "prefill" else 0.0
+        D = float(rng.uniform(400, 1200)) if mode == "decode" else 0.0
+        templates.append(AllocTemplate(0, mode, nc, P, D, 60.0, f"t{i}", kv_min_nic=need))
+    p = AllocationProblem(
+        models=("a",),
+        demand_rps=[float(rng.uniform(1.0, 4.0))],
+        mean_in=[800.0],
+        mean_out=[200.0],
+        kv_bytes_per_token=[1e5],
+        node_types=("n0", "n1", "n2"),
+        nic_bytes_s=nic,
+        regions=("r0",),
+        price=[rng.uniform(1.0, 4.0, size=3).round(2) * np.array([1.0, 2.0, 4.0])],
+        avail=[rng.integers(1, 4, size=3)],
+        templates=tuple(templates),
+    )
+    res = solve_allocation(p, deadline_s=30.0, mip_gap=0.0)
+    unmet, obj = _pairing_brute_force(p)
+    assert res.status == "optimal"
+    assert res.total_unmet_rps == pytest.approx(unmet, abs=1e-6)
+    assert res.objective == pytest.approx(obj, rel=1e-6, abs=1e-6)
+
+
 def test_unmet_demand_is_reported_under_scarcity() -> None:
     agg = AllocTemplate(0, "aggregated", [1, 0], 10000.0, 1000.0, 60.0, "a")
     p = one_region_problem([agg], demand=50.0, avail=[[2, 0], [1, 0]])

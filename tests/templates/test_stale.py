@@ -19,7 +19,7 @@ def test_stale_templates_are_left_out(tmp_path: Path, perf: PerfModel) -> None:
 
     slo, shape = Slo(2.0, 0.1, 0.9), WorkloadShape(1155, 211)
     tpl, _, _ = solve_multiset(perf, "llama-3.1-8b", ["g6e.xlarge"], "aggregated", slo, shape, key="k-now")
-    assert tpl is not None and tpl.formulation == formulation_of(1) and is_current(tpl, perf.version)
+    assert tpl is not None and tpl.formulation == formulation_of(1, tpl.mode) and is_current(tpl, perf.version)
     old = attrs.evolve(tpl, id="k-old", formulation="options-1")
     other_perf = attrs.evolve(tpl, id="k-perf", perf_version="someone-else")
     assert not is_current(old) and is_current(other_perf) and not is_current(other_perf, perf.version)
