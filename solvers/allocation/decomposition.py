@@ -170,7 +170,7 @@ def _split_phase(
             limit = limits.get(masks[lead])
             job = _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo, cuts=cuts)
             jobs.append((lead, cols, job))
-        jobs.sort(key=lambda job: -len(job[1]))  # largest first, as when they ran side by side
+        jobs.sort(key=lambda job: len(job[1]))  # smallest first: at a deadline, the most groups are done
         for _g, _cols, (run, build, num_int) in jobs:
             run.run(build, num_int, deadline)
         out.groups += len(jobs)

@@ -15,8 +15,6 @@ Solution path
    the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
    When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
    round up what fits, else bound the least fractional variable down, re-solve, until integral).
-   The portfolio (``_restrict_phase``): each baseline's restriction (``RESTRICTIONS``) solved alone by
-   this same driver, in a share of the time left; each plan is a plan of the whole problem.
 4. Decomposition by model, when the LP serves every demand. Models share only the availability
    rows (the service row is then fixed at full service), so each group of models solves its own cost
    MIP over all its columns with the whole availability (every model alone at first, one after the
@@ -26,7 +24,10 @@ Solution path
    one group holds every model. In a group's MIP, a variable whose one unit costs more than the
    group's part of the best plan so far is left out (costs are nonnegative, so it cannot be in a
    better plan).
-5. MIP phase 1 (only when the plan still leaves more unmet demand than the LP bound), then phase 2
+5. The portfolio (``_restrict_phase``), unless the decomposition proved the plan optimal: each
+   baseline's restriction (``RESTRICTIONS``) solved alone by this same driver, in a share of the time
+   left; each plan is a plan of the whole problem, so the result is never worse than a restriction's.
+6. MIP phase 1 (only when the plan still leaves more unmet demand than the LP bound), then phase 2
    (only when the decomposition did not prove the plan optimal; its groups' bounds are added as cuts
    sum_{v of group} cost_v v >= bound), each warm-started with the best plan so far, on
    single-threaded HiGHS.
@@ -369,7 +370,7 @@ def _heuristic_phase(run: _Run) -> None:
 def _restrict_phase(run: _Run) -> None:
     """The portfolio: each baseline's restriction solved alone; its plan is a plan of this problem too."""
     c, problem, limits = run.c, run.problem, run.limits
-    if c.J == 0 or not run.portfolio:
+    if c.J == 0 or not run.portfolio or run.split_optimal:  # a proven optimum is no worse than any of them
         return
     where = _column_of(c)
     for name, idx in _restrictions(problem):
@@ -494,13 +495,13 @@ def _cost_phase(run: _Run) -> None:
 _PHASES: list[tuple[str, Callable[[_Run], None]]] = [
     ("lp", _lp_phase),
     ("heuristic", _heuristic_phase),
-    ("restrict", _restrict_phase),
     ("dive", _dive_phase),
     ("split", _decompose_phase),
+    ("restrict", _restrict_phase),
     ("serve", _serve_phase),
     ("cost", _cost_phase),
 ]
 """The phases in order (the module docstring's solution path)."""
 
-_REPORTED = ("heuristic", "restrict", "dive", "split", "serve", "cost")
+_REPORTED = ("heuristic", "dive", "split", "restrict", "serve", "cost")
 """Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution)."""
