@@ -23,8 +23,11 @@ this module's two ends only):
 
 Deadline: the child solves with ``deadline_s`` on its own clock, and stops at HiGHS's next interrupt
 check after it. The owner waits for ``Done`` until ``hard_s(deadline_s)``; if it has not come, it takes
-the last ``Progress`` (replayable, like ``Done``), kills the child and spawns a new one, and the next
-request waits for its ``Ready``. Before the first ``Progress`` (the heuristic's plan) there is no plan to
+the last ``Progress`` (replayable, like ``Done``) and leaves the child to end that solve. The next
+request first waits up to its own ``hard_s`` for that late solve to end; only if it has not (HiGHS
+between two interrupt checks) is the child killed, and a new one spawned (its ``Ready`` awaited). On a
+loaded machine a solve often ends a little after its deadline, and killing it each time cost a spawn
+(seconds of imports) per solve. Before the first ``Progress`` (the heuristic's plan) there is no plan to
 return, so the owner waits for that one. Without a deadline (a replay with a given effort) it waits for
 ``Done``. Nothing here reads the clock for a decision: which result the owner takes depends on time, but
 the result carries the effort that reproduces it.
@@ -184,8 +187,12 @@ class SolverProcess:
         self._ready = False
         self._seq = 0
         self._lock: anyio.Lock | None = None  # one solve at a time from anyio tasks
+        self._stale: int | None = None  # a solve whose result was taken from its progress, still running
+        self.late = 0
+        """Solves whose result was their last progress (no ``Done`` by the hard deadline)."""
         self.kills = 0
-        """Children killed because a solve overran its hard deadline."""
+        """Children killed: a late solve still running a hard deadline after the next request, or a job
+        over its hard limit."""
         self.pid: int | None = None
         self._spawn()
 
@@ -234,12 +241,6 @@ class SolverProcess:
     # one solve, as a generator of "wait for readability until t" steps, so that the sync and the async
     # front ends share every decision
 
-    def _begin(self, problem: AllocationProblem, deadline_s: float, options: dict[str, Any]) -> int:
-        if self._proc is None:
-            self._spawn()
-        self._seq += 1
-        return self._seq
-
     def _recv(self) -> object:
         assert self._conn is not None
         try:
@@ -258,7 +259,21 @@ class SolverProcess:
     ) -> Any:
         """Yields the monotonic time (or None: no limit) until which to wait for the pipe to be readable,
         is sent whether it is, and returns the result."""
-        seq = self._begin(problem, deadline_s, options)
+        if self._stale is not None and self._proc is not None:  # give the late solve time to end, then kill it
+            settle = time.monotonic() + hard_s(deadline_s)
+            while self._stale is not None:
+                if not (yield settle):
+                    self.kills += 1
+                    self._kill()
+                    break
+                msg = self._recv()
+                if isinstance(msg, Done | Failed) and msg.seq == self._stale:
+                    self._stale = None
+        self._stale = None
+        if self._proc is None:
+            self._spawn()
+        self._seq += 1
+        seq = self._seq
         assert self._conn is not None
         while not self._ready:
             if not (yield None):
@@ -268,15 +283,15 @@ class SolverProcess:
                 self._ready, self.pid = True, msg.pid
         self._conn.send(Solve(seq, problem, deadline_s, options))
         replay = options.get("effort") is not None
-        until = None if replay else time.monotonic() + hard_s(deadline_s)
+        until: float | None = None if replay else time.monotonic() + hard_s(deadline_s)
         last: AllocationResult | None = None
         while True:
             wait_until = None if last is None else until
             readable = yield wait_until
-            if not readable:  # the hard deadline passed, and a plan is in hand
+            if not readable:  # the hard deadline passed, and a plan is in hand; the child ends its solve late
                 assert last is not None
-                self.kills += 1
-                self._kill()
+                self._stale = seq
+                self.late += 1
                 return last
             msg = self._recv()
             if isinstance(msg, Progress) and msg.seq == seq:
@@ -296,6 +311,10 @@ class SolverProcess:
         ``SolverProcessError``."""
         if not (hard_s > 0 and math.isfinite(hard_s)):
             raise ValueError(f"hard_s must be finite and > 0, got {hard_s}")
+        if self._stale is not None and self._proc is not None:
+            self.kills += 1  # a job waits for no late solve: jobs are long, solves are not
+            self._kill()
+        self._stale = None
         if self._proc is None:
             self._spawn()
         assert self._conn is not None

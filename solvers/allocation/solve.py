@@ -64,6 +64,7 @@ from solvers.allocation.columns import _Columns, _columns
 from solvers.allocation.decomposition import SPLIT_MIN_COLUMNS, SPLIT_SHARE, _mip_phase, _Split, _split_phase
 from solvers.allocation.heuristics import (
     _better,
+    _Budget,
     _counts,
     _fit,
     _fit_current,
@@ -229,7 +230,7 @@ class _Run:
         self.phase_s["build"] = time.perf_counter() - self.t0
         self.svc_tol = 1e-7 * max(1.0, float(self.c.demand.sum()))
         self.iters = self.nodes = 0
-        self.used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None, "split": None}
+        self.used: dict[str, int | None] = dict.fromkeys(("lp", "heuristic", "serve", "cost", "dive", "split"))
         self.lp = _LpOutcome()
         self.best = np.zeros(self.c.J, dtype=np.int64)
         self.restricted: list[tuple[str, SolverEffort]] = []
@@ -305,6 +306,7 @@ class _Run:
             phase_s=self.phase_s,
             effort=SolverEffort(
                 lp=used["lp"],
+                heuristic=used["heuristic"],
                 serve=used["serve"],
                 cost=used["cost"],
                 dive=used["dive"],
@@ -353,18 +355,22 @@ def _lp_phase(run: _Run) -> None:
 
 
 def _heuristic_phase(run: _Run) -> None:
-    """Rounding and greedy repair: from the LP, and from the current deployment."""
+    """Rounding and greedy repair: from the LP, and from the current deployment; their local search stops
+    at the deadline (the steps it took are recorded)."""
     c, mat, lp = run.c, run.mat, run.lp
     if c.J == 0:
         return
+    budget = _Budget(run.limits.heuristic, run.out_of_time)
     if not lp.done or np.any(c.cur > 0):
-        run.best = _repair(c, _fit_current(c))
+        run.best = _repair(c, _fit_current(c), budget=budget)
     if lp.values is not None:
         v = lp.values[: c.J].copy()
         v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
-        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
+        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v, budget=budget)
         if not _better(c, run.best, rounded):
             run.best = rounded
+    if budget.cut:
+        run.used["heuristic"] = budget.taken
 
 
 def _restrict_phase(run: _Run) -> None:

@@ -46,6 +46,21 @@ def test_solves_stream_replay_and_shut_down() -> None:
     assert threading.active_count() == threads  # no thread left behind
 
 
+def test_a_result_taken_at_the_hard_deadline_replays_and_the_child_lives_on() -> None:
+    """At a tiny deadline the child's solve may end after the owner's hard deadline: the owner then takes
+    the last progress, whose effort replays it, and the next request waits for the late solve to end."""
+    p = generate("core", 400, seed=4, load=0.35)
+    with SolverProcess() as proc:
+        proc.solve(p, deadline_s=5.0)  # the child is up
+        results = [proc.solve(p, deadline_s=0.005) for _ in range(3)]
+        assert proc.kills == 0
+        for res in results:
+            again = solve_allocation(p, effort=res.effort)
+            assert (again.counts, again.objective, again.bound, again.gap) == (res.counts, res.objective, res.bound,
+                                                                                res.gap)  # fmt: skip
+        assert proc.solve(p, deadline_s=5.0).status in ("optimal", "feasible", "no bound")
+
+
 def test_a_job_over_its_hard_limit_is_killed_and_the_next_one_gets_a_new_child() -> None:
     with SolverProcess() as proc:
         assert proc.call(functools.partial(_sleep, 0.01), 60.0) == 0.01

@@ -628,6 +628,41 @@ def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool) -> 
     assert len(seen) >= 3  # the cuts fell in different phases
 
 
+class _Enough(Exception):
+    pass
+
+
+def test_a_deadline_inside_the_heuristic_replays_exactly() -> None:
+    """The heuristic's local search reads the clock before each step: a deadline there records the steps
+    taken, and the replay stops at the same step, with the same plan, bound, gap and status."""
+    p = generate("core", 50, seed=2, load=0.35)
+    kw = {"columns": "all", "portfolio": False}
+    counting = FakeClock(None)
+    at_report: list[int] = []
+
+    def first_report(res: AllocationResult) -> None:
+        at_report.append(counting.reads)
+        assert res.effort.heuristic is None  # the heuristic ran to its end
+        raise _Enough
+
+    with pytest.raises(_Enough):  # the MIPs after it would take long: stop at the first report
+        solve_allocation(p, deadline_s=3600.0, clock=counting, progress=first_report, **kw)  # type: ignore[arg-type]
+    # the first report follows the heuristic, whose last clock readings are one per local-search step
+    cuts = []
+    for ticks in (at_report[0] - 2, at_report[0] - 4, at_report[0] - 8):
+        first = solve_allocation(p, deadline_s=3600.0, clock=FakeClock(ticks), **kw)  # type: ignore[arg-type]
+        replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
+        assert replay.effort == first.effort and replay.counts == first.counts
+        assert (replay.objective, replay.bound, replay.gap, replay.status) == (
+            first.objective, first.bound, first.gap, first.status
+        )  # fmt: skip
+        check_plan(p, first)
+        if first.effort.heuristic is not None:
+            cuts.append(first.effort.heuristic)
+    assert len(set(cuts)) >= 2  # cut at different steps of the local search
+    assert SolverEffort.from_mapping(SolverEffort(heuristic=3).as_mapping()) == SolverEffort(heuristic=3)
+
+
 @pytest.mark.parametrize(("kind", "decompose"), [("scarce", False), ("plenty", True)], ids=["scarce", "split"])
 def test_every_progress_report_replays_exactly(kind: str, decompose: bool) -> None:
     """Each result passed to ``progress`` (the solve as if cut at that moment) replays to the same plan,
