@@ -24,8 +24,9 @@ this module's two ends only):
 Deadline: the child solves with ``deadline_s`` on its own clock, and stops at HiGHS's next interrupt
 check after it. The owner waits for ``Done`` until ``hard_s(deadline_s)``; if it has not come, it takes
 the last ``Progress`` (replayable, like ``Done``) and leaves the child to end that solve. The next
-request first waits up to its own ``hard_s`` for that late solve to end; only if it has not (HiGHS
-between two interrupt checks) is the child killed, and a new one spawned (its ``Ready`` awaited). On a
+request first waits up to its own ``hard_s`` (at least ``SETTLE_S``) for that late solve to end; only
+if it has not (HiGHS between two interrupt checks) is the child killed, and a new one spawned (its
+``Ready`` awaited). On a
 loaded machine a solve often ends a little after its deadline, and killing it each time cost a spawn
 (seconds of imports) per solve. Before the first ``Progress`` (the heuristic's plan) there is no plan to
 return, so the owner waits for that one. Without a deadline (a replay with a given effort) it waits for
@@ -172,6 +173,11 @@ def hard_s(deadline_s: float) -> float:
     return 1.25 * deadline_s + 0.1
 
 
+SETTLE_S = 5.0
+"""The least time a request waits for a late solve to end before it kills the child: a new child costs
+its imports (1-10 s on a loaded 2-core machine), so waiting a while is cheaper."""
+
+
 class SolverProcess:
     """Owns one spawned solver process (see the module docstring). ``solve`` takes ``solve_allocation``'s
     arguments and returns its result; ``solve_async`` does the same without blocking an anyio loop.
@@ -260,7 +266,7 @@ class SolverProcess:
         """Yields the monotonic time (or None: no limit) until which to wait for the pipe to be readable,
         is sent whether it is, and returns the result."""
         if self._stale is not None and self._proc is not None:  # give the late solve time to end, then kill it
-            settle = time.monotonic() + hard_s(deadline_s)
+            settle = time.monotonic() + max(hard_s(deadline_s), SETTLE_S)
             while self._stale is not None:
                 if not (yield settle):
                     self.kills += 1
