@@ -12,10 +12,8 @@ us-east-1 on-demand; utilisation 1 for both, so capacities compare directly.
 
 from __future__ import annotations
 
-import itertools
 import sys
 import time
-from collections import Counter
 
 import numpy as np
 
@@ -25,7 +23,7 @@ from coral.workload import Slo, WorkloadShape
 from solvers.allocation import AllocationProblem, AllocTemplate, solve_allocation
 from solvers.combos import best_split, best_sub, prune_verdict
 from solvers.fastplace import place
-from solvers.helix import helix_place, helix_plan
+from solvers.helix import all_sub_multisets, helix_place, helix_plan
 from solvers.options import build_problem
 
 CASES = [
@@ -39,22 +37,11 @@ SHAPE = WorkloadShape(1155, 211)
 REGION = "aws-us-east-1"
 
 
-def sub_multisets(cluster: tuple[str, ...]) -> list[tuple[str, ...]]:
-    c = Counter(cluster)
-    types = sorted(c)
-    out = []
-    for counts in itertools.product(*(range(c[t] + 1) for t in types)):
-        ms = tuple(t for t, k in zip(types, counts, strict=True) for _ in range(k))
-        if ms:
-            out.append(ms)
-    return sorted(out, key=lambda s: (len(s), s))
-
-
 def coral(perf: PerfModel, model: str, cluster: tuple[str, ...], prices: dict[str, float], demand: float):  # type: ignore[no-untyped-def]
     types = sorted(set(cluster))
     partition: dict[tuple[str, ...], float] = {}
     cols = []
-    for ms in sub_multisets(cluster):
+    for ms in all_sub_multisets(cluster):
         r = place(build_problem(perf, model, ms, "aggregated", SLO, SHAPE), time_limit=60.0)
         cap = r.value if r.status in ("optimal", "feasible") else 0.0
         split, sub = best_split(ms, partition), best_sub(ms, partition)

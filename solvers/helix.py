@@ -105,11 +105,11 @@ class HelixPlan:
 
 def helix_milps(cluster: Sequence[str]) -> int:
     """How many placement MILPs ``helix_plan`` solves for ``cluster`` (one per sub-multiset, at most)."""
-    return len(_sub_multisets(tuple(sorted(cluster))))
+    return len(all_sub_multisets(tuple(sorted(cluster))))
 
 
-def _sub_multisets(cluster: Multiset) -> list[Multiset]:
-    """Every non-empty sub-multiset of ``cluster``, smallest first."""
+def all_sub_multisets(cluster: Multiset) -> list[Multiset]:
+    """Every non-empty sub-multiset of ``cluster`` (sorted), smallest first."""
     c = Counter(cluster)
     types = sorted(c)
     out = []
@@ -131,7 +131,7 @@ def helix_plan(
     upper: dict[Multiset, float] = {}  # U
     own: dict[Multiset, tuple[Template | None, PlacementResult]] = {}
     choice: dict[Multiset, tuple[str, Multiset, Multiset]] = {}  # how P(S) is attained
-    for s in _sub_multisets(whole):
+    for s in all_sub_multisets(whole):
         tpl, res = helix_template(perf, model, s, slo, shape, time_limit=time_limit)
         own[s] = (tpl, res)
         h = res.value if tpl is not None else 0.0
