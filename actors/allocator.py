@@ -2,8 +2,9 @@
 
 At a tick where something changed (a demand, market or fleet update, an operator command, or the
 scenario's re-plan interval elapsed), and unless paused, it builds a ``PlanRequest`` from the latest
-demand, market and live fleet, solves it (``solvers.planning.Planner``) in a worker thread so that the
-event loop keeps running, and publishes ``NewPlan``. Several changes within one tick give one plan.
+demand, market and live fleet, solves it in the solver process it owns (``actors.solver_process``:
+spawned at its start, killed at its stop), so that the event loop keeps running, and publishes
+``NewPlan``. Several changes within one tick give one plan.
 Its operator settings (paused, churn factor, pins, forbidden templates) are published as
 ``AllocatorState`` at its first tick and at each tick after one changed, so that every client sees
 them, not only the one that sent the command.
@@ -32,10 +33,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-import anyio
 import attrs
 
 from actors.base import TickActor
+from actors.solver_process import SolverProcess
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import (
@@ -58,7 +59,7 @@ from coral.plan import Plan, PlanRequest
 from coral.scenario import Deployment, Scenario
 from coral.templates import Template
 from coral.workload import Slo
-from solvers.allocation import SolverEffort, solve_allocation
+from solvers.allocation import SolverEffort
 from solvers.planning import Planner, policy_admits, to_plan
 
 PUBLISH_SHARE = 0.12
@@ -132,6 +133,17 @@ class Allocator(TickActor):
         self.last_plan: Plan | None = None
         self.last_plan_at = 0.0
         self.seq = 0
+        self.solver: SolverProcess | None = None
+        """The solver process (spawned at the first start, closed at the stop; a restart keeps it)."""
+
+    async def started(self) -> None:
+        if self.solver is None:
+            self.solver = SolverProcess()
+
+    async def on_stop(self) -> None:
+        if self.solver is not None:
+            self.solver.close()
+            self.solver = None
 
     # -- templates -----------------------------------------------------------------------------------
 
@@ -277,6 +289,12 @@ class Allocator(TickActor):
         self.triggers.clear()
         await self.solve(now, trigger)
 
+    def solver_process(self) -> SolverProcess:
+        """The solver process (spawned here when the actor has not started it)."""
+        if self.solver is None:
+            self.solver = SolverProcess()
+        return self.solver
+
     async def solve(self, now: float, trigger: str) -> NewPlan:
         """Solve for the current state and publish the plan."""
         assert self.prices is not None
@@ -292,15 +310,11 @@ class Allocator(TickActor):
             effort = SolverEffort()
 
         started = time.perf_counter()  # transport-side timing: the deadline, never a decision input
-
-        def run() -> Plan:
-            prob, index = planner.problem(req)
-            spent = time.perf_counter() - started
-            left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
-            res = solve_allocation(prob, deadline_s=left, effort=effort, columns=self.columns)
-            return to_plan(planner, req, prob, index, res, seq=seq)
-
-        plan = await anyio.to_thread.run_sync(run)
+        prob, index = planner.problem(req)
+        spent = time.perf_counter() - started
+        left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
+        res = await self.solver_process().solve_async(prob, deadline_s=left, effort=effort, columns=self.columns)
+        plan = to_plan(planner, req, prob, index, res, seq=seq)
         diff = tuple(PlanChange(d, t, r, n) for (d, t, r), n in plan.diff(self.last_plan).items())
         self.seq = seq
         self.last_plan = plan

@@ -11,13 +11,12 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-import anyio
 import attrs
 
 from coral.messages.control import ForbidTemplate, PinTemplate
 from coral.messages.inspect import PlanPreview, PreviewRequest
-from coral.plan import Plan, PlanRequest
-from solvers.allocation import SolverEffort, solve_allocation
+from coral.plan import PlanRequest
+from solvers.allocation import SolverEffort
 from solvers.planning import Planner, to_plan
 
 if TYPE_CHECKING:
@@ -52,12 +51,11 @@ async def preview(alloc: Allocator, req: PreviewRequest) -> PlanPreview:
     preq = PlanRequest(now, dict(alloc.demand), dict(alloc.prices), dict(alloc.avail), dict(alloc.current), "preview")
     effort = SolverEffort() if alloc.deterministic else None
 
-    def run() -> Plan:
-        prob, index = planner.problem(preq)
-        res = solve_allocation(prob, deadline_s=alloc.deadline_s, effort=effort, columns=alloc.columns)
-        return to_plan(planner, preq, prob, index, res, seq=0)
-
-    plan = await anyio.to_thread.run_sync(run)
+    prob, index = planner.problem(preq)
+    res = await alloc.solver_process().solve_async(
+        prob, deadline_s=alloc.deadline_s, effort=effort, columns=alloc.columns
+    )
+    plan = to_plan(planner, preq, prob, index, res, seq=0)
     last = alloc.last_plan
     return PlanPreview(
         True,

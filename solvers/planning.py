@@ -7,12 +7,13 @@ Policies, on the same allocation program, prices, availability and demand:
 - ``pd-homo``: homogeneous prefill and homogeneous decode instances, paired per region;
 - ``helix`` (plan and bench only, not a fleet policy): Helix in single-model mode on the clusters Coral
   chose. Coral's plan is solved first; for each (deployment, region), the nodes it uses there (every
-  instance, prefill and decode ones included) are Helix's fixed cluster, over which one aggregated
-  placement MILP uses every node (``solvers.helix.helix_template``). Cost is those nodes' price (so equal
-  to Coral's); capacity is Helix's req/s at the deployment's shape; it serves at most that capacity times
-  min(utilisation, the queueing-safe utilisation below), as a Coral column does, and unmet demand is
-  reported. Status and gap are the worst of the placement MILPs (each time-limited by ``helix_limit_s``,
-  and killed at ``HELIX_HARD`` times it: then ``unknown``, capacity 0);
+  instance, prefill and decode ones included) are Helix's fixed cluster, which ``solvers.helix.helix_plan``
+  splits into groups, each placed by the placement MILP at its own depth and batch size (nodes may idle).
+  Cost is all those nodes' price (so equal to Coral's); capacity is the groups' req/s at the deployment's
+  shape; each group serves at most its capacity times min(utilisation, the queueing-safe utilisation
+  below), as a Coral column does, and unmet demand is reported. Status and gap are the worst of the
+  clusters' (each MILP time-limited by ``helix_limit_s``; with ``bounded``, a cluster is given up after
+  ``HELIX_HARD`` times its MILPs' limits: then ``unknown``, capacity 0);
   solve time is that of the placements alone (the cluster is Helix's input, so Coral's solve is not
   counted); churn is not modelled (0).
 
@@ -43,7 +44,8 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -55,6 +57,7 @@ from coral.plan import DeploymentServing, Plan, PlannedInstances, PlanRequest
 from coral.scenario import Deployment, Scenario
 from coral.templates import SINK, SOURCE, Template
 from solvers.allocation import AllocationProblem, AllocationResult, AllocTemplate, SolverEffort, solve_allocation
+from solvers.helix import helix_milps, helix_plan
 from solvers.options import ttft_share
 
 POLICIES = ("coral", "homo", "pd-homo")
@@ -170,6 +173,12 @@ class Planner:
     """``all``: the MIP over every column (exact); ``auto``: column generation at large sizes (LP bound only)."""
     helix_limit_s: float | None = None
     """``helix``: time limit of each cluster's placement MILP (default: ``deadline_s``); HiGHS may overrun it."""
+    bounded: Callable[[Callable[[], Any], float], Any] | None = None
+    """``helix``: runs a job under a hard limit in seconds, in a process its owner kills (None when it
+    overran); without it the placements run here, and HiGHS may overrun their limits."""
+    solve: Callable[..., AllocationResult] = solve_allocation
+    """Solves the allocation program: ``solve_allocation`` here, or a solver process's ``solve`` (its owner
+    passes it in)."""
 
     def problem(self, req: PlanRequest) -> tuple[AllocationProblem, list[tuple[Deployment, Template]]]:
         sc, cat = self.scenario, self.catalog
@@ -242,7 +251,7 @@ class Planner:
             return self.helix_plan(req, seq=seq, effort=effort)[0]
         prob, index = self.problem(req)
         # Coral's solve is a portfolio that contains each baseline's restriction (solvers.allocation)
-        res = solve_allocation(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
+        res = self.solve(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
         return to_plan(self, req, prob, index, res, seq=seq)
 
     def helix_plan(
@@ -254,8 +263,6 @@ class Planner:
 
     def helix_over(self, coral: Plan, req: PlanRequest) -> tuple[Plan, dict[str, Template]]:
         """Helix on the clusters of the Coral plan ``coral`` made for ``req``, and its placements by id."""
-        from solvers.helix import helix_template
-
         clusters: dict[tuple[str, str], list[str]] = {}
         for inst in coral.instances:
             clusters.setdefault((inst.deployment, inst.region), []).extend(list(inst.nodes) * inst.count)
@@ -273,21 +280,30 @@ class Planner:
             d = deps[name]
             cluster = tuple(sorted(nodes))
             t0 = time.perf_counter()
-            tpl, res = helix_template(
-                self.perf, d.model, cluster, d.slo, d.shape, time_limit=limit, hard_limit=HELIX_HARD * limit + 0.5
-            )
-            solve_s += time.perf_counter() - t0  # reported only: menus, MILPs and the template
-            statuses.append(res.status)
-            worst_gap = max(worst_gap, res.gap)
-            cost = sum(float(req.prices[(region, n)]) for n in cluster)
-            rps = 0.0
-            if tpl is not None:
+            job = functools.partial(helix_plan, self.perf, d.model, cluster, d.slo, d.shape, time_limit=limit)
+            hp = job() if self.bounded is None else self.bounded(job, HELIX_HARD * limit * helix_milps(cluster) + 0.5)
+            solve_s += time.perf_counter() - t0  # reported only: menus, MILPs and the templates
+
+            def price(nodes: Sequence[str], region: str = region) -> float:
+                return sum(float(req.prices[(region, n)]) for n in nodes)
+
+            if hp is None:
+                statuses.append("unknown")
+                worst_gap = max(worst_gap, 1.0)
+                insts.append(PlannedInstances(name, f"unknown:{'+'.join(cluster)}", region, 1, cluster,
+                                              "aggregated", price(cluster), 0.0))  # fmt: skip
+                continue
+            statuses.append(hp.status if hp.value > 0 or hp.status != "optimal" else "infeasible")
+            worst_gap = max(worst_gap, hp.gap)
+            for group, tpl in hp.groups:
                 made[tpl.id] = tpl
                 rps = tpl.requests_per_s(d.shape.mean_in, d.shape.mean_out)
                 usable[name] += rps * min(util, queueing_utilisation(tpl, d, util))
-            cap[name] += rps
-            tid = tpl.id if tpl is not None else f"{res.status}:{'+'.join(cluster)}"
-            insts.append(PlannedInstances(name, tid, region, 1, cluster, "aggregated", cost, rps))
+                cap[name] += rps
+                insts.append(PlannedInstances(name, tpl.id, region, 1, group, "aggregated", price(group), rps))
+            if hp.idle:
+                insts.append(PlannedInstances(name, f"idle:{'+'.join(hp.idle)}", region, 1, hp.idle, "aggregated",
+                                              price(hp.idle), 0.0))  # fmt: skip
         serving = []
         for d in self.scenario.deployments:
             demand = float(req.demand.get(d.name, 0.0))
@@ -304,7 +320,8 @@ class Planner:
 
 
 HELIX_HARD = 2.0
-"""A Helix placement is killed after this many times its time limit (plus 0.5 s): HiGHS overruns its own."""
+"""A cluster's Helix placements are given up after this many times their MILPs' time limits (plus 0.5 s):
+HiGHS overruns its own."""
 
 
 def to_plan(

@@ -53,6 +53,7 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from actors.solver_process import SolverProcess
     from coral.cli.plan_cmd import ensure_templates
     from coral.cli.planning import make_planner, request_at
 
@@ -69,7 +70,7 @@ def run_bench(args: argparse.Namespace) -> int:
     perf = perf_from(args, cat)
     rows: list[dict[str, Any]] = []
     path = args.store or default_store_path()
-    with TemplateStore(path) as store:
+    with TemplateStore(path) as store, SolverProcess() as proc:
         for name in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
             sc = load_scenario(name, cat)
             if not args.no_build:
@@ -77,8 +78,9 @@ def run_bench(args: argparse.Namespace) -> int:
             base = request_at(sc, cat, 0.0, trigger="bench")
             for policy in policies:
                 plan_fn, _ = make_planner(
-                    policy, sc, cat, perf, store, deadline_s=args.deadline, helix_limit_s=args.helix_limit
-                )
+                    policy, sc, cat, perf, store, deadline_s=args.deadline, helix_limit_s=args.helix_limit,
+                    solve=proc.solve, bounded=proc.call,
+                )  # fmt: skip
                 first = plan_fn(base)
                 rng = np.random.default_rng(args.seed)
                 times, gaps = [first.solve_s], [first.gap]

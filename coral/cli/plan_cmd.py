@@ -64,6 +64,7 @@ def ensure_templates(
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from actors.solver_process import SolverProcess
     from coral.cli.planning import make_planner, request_at
 
     cat = catalog_from(args)
@@ -73,7 +74,7 @@ def run_plan(args: argparse.Namespace) -> int:
         raise CoralError(f"--at must be within the scenario, 0..{sc.duration_s:g} s, got {args.at:g}")
     if args.deadline is not None and not args.deadline > 0:
         raise CoralError(f"--deadline must be positive, got {args.deadline}")
-    with open_store(args, readonly=args.no_build, scenario=args.scenario) as store:
+    with open_store(args, readonly=args.no_build, scenario=args.scenario) as store, SolverProcess() as proc:
         if not args.no_build:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         plan_fn, templates = make_planner(
@@ -85,6 +86,8 @@ def run_plan(args: argparse.Namespace) -> int:
             deadline_s=args.deadline,
             vllm_only=args.vllm_only,
             helix_limit_s=args.helix_limit,
+            solve=proc.solve,
+            bounded=proc.call,
         )
         plan = plan_fn(request_at(sc, cat, args.at))
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from coral.catalog.types import Catalog
 from coral.errors import CoralError
@@ -12,6 +13,7 @@ from coral.plan import Plan, PlanRequest
 from coral.scenario import Scenario
 from coral.store import TemplateStore
 from coral.templates import Template
+from solvers.allocation import AllocationResult, solve_allocation
 from solvers.library import distinct, is_current
 from solvers.planning import PLAN_POLICIES, POLICIES, Planner, policy_admits, request_at
 
@@ -90,16 +92,21 @@ def make_planner(
     deadline_s: float | None = None,
     vllm_only: bool = False,
     helix_limit_s: float | None = None,
+    solve: Callable[..., AllocationResult] | None = None,
+    bounded: Callable[[Callable[[], Any], float], Any] | None = None,
 ) -> tuple[PlanFn, dict[str, Template]]:
     """A plan function for ``policy`` and the templates it may use, keyed by id (``vllm_only``: only the
     templates vLLM can run as they are). Under ``helix`` the plans use Helix placements made as they are
     solved: each plan adds those it uses to the returned dict; ``helix_limit_s`` is each placement MILP's time
-    limit (default: the deadline)."""
+    limit (default: the deadline). ``solve``: the allocation solve to use (a solver process's; default
+    ``solve_allocation`` in this process); ``bounded``: runs Helix's placements under a hard limit (a
+    solver process's ``call``)."""
     tpls = deployment_templates(store, sc, policy, exclude_vllm_incompatible=vllm_only, perf_version=perf.version)
     check_coverage(sc, tpls, policy, str(store.path), vllm_only=vllm_only)
     if helix_limit_s is not None and not helix_limit_s > 0:
         raise CoralError(f"--helix-limit must be positive, got {helix_limit_s}")
-    planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s, helix_limit_s=helix_limit_s)
+    planner = Planner(policy, sc, cat, perf, tpls, deadline_s or sc.planner.deadline_s, helix_limit_s=helix_limit_s,
+                      solve=solve or solve_allocation, bounded=bounded)  # fmt: skip
     counter = itertools.count(1)
     by_id = {t.id: t for ts in tpls.values() for t in ts}
 

@@ -3,7 +3,7 @@
 The program and its letters are stated in ``model``; the solution path in ``solve``. Modules:
 ``problem`` (input, validation, effort and result types), ``columns`` (the (template, region) columns
 after lossless reductions), ``heuristics`` (greedy repair and local search), ``model`` (the HiGHS model),
-``relaxation`` (LP, column generation, LP dive), ``process`` (deadlines; where HiGHS runs),
+``relaxation`` (LP, column generation, LP dive), ``stopping`` (deadlines; HiGHS runs stopped at them),
 ``decomposition`` (MIPs from a warm start; the decomposition by model), ``solve`` (the driver).
 """
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -14,7 +13,7 @@ from numpy.typing import NDArray
 from solvers.allocation.columns import _TOL, _Columns
 from solvers.allocation.heuristics import _better, _fit, _repair, _State
 from solvers.allocation.model import _highs, _highs_solution, _Matrix, _plan_vector, _service_hi
-from solvers.allocation.process import _Deadline, _ForkedMip, _run_all
+from solvers.allocation.stopping import _Deadline, _Mip
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -32,9 +31,9 @@ def _mip_job(
     *,
     row_lo: FloatArray | None = None,
     cuts: list[tuple[IntArray, float]] | None = None,
-) -> tuple[_ForkedMip, Callable[[], highspy.Highs], int]:
-    """One MIP (over the variables ``cols``, default all), warm-started with plan ``start``, ready for
-    ``_run_all``: (the run, its model builder, its number of integer variables)."""
+) -> tuple[_Mip, Callable[[], highspy.Highs], int]:
+    """One MIP (over the variables ``cols``, default all), warm-started with plan ``start``: (the run, its
+    model builder, its number of integer variables)."""
     vector = _plan_vector(c, mat, start)
 
     def build() -> highspy.Highs:
@@ -43,10 +42,10 @@ def _mip_job(
         return h
 
     n_x = c.J + len(mat.keep_cols)
-    return _ForkedMip(limit), build, n_x if cols is None else int(np.sum(cols < n_x))
+    return _Mip(limit), build, n_x if cols is None else int(np.sum(cols < n_x))
 
 
-def _mip_plans(c: _Columns, mat: _Matrix, run: _ForkedMip, cols: IntArray | None) -> list[IntArray]:
+def _mip_plans(c: _Columns, mat: _Matrix, run: _Mip, cols: IntArray | None) -> list[IntArray]:
     """The plans (x over the columns) that a MIP run took, in the order it found them."""
     n_x = c.J + len(mat.keep_cols)
     plans = []
@@ -70,11 +69,14 @@ def _mip_phase(
     mip_gap: float,
     cols: IntArray | None,
     cuts: list[tuple[IntArray, float]] | None = None,
-) -> tuple[_ForkedMip, list[IntArray]]:
-    """One MIP in a child process: (the run, the plans it found, in order)."""
-    job = _mip_job(c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts)
-    _run_all([job], 1, deadline)
-    return job[0], _mip_plans(c, mat, job[0], cols)
+    on_solution: Callable[[_Mip, list[IntArray]], None] | None = None,
+) -> tuple[_Mip, list[IntArray]]:
+    """One MIP: (the run, the plans it found, in order). ``on_solution(run, plans)`` is called after each
+    solution it takes, with the plans so far."""
+    run, build, num_int = _mip_job(c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts)
+    each = None if on_solution is None else (lambda r: on_solution(r, _mip_plans(c, mat, r, cols)))
+    run.run(build, num_int, deadline, each)
+    return run, _mip_plans(c, mat, run, cols)
 
 
 def _model_vars(c: _Columns, mat: _Matrix) -> list[IntArray]:
@@ -100,14 +102,11 @@ class _Split:
 
 
 SPLIT_MIN_COLUMNS = 300
-"""Columns from which the decomposition runs: below, the full MIP was faster than starting a child
-process per model (core's homogeneous restriction, 206 columns: 0.05 s against 0.14 s)."""
+"""Columns from which the decomposition runs: below, the full MIP was faster than one MIP per model
+(core's homogeneous restriction, 206 columns: 0.05 s against 0.14 s)."""
 
 SPLIT_SHARE = 0.75
 """Share of the time left after the heuristic that the decomposition may use; the full MIP gets the rest."""
-
-SPLIT_WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
-"""Per-group MIPs run at once (each a child process with one single-threaded HiGHS)."""
 
 
 def _split_phase(
@@ -171,8 +170,9 @@ def _split_phase(
             limit = limits.get(masks[lead])
             job = _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo, cuts=cuts)
             jobs.append((lead, cols, job))
-        jobs.sort(key=lambda job: -len(job[1]))  # largest first: the workers finish closer together
-        _run_all([job for _g, _cols, job in jobs], SPLIT_WORKERS, deadline)
+        jobs.sort(key=lambda job: len(job[1]))  # smallest first: at a deadline, the most groups are done
+        for _g, _cols, (run, build, num_int) in jobs:
+            run.run(build, num_int, deadline)
         out.groups += len(jobs)
         complete = True
         for lead, cols, (run, _build, _n) in jobs:

@@ -165,6 +165,8 @@ class SolverEffort:
     """
 
     lp: int | None = None
+    heuristic: int | None = None
+    """Local-search steps the heuristic took when the deadline cut it (None: it ran to completion)."""
     serve: int | None = None
     cost: int | None = None
     dive: int | None = None
@@ -181,7 +183,8 @@ class SolverEffort:
     def as_mapping(self) -> dict[str, int]:
         """Flat ``{phase: k}`` for a plan record (``split.M`` per model); phases run to completion left out."""
         phases = (
-            ("lp", self.lp), ("serve", self.serve), ("cost", self.cost), ("dive", self.dive),
+            ("lp", self.lp), ("heuristic", self.heuristic), ("serve", self.serve), ("cost", self.cost),
+            ("dive", self.dive),
             ("decompose", self.decompose),
         )  # fmt: skip
         out = {k: v for k, v in phases if v is not None}

@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from solvers.allocation.columns import _AGG, _PRE, _Columns
 from solvers.allocation.heuristics import _State
 from solvers.allocation.model import _add_cols, _highs, _iterations, _Matrix, _reduced_costs, _service_hi
-from solvers.allocation.process import _LpThread
+from solvers.allocation.stopping import _LpStop
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -60,7 +60,7 @@ _CG_INITIAL = 2  # best columns per (model, region, mode) that column generation
 _CG_ADD = 10  # most columns added per model and round
 
 
-def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, thread: _LpThread) -> None:
+def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, stop: _LpStop) -> None:
     """The LP relaxation by column generation over the x columns (keep, y, u are always in).
 
     Start from each (model, region, mode)'s best columns by capacity per USD/h and the current ones;
@@ -80,7 +80,7 @@ def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, thread: 
     chosen[c.cur > 0] = True
     order_vars = np.concatenate([np.nonzero(chosen)[0], np.arange(J, mat.num_cols)])
     h = _highs(mat, mat.serve_obj, math.inf, mip_gap, mip=False, cols=order_vars)
-    thread.attach(h)
+    stop.attach(h)
     ok = highspy.HighsModelStatus.kOptimal
     for objective in (mat.serve_obj, mat.cost_obj):
         if objective is mat.cost_obj:
@@ -119,12 +119,10 @@ class _DiveOutcome:
     steps: int = 0
     done: bool = False
     plan: IntArray | None = None
-    snapshot: tuple[int, IntArray | None, bool] = (0, None, False)
-    """(steps, plan, done) written in one assignment after each step, for a reader that abandons the dive."""
 
 
 def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out: _DiveOutcome,
-              thread: _LpThread) -> None:  # fmt: skip
+              stop: _LpStop) -> None:  # fmt: skip
     """LP diving for the most service: solve the min-unmet LP, round up (as a lower bound) the fractional
     integer variables that fit the availability with the others at their floors (parts >= 0.5, largest
     first, else the largest; when none fits, bound the least fractional one to its floor), and solve
@@ -132,7 +130,7 @@ def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out:
     n_int = c.J + len(mat.keep_cols)
     col_of = np.concatenate([np.arange(c.J), mat.keep_cols])
     h = _highs(mat, mat.serve_obj, math.inf, mip_gap, mip=False)
-    thread.attach(h)
+    stop.attach(h)
     lo = mat.col_lo[:n_int].copy()
     hi = mat.col_hi[:n_int].copy()
     idx = np.arange(n_int, dtype=np.int32)
@@ -145,7 +143,6 @@ def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out:
         base = np.floor(v + 1e-6)
         x = np.bincount(col_of, weights=base, minlength=c.J).round().astype(np.int64)
         out.plan = x
-        out.snapshot = (out.steps, x, False)
         frac = v - base
         state = _State(c, x)
         ups: list[int] = []
@@ -160,7 +157,6 @@ def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out:
             part = np.where(frac > 1e-6, frac, np.inf)
             if not np.isfinite(part).any():
                 out.done = True
-                out.snapshot = (out.steps, x, True)
                 return
             down = int(np.argmin(part))  # nothing fits once more: the least fractional one goes down
             hi[down] = base[down]

@@ -15,34 +15,40 @@ Solution path
    the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
    When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
    round up what fits, else bound the least fractional variable down, re-solve, until integral).
-   The portfolio (``_restrict_phase``): each baseline's restriction (``RESTRICTIONS``) solved alone by
-   this same driver, in a share of the time left; each plan is a plan of the whole problem.
 4. Decomposition by model, when the LP serves every demand. Models share only the availability
    rows (the service row is then fixed at full service), so each group of models solves its own cost
-   MIP over all its columns with the whole availability (every model alone at first, each in a
-   child process, two or more at once). The sum of the group optima bounds the program from below,
+   MIP over all its columns with the whole availability (every model alone at first, one after the
+   other, largest first). The sum of the group optima bounds the program from below,
    and when the union of their plans fits the availability it is optimal. Groups whose plans overrun
    a (region, node type) together are merged and solved again, from the repaired union; at worst
    one group holds every model. In a group's MIP, a variable whose one unit costs more than the
    group's part of the best plan so far is left out (costs are nonnegative, so it cannot be in a
    better plan).
-5. MIP phase 1 (only when the plan still leaves more unmet demand than the LP bound), then phase 2
+5. The portfolio (``_restrict_phase``), unless the decomposition proved the plan optimal: each
+   baseline's restriction (``RESTRICTIONS``) solved alone by this same driver, in a share of the time
+   left; each plan is a plan of the whole problem, so the result is never worse than a restriction's.
+6. MIP phase 1 (only when the plan still leaves more unmet demand than the LP bound), then phase 2
    (only when the decomposition did not prove the plan optimal; its groups' bounds are added as cuts
    sum_{v of group} cost_v v >= bound), each warm-started with the best plan so far, on
    single-threaded HiGHS.
 
-Deadline, enforced from outside HiGHS: it overran its own ``time_limit`` by 2-3x here, and at the root
-of an extended-size model its interrupt checks were up to 16 s apart, so neither its time limit nor
-an interrupt callback stops it in time. The LP runs in a thread (its simplex checks are frequent;
-at the deadline the thread is abandoned and interrupted at its next check). Each MIP runs in a forked
-child process that streams its improving solutions through a pipe; at the deadline the parent keeps
-the solutions fully received and kills the child. Replay: single-threaded HiGHS finds the same
-improving solutions in the same order every run, so the number taken per phase (``SolverEffort``,
-per group for the decomposition) fixes the plan without the clock.
+Deadline: everything runs here, on the caller's thread; HiGHS's interrupt callbacks stop each LP and
+MIP once the injected ``clock`` passes the phase's deadline (``stopping``). Replay: single-threaded
+HiGHS finds the same improving solutions in the same order every run, so the number taken per phase
+(``SolverEffort``, per group for the decomposition; LP solves for the dive) fixes the plan without the
+clock. Every phase records whether it ran, was skipped, or where the deadline cut it.
+
+Progress: with ``progress``, each time the best plan may have changed (after the heuristic, the
+portfolio, the dive, the decomposition, and at each improving solution of the MIPs) the driver passes
+the result that the solve would return had its deadline passed right then: its effort replays that
+plan, bound and gap exactly. A caller that must return by a hard deadline (HiGHS's interrupt checks
+were up to 16 s apart at the root of an extended-size MIP) runs the solve in a process it owns and
+kills (``actors.solver_process``), and takes the last result it received.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import time
@@ -58,6 +64,7 @@ from solvers.allocation.columns import _Columns, _columns
 from solvers.allocation.decomposition import SPLIT_MIN_COLUMNS, SPLIT_SHARE, _mip_phase, _Split, _split_phase
 from solvers.allocation.heuristics import (
     _better,
+    _Budget,
     _counts,
     _fit,
     _fit_current,
@@ -74,8 +81,8 @@ from solvers.allocation.problem import (
     AllocationResult,
     SolverEffort,
 )
-from solvers.allocation.process import _Deadline, _LpThread
 from solvers.allocation.relaxation import _AUTO_GENERATED, _cg_job, _dive_job, _DiveOutcome, _lp_job, _LpOutcome
+from solvers.allocation.stopping import _Deadline, _LpStop, _Mip
 
 IntArray = NDArray[np.int64]
 
@@ -144,11 +151,12 @@ def solve_allocation(
     decompose: bool | None = None,
     clock: Callable[[], float] = time.perf_counter,
     portfolio: bool = True,
+    progress: Callable[[AllocationResult], None] | None = None,
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
-    Returns within about ``deadline_s`` (wall clock; HiGHS runs in a worker thread that is abandoned
-    and interrupted at the deadline), always with a feasible plan. With ``effort`` the wall clock is
+    Returns about ``deadline_s`` after the call (HiGHS is interrupted at its next check after the
+    deadline; see the module docstring), always with a feasible plan. With ``effort`` the wall clock is
     ignored and each phase stops where ``effort`` says, which makes the solve deterministic: pass a
     result's ``effort`` back to replay exactly its plan.
 
@@ -169,6 +177,9 @@ def solve_allocation(
 
     ``clock`` (seconds) measures the deadline; a test passes a fake one to cut the solve at any phase.
     Every phase that the deadline cuts or skips is recorded in the result's ``effort``.
+
+    ``progress(result)``: called with the result as it would be if the deadline passed at that moment
+    (see the module docstring); the last call's result equals the one returned.
     """
     if columns not in ("auto", "all", "generated"):
         raise AllocationInputError(f"columns: must be 'auto', 'all' or 'generated', got {columns!r}")
@@ -176,20 +187,13 @@ def solve_allocation(
         raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
     if not (0 <= mip_gap < 1):
         raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
-    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock)
-    phases: list[tuple[str, Callable[[_Run], None]]] = [
-        ("lp", _lp_phase),
-        ("heuristic", _heuristic_phase),
-        ("restrict", _restrict_phase if portfolio else _no_phase),
-        ("dive", _dive_phase),
-        ("split", _decompose_phase),
-        ("serve", _serve_phase),
-        ("cost", _cost_phase),
-    ]
-    for name, phase in phases:
+    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock, portfolio, progress)
+    for name, phase in _PHASES:
         t = time.perf_counter()
         phase(run)
         run.phase_s[name] = time.perf_counter() - t
+        if name in _REPORTED:
+            run.report(name)
     return run.result()
 
 
@@ -206,8 +210,13 @@ class _Run:
         columns: str,
         decompose: bool | None,
         clock: Callable[[], float],
+        portfolio: bool = True,
+        progress: Callable[[AllocationResult], None] | None = None,
     ) -> None:
         self.t0 = time.perf_counter()
+        self.portfolio = portfolio
+        self.progress = progress
+        self.cut = False  # a snapshot: the deadline counts as passed
         self.problem = problem
         self.clock = clock
         self.deadline = None if effort is not None else _Deadline(clock() + deadline_s, clock)
@@ -221,7 +230,7 @@ class _Run:
         self.phase_s["build"] = time.perf_counter() - self.t0
         self.svc_tol = 1e-7 * max(1.0, float(self.c.demand.sum()))
         self.iters = self.nodes = 0
-        self.used: dict[str, int | None] = {"lp": None, "serve": None, "cost": None, "dive": None, "split": None}
+        self.used: dict[str, int | None] = dict.fromkeys(("lp", "heuristic", "serve", "cost", "dive", "split"))
         self.lp = _LpOutcome()
         self.best = np.zeros(self.c.J, dtype=np.int64)
         self.restricted: list[tuple[str, SolverEffort]] = []
@@ -233,7 +242,22 @@ class _Run:
         self.service = (0.0, False)  # the best plan's unmet req/s and whether it is proven least (cost phase)
 
     def out_of_time(self) -> bool:
-        return self.deadline is not None and self.deadline.passed()
+        return self.cut or (self.deadline is not None and self.deadline.passed())
+
+    def report(self, after: str, partial: Callable[[_Run], None] | None = None) -> None:
+        """Pass ``progress`` the result as if the deadline passed now: ``partial`` applies what phase
+        ``after`` has found so far, and every later phase is cut (skipped) as the deadline would."""
+        if self.progress is None:
+            return
+        snap = copy.copy(self)
+        snap.cut = True
+        snap.used, snap.phase_s, snap.restricted = dict(self.used), dict(self.phase_s), list(self.restricted)
+        if partial is not None:
+            partial(snap)
+        later = [name for name, _phase in _PHASES].index(after) + 1
+        for _name, phase in _PHASES[later:]:
+            phase(snap)
+        self.progress(snap.result())
 
     def offer(self, x: IntArray) -> None:
         """Keep plan x if it beats the best so far."""
@@ -282,6 +306,7 @@ class _Run:
             phase_s=self.phase_s,
             effort=SolverEffort(
                 lp=used["lp"],
+                heuristic=used["heuristic"],
                 serve=used["serve"],
                 cost=used["cost"],
                 dive=used["dive"],
@@ -305,27 +330,23 @@ class _Run:
         self.service = (unmet_best, proven)
 
 
-def _no_phase(run: _Run) -> None:
-    """A phase left out."""
-
-
 def _lp_phase(run: _Run) -> None:
-    """The LP relaxation (directly, or by column generation), in a thread abandoned at the deadline."""
+    """The LP relaxation (directly, or by column generation); cut by the deadline, it is not used."""
     c, mat = run.c, run.mat
     if c.J == 0:
         return
     if run.limits.lp == 0 or run.out_of_time():
         run.used["lp"] = 0
         return
-    thread = _LpThread()
+    stop = _LpStop(run.deadline)
     lp = _LpOutcome()
     if run.columns == "all":
         h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), run.mip_gap, mip=False)
-        thread.attach(h)
-        job = functools.partial(_lp_job, h, c, mat, lp)
+        stop.attach(h)
+        _lp_job(h, c, mat, lp)
     else:
-        job = functools.partial(_cg_job, c, mat, run.mip_gap, lp, thread)
-    if thread.run(job, run.deadline):
+        _cg_job(c, mat, run.mip_gap, lp, stop)
+    if not stop.interrupted:
         run.iters += lp.iterations
         run.lp = lp
         run.unmet_bound = lp.unmet
@@ -334,37 +355,39 @@ def _lp_phase(run: _Run) -> None:
 
 
 def _heuristic_phase(run: _Run) -> None:
-    """Rounding and greedy repair: from the LP, and from the current deployment."""
+    """Rounding and greedy repair: from the LP, and from the current deployment; their local search stops
+    at the deadline (the steps it took are recorded)."""
     c, mat, lp = run.c, run.mat, run.lp
     if c.J == 0:
         return
+    budget = _Budget(run.limits.heuristic, run.out_of_time)
     if not lp.done or np.any(c.cur > 0):
-        run.best = _repair(c, _fit_current(c))
+        run.best = _repair(c, _fit_current(c), budget=budget)
     if lp.values is not None:
         v = lp.values[: c.J].copy()
         v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
-        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v)
+        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v, budget=budget)
         if not _better(c, run.best, rounded):
             run.best = rounded
+    if budget.cut:
+        run.used["heuristic"] = budget.taken
 
 
 def _restrict_phase(run: _Run) -> None:
     """The portfolio: each baseline's restriction solved alone; its plan is a plan of this problem too."""
     c, problem, limits = run.c, run.problem, run.limits
-    if c.J == 0:
+    if c.J == 0 or not run.portfolio or run.split_optimal:  # a proven optimum is no worse than any of them
         return
     where = _column_of(c)
     for name, idx in _restrictions(problem):
         sub = _restrict(problem, idx)
         kw: dict[str, Any] = {"mip_gap": run.mip_gap, "columns": run.columns, "portfolio": False}
-        if run.deadline is None and dict(limits.restricted).get(name) == _SKIP_ALL:
+        recorded = dict(limits.restricted).get(name, SolverEffort())
+        if run.out_of_time() or (run.deadline is None and recorded == _SKIP_ALL):  # not even its heuristic
             run.restricted.append((name, _SKIP_ALL))
             continue
         if run.deadline is None:
-            res = solve_allocation(sub, effort=dict(limits.restricted).get(name, SolverEffort()), **kw)
-        elif run.out_of_time():  # not even its heuristic: that is not cut by the deadline
-            run.restricted.append((name, _SKIP_ALL))
-            continue
+            res = solve_allocation(sub, effort=recorded, **kw)
         else:
             left = max(RESTRICT_SHARE * run.deadline.left(), 1e-6)
             res = solve_allocation(sub, deadline_s=left, clock=run.clock, **kw)
@@ -385,15 +408,12 @@ def _dive_phase(run: _Run) -> None:
         run.used["dive"] = 0
         return
     dive = _DiveOutcome()
-    thread = _LpThread()
-    share = None if run.deadline is None else run.deadline.share(DIVE_SHARE)
-    job = functools.partial(_dive_job, c, run.mat, run.mip_gap, run.limits.dive, dive, thread)
-    finished = thread.run(job, share)
-    steps, plan, done = dive.snapshot  # one read: an abandoned dive thread may still write
-    if not finished or (run.limits.dive is not None and not done):
-        run.used["dive"] = steps
-    if plan is not None:
-        run.offer(_repair(c, _fit(c, plan)))
+    stop = _LpStop(None if run.deadline is None else run.deadline.share(DIVE_SHARE))
+    _dive_job(c, run.mat, run.mip_gap, run.limits.dive, dive, stop)
+    if stop.interrupted or (run.limits.dive is not None and not dive.done):
+        run.used["dive"] = dive.steps
+    if dive.plan is not None:
+        run.offer(_repair(c, _fit(c, dive.plan)))
 
 
 def _decompose_phase(run: _Run) -> None:
@@ -424,17 +444,25 @@ def _serve_phase(run: _Run) -> None:
         run.used["serve"] = 0
         return
     half = None if run.deadline is None else run.deadline.share(0.5)
+
+    def apply(r: _Run, mip: _Mip, plans: list[IntArray]) -> None:
+        r.iters, r.nodes = r.iters + mip.iterations, r.nodes + mip.nodes
+        r.used["serve"] = None if mip.finished else len(mip.taken())
+        for x in plans:
+            r.offer(x)
+        if r.columns == "all":
+            r.unmet_bound = max(r.unmet_bound, mip.dual_bound)
+            if mip.status == highspy.HighsModelStatus.kOptimal:
+                r.unmet_bound = max(r.unmet_bound, _unmet_total(c, r.best) * (1 - r.mip_gap))
+
+    def each(mip: _Mip, plans: list[IntArray]) -> None:
+        run.report("serve", functools.partial(apply, mip=mip, plans=plans))
+
     mip, plans = _mip_phase(
-        c, mat, mat.serve_obj, math.inf, run.best, run.limits.serve, half, run.mip_gap, run.mip_vars()
+        c, mat, mat.serve_obj, math.inf, run.best, run.limits.serve, half, run.mip_gap, run.mip_vars(),
+        on_solution=each if run.progress is not None else None,
     )  # fmt: skip
-    run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
-    run.used["serve"] = None if mip.finished else len(mip.taken())
-    for x in plans:
-        run.offer(x)
-    if run.columns == "all":
-        run.unmet_bound = max(run.unmet_bound, mip.dual_bound)
-        if mip.status == highspy.HighsModelStatus.kOptimal:
-            run.unmet_bound = max(run.unmet_bound, _unmet_total(c, run.best) * (1 - run.mip_gap))
+    apply(run, mip, plans)
 
 
 def _cost_phase(run: _Run) -> None:
@@ -449,14 +477,37 @@ def _cost_phase(run: _Run) -> None:
     unmet_best = run.service[0]
     hi = _service_hi(c, unmet_best)
     cuts = run.split.cuts if unmet_best <= run.svc_tol else None
+
+    def apply(r: _Run, mip: _Mip, plans: list[IntArray]) -> None:
+        r.iters, r.nodes = r.iters + mip.iterations, r.nodes + mip.nodes
+        r.used["cost"] = None if mip.finished else len(mip.taken())
+        for x in plans:
+            if _unmet_total(c, x) <= unmet_best + r.svc_tol:
+                r.offer(x)
+        if r.columns == "all":
+            r.cost_bound = mip.dual_bound
+            r.cost_optimal = mip.status == highspy.HighsModelStatus.kOptimal
+
+    def each(mip: _Mip, plans: list[IntArray]) -> None:
+        run.report("cost", functools.partial(apply, mip=mip, plans=plans))
+
     mip, plans = _mip_phase(
-        c, mat, mat.cost_obj, hi, run.best, run.limits.cost, run.deadline, run.mip_gap, run.mip_vars(), cuts
+        c, mat, mat.cost_obj, hi, run.best, run.limits.cost, run.deadline, run.mip_gap, run.mip_vars(), cuts,
+        on_solution=each if run.progress is not None else None,
     )  # fmt: skip
-    run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
-    run.used["cost"] = None if mip.finished else len(mip.taken())
-    for x in plans:
-        if _unmet_total(c, x) <= unmet_best + run.svc_tol:
-            run.offer(x)
-    if run.columns == "all":
-        run.cost_bound = mip.dual_bound
-        run.cost_optimal = mip.status == highspy.HighsModelStatus.kOptimal
+    apply(run, mip, plans)
+
+
+_PHASES: list[tuple[str, Callable[[_Run], None]]] = [
+    ("lp", _lp_phase),
+    ("heuristic", _heuristic_phase),
+    ("dive", _dive_phase),
+    ("split", _decompose_phase),
+    ("restrict", _restrict_phase),
+    ("serve", _serve_phase),
+    ("cost", _cost_phase),
+]
+"""The phases in order (the module docstring's solution path)."""
+
+_REPORTED = ("heuristic", "dive", "split", "restrict", "serve", "cost")
+"""Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution)."""

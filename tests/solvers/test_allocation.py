@@ -18,9 +18,9 @@ from solvers.allocation import (
     SolverEffort,
     columns,
     model,
-    process,
     relaxation,
     solve_allocation,
+    stopping,
 )
 from solvers.allocation.columns import _columns
 from solvers.allocation.decomposition import _split_phase
@@ -572,7 +572,7 @@ def test_column_generation_reaches_the_full_lp_bound(scarcity: float) -> None:
     mat = model._matrix(c)
     full, generated = relaxation._LpOutcome(), relaxation._LpOutcome()
     relaxation._lp_job(model._highs(mat, mat.cost_obj, model._service_hi(c, 0.0), 1e-4, mip=False), c, mat, full)
-    relaxation._cg_job(c, mat, 1e-4, generated, process._LpThread())
+    relaxation._cg_job(c, mat, 1e-4, generated, stopping._LpStop(None))
     assert full.done and generated.done
     assert generated.columns is not None and len(generated.columns) < c.J
     assert generated.unmet == pytest.approx(full.unmet, rel=1e-6, abs=1e-6)
@@ -620,10 +620,11 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
     assert res.split_groups == 3  # a, b, then {a, b}
     assert res.cost_per_hour == pytest.approx(4.0)
     assert node_use(p, dict(res.counts)).tolist() == [[1, 1]]
-    # the joint MIP stopped at its first solution: the full MIP finishes, with the models' bounds as cuts
+    # the joint MIP told to stop at its first solution: the full MIP finishes, with the models' bounds as
+    # cuts (HiGHS solves this joint MIP before its first interrupt check, so it records no stop: it finished)
     stopped = SolverEffort(split=[(0b11, 1)])
     cut = solve_allocation(p, effort=stopped, mip_gap=0.0, decompose=True)
-    assert cut.effort == stopped
+    assert cut.effort in (stopped, SolverEffort())
     assert cut.status == "optimal"
     assert cut.cost_per_hour == pytest.approx(4.0)
 
@@ -743,9 +744,69 @@ def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool) -> 
         replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
         assert replay.effort == first.effort, ticks
         assert replay.counts == first.counts, ticks
-        assert replay.objective == first.objective
+        assert (replay.objective, replay.bound, replay.gap, replay.status) == (
+            first.objective, first.bound, first.gap, first.status
+        )  # fmt: skip
         seen.add(tuple(sorted(first.effort.as_mapping().items())))
     assert len(seen) >= 3  # the cuts fell in different phases
+
+
+class _Enough(Exception):
+    pass
+
+
+def test_a_deadline_inside_the_heuristic_replays_exactly() -> None:
+    """The heuristic's local search reads the clock before each step: a deadline there records the steps
+    taken, and the replay stops at the same step, with the same plan, bound, gap and status."""
+    p = generate("core", 50, seed=2, load=0.35)
+    kw = {"columns": "all", "portfolio": False}
+    counting = FakeClock(None)
+    at_report: list[int] = []
+
+    def first_report(res: AllocationResult) -> None:
+        at_report.append(counting.reads)
+        assert res.effort.heuristic is None  # the heuristic ran to its end
+        raise _Enough
+
+    with pytest.raises(_Enough):  # the MIPs after it would take long: stop at the first report
+        solve_allocation(p, deadline_s=3600.0, clock=counting, progress=first_report, **kw)  # type: ignore[arg-type]
+    # the first report follows the heuristic, whose last clock readings are one per local-search step
+    cuts = []
+    for ticks in (at_report[0] - 2, at_report[0] - 4, at_report[0] - 8):
+        first = solve_allocation(p, deadline_s=3600.0, clock=FakeClock(ticks), **kw)  # type: ignore[arg-type]
+        replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
+        assert replay.effort == first.effort and replay.counts == first.counts
+        assert (replay.objective, replay.bound, replay.gap, replay.status) == (
+            first.objective, first.bound, first.gap, first.status
+        )  # fmt: skip
+        check_plan(p, first)
+        if first.effort.heuristic is not None:
+            cuts.append(first.effort.heuristic)
+    assert len(set(cuts)) >= 2  # cut at different steps of the local search
+    assert SolverEffort.from_mapping(SolverEffort(heuristic=3).as_mapping()) == SolverEffort(heuristic=3)
+
+
+@pytest.mark.parametrize(("kind", "decompose"), [("scarce", False), ("plenty", True)], ids=["scarce", "split"])
+def test_every_progress_report_replays_exactly(kind: str, decompose: bool) -> None:
+    """Each result passed to ``progress`` (the solve as if cut at that moment) replays to the same plan,
+    bound, gap and status; the last one is the result returned."""
+    if kind == "scarce":
+        p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
+    else:
+        p = generate("core", 8, seed=2, load=0.2)
+    kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-3}
+    reports: list[AllocationResult] = []
+    final = solve_allocation(p, deadline_s=3600.0, progress=reports.append, **kw)  # type: ignore[arg-type]
+    assert len(reports) >= 4
+    assert reports[-1].counts == final.counts and reports[-1].effort == final.effort
+    for rep in reports:
+        replay = solve_allocation(p, effort=rep.effort, **kw)  # type: ignore[arg-type]
+        assert replay.effort == rep.effort
+        assert replay.counts == rep.counts
+        assert (replay.objective, replay.bound, replay.gap, replay.status) == (rep.objective, rep.bound, rep.gap,
+                                                                               rep.status)  # fmt: skip
+    objectives = [(r.total_unmet_rps, r.objective) for r in reports]
+    assert objectives == sorted(objectives, reverse=True)  # each report is at least as good as the last
 
 
 def test_deadline_cuts_to_the_greedy_path() -> None:

@@ -1,0 +1,411 @@
+"""The solver process: one long-lived process, spawned (never forked), in which allocation solves run.
+
+Why a process: the solve is CPU-bound C++ (HiGHS) that would hold the owner's event loop, and HiGHS's
+interrupt checks, which stop it at its deadline (``solvers.allocation.stopping``), were up to 16 s apart
+at the root of an extended-size MIP, so only a process can be stopped on time. Why here and not in
+``coral``: the child runs ``solvers`` code, which ``coral`` (outside its CLI) may not import, and
+``solvers`` may neither fork nor start processes; ``actors`` may import both, and the CLI may import
+``actors``. Owners: the allocator actor (``actors.allocator``) and the CLI for ``plan`` and ``bench``.
+
+Protocol, over one ``multiprocessing`` pipe (the messages are the attrs classes below, pickled between
+this module's two ends only):
+
+- child -> owner ``Ready(pid)`` once, when it can take requests (the owner waits for it before it sends
+  its first request);
+- owner -> child ``Solve(seq, problem, deadline_s, options)``; the child answers with a ``Progress(seq,
+  result)`` for each improving plan (``solve_allocation``'s ``progress``: the result as if the deadline
+  passed at that moment, whose effort replays it exactly), then ``Done(seq, result)``, or
+  ``Failed(seq, error)``;
+- owner -> child ``Call(seq, fn)``: the child answers ``Returned(seq, fn())`` or ``Failed``; the owner
+  waits at most a hard limit, then kills the child (the Helix baseline's placements, whose MILPs overrun
+  their time limits, run so);
+- owner -> child ``Stop()``: the child exits.
+
+Deadline: the child solves with ``deadline_s`` on its own clock, and stops at HiGHS's next interrupt
+check after it. The owner waits for ``Done`` until ``hard_s(deadline_s)``; if it has not come, it takes
+the last ``Progress`` (replayable, like ``Done``) and leaves the child to end that solve. The next
+request first waits up to its own ``hard_s`` (at least ``SETTLE_S``) for that late solve to end; only
+if it has not (HiGHS between two interrupt checks) is the child killed, and a new one spawned (its
+``Ready`` awaited). On a
+loaded machine a solve often ends a little after its deadline, and killing it each time cost a spawn
+(seconds of imports) per solve. Before the first ``Progress`` (the heuristic's plan) there is no plan to
+return, so the owner waits for that one. Without a deadline (a replay with a given effort) it waits for
+``Done``. Nothing here reads the clock for a decision: which result the owner takes depends on time, but
+the result carries the effort that reproduces it.
+
+Shutdown: ``close()`` sends ``Stop``, joins the child, and kills it if it does not exit in time; the
+owner starts no thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import anyio
+import attrs
+
+from solvers.allocation import (
+    AllocationInputError,
+    AllocationProblem,
+    AllocationResult,
+    SolverEffort,
+    solve_allocation,
+)
+
+# -- messages -----------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Ready:
+    """The child can take requests."""
+
+    pid: int
+
+
+@attrs.frozen
+class Solve:
+    """Solve ``problem``; ``options`` are ``solve_allocation``'s keywords (effort, mip_gap, columns, ...)."""
+
+    seq: int
+    problem: AllocationProblem
+    deadline_s: float
+    options: dict[str, Any]
+
+
+@attrs.frozen
+class Call:
+    """Compute ``fn()`` (a picklable job, e.g. a ``functools.partial`` of a module-level function)."""
+
+    seq: int
+    fn: Callable[[], Any]
+
+
+@attrs.frozen
+class Returned:
+    """What a ``Call`` computed."""
+
+    seq: int
+    value: Any
+
+
+@attrs.frozen
+class Progress:
+    """An improving plan: the result as if the solve were cut now (its effort replays it)."""
+
+    seq: int
+    result: AllocationResult
+
+
+@attrs.frozen
+class Done:
+    """The solve's result."""
+
+    seq: int
+    result: AllocationResult
+
+
+@attrs.frozen
+class Failed:
+    """The solve raised; ``error`` is its one-line description, ``kind`` the exception's class name."""
+
+    seq: int
+    kind: str
+    error: str
+
+
+@attrs.frozen
+class Stop:
+    """Exit."""
+
+
+# -- the child ----------------------------------------------------------------------------------------
+
+
+def _child_main(conn: Connection) -> None:  # pragma: no cover - runs in the spawned child
+    """The child's loop: answer each ``Solve`` until ``Stop`` or the pipe closes."""
+    conn.send(Ready(os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if isinstance(msg, Stop):
+            return
+        seq = msg.seq
+        if isinstance(msg, Call):
+            try:
+                value = msg.fn()
+            except Exception as exc:
+                conn.send(Failed(seq, type(exc).__name__, str(exc)))
+            else:
+                conn.send(Returned(seq, value))
+            continue
+        assert isinstance(msg, Solve), msg
+
+        def report(result: AllocationResult, seq: int = seq) -> None:
+            conn.send(Progress(seq, result))
+
+        try:
+            res = solve_allocation(msg.problem, deadline_s=msg.deadline_s, progress=report, **msg.options)
+        except Exception as exc:  # the owner re-raises it as it was
+            conn.send(Failed(seq, type(exc).__name__, str(exc)))
+        else:
+            conn.send(Done(seq, res))
+
+
+# -- the owner ----------------------------------------------------------------------------------------
+
+
+class SolverProcessError(RuntimeError):
+    """The solver process failed: it died, or a solve raised something other than bad input."""
+
+
+def hard_s(deadline_s: float) -> float:
+    """How long the owner waits for ``Done`` before it takes the last ``Progress`` and kills the child."""
+    return 1.25 * deadline_s + 0.1
+
+
+SETTLE_S = 5.0
+"""The least time a request waits for a late solve to end before it kills the child: a new child costs
+its imports (1-10 s on a loaded 2-core machine), so waiting a while is cheaper."""
+
+
+class SolverProcess:
+    """Owns one spawned solver process (see the module docstring). ``solve`` takes ``solve_allocation``'s
+    arguments and returns its result; ``solve_async`` does the same without blocking an anyio loop.
+
+    The child is spawned at construction (or at the first solve after a kill) and its ``Ready`` awaited
+    at the next solve. Use as a context manager, or call ``close()``.
+    """
+
+    def __init__(self) -> None:
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._ready = False
+        self._seq = 0
+        self._lock: anyio.Lock | None = None  # one solve at a time from anyio tasks
+        self._stale: int | None = None  # a solve whose result was taken from its progress, still running
+        self.late = 0
+        """Solves whose result was their last progress (no ``Done`` by the hard deadline)."""
+        self.kills = 0
+        """Children killed: a late solve still running a hard deadline after the next request, or a job
+        over its hard limit."""
+        self.pid: int | None = None
+        self._spawn()
+
+    def __enter__(self) -> SolverProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self) -> None:
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_child_main, args=(child,), name="coral-solver", daemon=True)
+        proc.start()
+        child.close()
+        self._proc, self._conn, self._ready, self.pid = proc, parent, False, None
+
+    def _kill(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+            self._proc.close()
+        self._proc = self._conn = None
+        self._ready = False
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the child: ``Stop``, then a kill if it has not exited after ``timeout_s``."""
+        if self._proc is None:
+            return
+        assert self._conn is not None
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self._conn.send(Stop())
+        self._proc.join(timeout_s)
+        if self._proc.exitcode is None:
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+        self._proc.close()
+        self._proc = self._conn = None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    # one solve, as a generator of "wait for readability until t" steps, so that the sync and the async
+    # front ends share every decision
+
+    def _recv(self) -> object:
+        assert self._conn is not None
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError) as exc:
+            code = None if self._proc is None else self._proc.exitcode
+            self._kill()
+            raise SolverProcessError(f"the solver process died (exit code {code})") from exc
+
+    def _steps(
+        self,
+        problem: AllocationProblem,
+        deadline_s: float,
+        options: dict[str, Any],
+        on_progress: Callable[[AllocationResult], None] | None,
+    ) -> Any:
+        """Yields the monotonic time (or None: no limit) until which to wait for the pipe to be readable,
+        is sent whether it is, and returns the result."""
+        if self._stale is not None and self._proc is not None:  # give the late solve time to end, then kill it
+            settle = time.monotonic() + max(hard_s(deadline_s), SETTLE_S)
+            while self._stale is not None:
+                if not (yield settle):
+                    self.kills += 1
+                    self._kill()
+                    break
+                msg = self._recv()
+                if isinstance(msg, Done | Failed) and msg.seq == self._stale:
+                    self._stale = None
+        self._stale = None
+        if self._proc is None:
+            self._spawn()
+        self._seq += 1
+        seq = self._seq
+        assert self._conn is not None
+        while not self._ready:
+            if not (yield None):
+                continue
+            msg = self._recv()
+            if isinstance(msg, Ready):
+                self._ready, self.pid = True, msg.pid
+        self._conn.send(Solve(seq, problem, deadline_s, options))
+        replay = options.get("effort") is not None
+        until: float | None = None if replay else time.monotonic() + hard_s(deadline_s)
+        last: AllocationResult | None = None
+        while True:
+            wait_until = None if last is None else until
+            readable = yield wait_until
+            if not readable:  # the hard deadline passed, and a plan is in hand; the child ends its solve late
+                assert last is not None
+                self._stale = seq
+                self.late += 1
+                return last
+            msg = self._recv()
+            if isinstance(msg, Progress) and msg.seq == seq:
+                last = msg.result
+                if on_progress is not None:
+                    on_progress(last)
+            elif isinstance(msg, Done) and msg.seq == seq:
+                return msg.result
+            elif isinstance(msg, Failed) and msg.seq == seq:
+                if msg.kind == "AllocationInputError":
+                    raise AllocationInputError(msg.error)
+                raise SolverProcessError(f"the solve failed in the solver process: {msg.kind}: {msg.error}")
+
+    def call(self, fn: Callable[[], Any], hard_s: float) -> Any:
+        """``fn()`` computed in the child, or None when it takes more than ``hard_s`` seconds (the child is
+        then killed, and a new one spawned at the next request). A failure is raised here as
+        ``SolverProcessError``."""
+        if not (hard_s > 0 and math.isfinite(hard_s)):
+            raise ValueError(f"hard_s must be finite and > 0, got {hard_s}")
+        if self._stale is not None and self._proc is not None:
+            self.kills += 1  # a job waits for no late solve: jobs are long, solves are not
+            self._kill()
+        self._stale = None
+        if self._proc is None:
+            self._spawn()
+        assert self._conn is not None
+        while not self._ready:
+            msg = self._recv()
+            if isinstance(msg, Ready):
+                self._ready, self.pid = True, msg.pid
+        self._seq += 1
+        seq = self._seq
+        self._conn.send(Call(seq, fn))
+        until = time.monotonic() + hard_s
+        while True:
+            if not self._conn.poll(max(until - time.monotonic(), 0.0)):
+                self.kills += 1
+                self._kill()
+                return None
+            msg = self._recv()
+            if isinstance(msg, Returned) and msg.seq == seq:
+                return msg.value
+            if isinstance(msg, Failed) and msg.seq == seq:
+                raise SolverProcessError(f"the job failed in the solver process: {msg.kind}: {msg.error}")
+
+    def solve(
+        self,
+        problem: AllocationProblem,
+        *,
+        deadline_s: float = 1.0,
+        effort: SolverEffort | None = None,
+        on_progress: Callable[[AllocationResult], None] | None = None,
+        **options: Any,
+    ) -> AllocationResult:
+        """``solve_allocation(problem, deadline_s=..., effort=..., **options)`` in the child (blocking)."""
+        _check(deadline_s)
+        steps = self._steps(problem, deadline_s, {"effort": effort, **options}, on_progress)
+        readable = None
+        try:
+            while True:
+                until = steps.send(readable)
+                assert self._conn is not None
+                left = None if until is None else max(until - time.monotonic(), 0.0)
+                readable = self._conn.poll(left)
+        except StopIteration as stop:
+            return stop.value
+
+    async def solve_async(
+        self,
+        problem: AllocationProblem,
+        *,
+        deadline_s: float = 1.0,
+        effort: SolverEffort | None = None,
+        on_progress: Callable[[AllocationResult], None] | None = None,
+        **options: Any,
+    ) -> AllocationResult:
+        """``solve`` for an anyio task: it waits on the pipe's file descriptor, in no thread."""
+        _check(deadline_s)
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            return await self._solve_async(problem, deadline_s, {"effort": effort, **options}, on_progress)
+
+    async def _solve_async(
+        self,
+        problem: AllocationProblem,
+        deadline_s: float,
+        options: dict[str, Any],
+        on_progress: Callable[[AllocationResult], None] | None,
+    ) -> AllocationResult:
+        steps = self._steps(problem, deadline_s, options, on_progress)
+        readable = None
+        try:
+            while True:
+                until = steps.send(readable)
+                assert self._conn is not None
+                if self._conn.poll(0):
+                    readable = True
+                    continue
+                left = math.inf if until is None else max(until - time.monotonic(), 0.0)
+                readable = False
+                with anyio.move_on_after(left):
+                    await anyio.wait_readable(self._conn.fileno())
+                    readable = True
+        except StopIteration as stop:
+            return stop.value
+
+
+def _check(deadline_s: float) -> None:
+    if not (deadline_s > 0 and math.isfinite(deadline_s)):
+        raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")

@@ -1,0 +1,99 @@
+"""The solver process: spawned, a READY handshake, streamed results that replay, kills, clean shutdown."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import anyio
+import pytest
+
+from actors.solver_process import SolverProcess, SolverProcessError
+from solvers.allocation import AllocationInputError, AllocationResult, solve_allocation
+from tests.solvers.alloc_instances import generate
+
+
+def _sleep(s: float) -> float:
+    time.sleep(s)
+    return s
+
+
+def _fails() -> None:
+    raise ValueError("boom")
+
+
+def test_solves_stream_replay_and_shut_down() -> None:
+    p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
+    threads = threading.active_count()
+    reports: list[AllocationResult] = []
+    with SolverProcess() as proc:
+        res = proc.solve(p, deadline_s=30.0, columns="all", mip_gap=1e-3, on_progress=reports.append)
+        assert proc.pid is not None and proc.alive
+        assert reports and reports[-1].counts == res.counts
+        # the child solves exactly what this process solves, and a replay of its effort gives its plan
+        here = solve_allocation(p, effort=res.effort, columns="all", mip_gap=1e-3)
+        assert (here.counts, here.objective, here.bound, here.status) == (res.counts, res.objective, res.bound,
+                                                                          res.status)  # fmt: skip
+        again = proc.solve(p, effort=reports[0].effort, columns="all", mip_gap=1e-3)
+        assert again.counts == reports[0].counts and again.bound == reports[0].bound
+        with pytest.raises(AllocationInputError, match="mip_gap"):
+            proc.solve(p, deadline_s=1.0, mip_gap=2.0)
+        with pytest.raises(AllocationInputError, match="deadline_s"):
+            proc.solve(p, deadline_s=0.0)
+        assert proc.alive  # bad input changes nothing
+    assert not proc.alive and proc.pid is not None
+    assert threading.active_count() == threads  # no thread left behind
+
+
+def test_a_result_taken_at_the_hard_deadline_replays_and_the_child_lives_on() -> None:
+    """At a tiny deadline the child's solve may end after the owner's hard deadline: the owner then takes
+    the last progress, whose effort replays it, and the next request waits for the late solve to end."""
+    p = generate("core", 400, seed=4, load=0.35)
+    with SolverProcess() as proc:
+        proc.solve(p, deadline_s=5.0)  # the child is up
+        results = [proc.solve(p, deadline_s=0.005) for _ in range(3)]
+        assert proc.kills == 0
+        for res in results:
+            again = solve_allocation(p, effort=res.effort)
+            assert (again.counts, again.objective, again.bound, again.gap) == (res.counts, res.objective, res.bound,
+                                                                                res.gap)  # fmt: skip
+        assert proc.solve(p, deadline_s=5.0).status in ("optimal", "feasible", "no bound")
+
+
+def test_a_job_over_its_hard_limit_is_killed_and_the_next_one_gets_a_new_child() -> None:
+    with SolverProcess() as proc:
+        assert proc.call(functools.partial(_sleep, 0.01), 60.0) == 0.01
+        first = proc.pid
+        assert proc.call(functools.partial(_sleep, 60.0), 0.5) is None
+        assert proc.kills == 1 and not proc.alive
+        assert proc.call(functools.partial(_sleep, 0.02), 60.0) == 0.02
+        assert proc.pid != first
+        with pytest.raises(SolverProcessError, match="ValueError: boom"):
+            proc.call(_fails, 60.0)
+        with pytest.raises(ValueError, match="hard_s"):
+            proc.call(_fails, 0.0)
+
+
+async def test_solve_async_waits_on_the_pipe_in_no_thread() -> None:
+    p = generate("core", 8, seed=2, load=0.2)
+    proc = SolverProcess()
+    try:
+        threads = threading.active_count()
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            res = await proc.solve_async(p, deadline_s=0.5, columns="all")
+            tg.cancel_scope.cancel()
+        assert threading.active_count() == threads
+        assert ticks > 1  # the loop kept running while the child started and solved
+        assert res.counts == solve_allocation(p, effort=res.effort, columns="all").counts
+    finally:
+        proc.close()
