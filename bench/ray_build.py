@@ -36,6 +36,7 @@ from typing import Any
 
 from coral.catalog import load_catalog
 from coral.cli.build import BuildJob, BuildReport, build_library
+from coral.errors import CoralError
 from coral.perf import PerfModel
 from coral.scenario import load_scenario
 from coral.store import TemplateStore
@@ -82,8 +83,15 @@ def main() -> int:
         pool = build_library(perf, store, jobs, nodes, nmax=args.nmax, rho=args.rho, workers=args.workers)
     _print("local pool", pool)
 
-    t0 = time.perf_counter()
-    solver = RaySolver(args.ray, perf, 10.0)
+    for attempt in range(1, 4):  # a loaded machine can fail Ray's fixed 30 s wait for a local raylet
+        t0 = time.perf_counter()
+        try:
+            solver = RaySolver(args.ray, perf, 10.0)
+            break
+        except CoralError as e:
+            print(f"ray start, attempt {attempt}: {e}")
+            if attempt == 3:
+                return 1
     start = time.perf_counter() - t0
     try:
         with TemplateStore(tmp / "ray.sqlite") as store:

@@ -83,7 +83,7 @@ class RaySolver:
                     log_to_driver=False,
                     logging_level=logging.WARNING,
                 )
-            except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
+            except Exception as e:  # Ray raises bare Exception too (a local instance that did not start in 30 s)
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise CoralError(f"--ray {address or '(default)'}: cannot connect ({first})") from None
         self._workers = int(ray.cluster_resources().get("CPU", 0))
