@@ -75,6 +75,7 @@ def test_workers_and_ray_together_are_refused(tmp_path: Path, capsys: pytest.Cap
         ("no-such-host.invalid:6379", "--ray no-such-host.invalid:6379: cannot reach a Ray cluster there"),
         ("headnode", "--ray headnode: not a Ray address"),
         ("10.0.0.1:99999", "--ray 10.0.0.1:99999: not a Ray address"),
+        ("auto", "--ray auto: cannot connect (Could not find any running Ray instance"),  # no `ray start` here
     ],
 )
 def test_bad_address_is_one_line_naming_it(
