@@ -13,14 +13,16 @@ checks that both stores hold the same outcomes and templates, and reports:
   which no cluster parallelises;
 - the estimate for the `core` library at N_max 6 on a cluster of ``--cluster-cores`` cores:
 
-      T = start + level 1's extra + 5 x (Ray's extra per later level) + M x (driver s per multiset) + W / cores
+      T = start + Ray's level-1 overhead + 5 x (its largest later one) + M x (driver s per multiset) + W / cores
 
   with M = 1,672,608 multisets and W = 25.8 core-hours of solving (the README's figures: 24.0 core-hours
   estimated for the six-node level from a seeded sample, plus 55 min x 2 cores measured for N_max 5),
   and the cluster's cores taken as fast as this machine's. It is an upper estimate of the driver's share
   (its store writes overlap the solving) and a lower one of the tail of each level.
 
-Run it under ``nice`` on a shared machine; the load average is printed with the figures.
+Run it under ``nice`` on a shared machine; the load average is printed with the figures. On a loaded
+machine Ray's own local start can fail (it waits a fixed 30 s for its raylet): start the instance first
+(``nice ray start --head --num-cpus 2``), pass ``--ray auto``, and ``ray stop`` after.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -105,16 +106,16 @@ def main() -> int:
 
     extra = {s: _overhead(ray_rep, s) - _overhead(pool, s) for s in ray_rep.level_wall_s if s in pool.level_wall_s}
     print("ray's overhead per level beyond the pool's (s): " + ", ".join(f"{s}: {v:+.2f}" for s, v in extra.items()))
-    later = [v for s, v in extra.items() if s > 1] or list(extra.values())
-    per_level = max(0.0, statistics.median(later))
-    first = extra.get(1, 0.0)
+    own = {s: _overhead(ray_rep, s) for s in ray_rep.level_wall_s}
+    per_level = max([0.0, *(v for s, v in own.items() if s > 1)])
+    first = max(0.0, own.get(1, 0.0))
     driver = (ray_rep.wall_s - ray_rep.wait_s) / ray_rep.enumerated
     cores = args.cluster_cores
     work = CORE_HOURS * 3600
     est = start + first + (LEVELS - 1) * per_level + CORE_MULTISETS * driver + work / cores
     print(
-        f"N_max 6 core library on {cores} cores: start {start:.0f} s + first level's worker start {first:.0f} s"
-        f" + {LEVELS - 1} more levels x {per_level:.2f} s"
+        f"N_max 6 core library on {cores} cores: start {start:.0f} s + level 1's overhead {first:.0f} s"
+        f" + {LEVELS - 1} more levels x {per_level:.2f} s (the largest later level's overhead)"
         f" + {CORE_MULTISETS:,} multisets x {driver * 1e3:.3f} ms (driver)"
         f" + {CORE_HOURS:.1f} core-h x 3600 / {cores} = {start:.0f} + {first:.0f} + {(LEVELS - 1) * per_level:.0f}"
         f" + {CORE_MULTISETS * driver:.0f} + {work / cores:.0f} = {est:.0f} s ({est / 3600:.2f} h)"
