@@ -1,8 +1,9 @@
 """Template library build: enumerate multisets, prune losslessly bottom-up, solve the rest in a pool.
 
 Each (model, mode, SLO, shape) job is processed level by level (multiset size 1..N_max). A level's
-multisets only look up results of smaller sizes, so they are solved in parallel worker processes (one
-HiGHS solve per process at a time). Every result is written to the store as it arrives, keyed by the
+multisets only look up results of smaller sizes, so they are solved in parallel by a `Solver`: worker
+processes on this machine (`PoolSolver`, one HiGHS solve per process at a time) or the tasks of a Ray
+cluster (``coral.cli.build_ray``). Every result is written to the store as it arrives, keyed by the
 content hash of its inputs, so an interrupted build resumes where it stopped and a rebuild with unchanged
 inputs solves nothing.
 """
@@ -14,10 +15,11 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import attrs
 
@@ -33,6 +35,8 @@ from solvers.options import formulation
 from solvers.small import SMALL_NODES
 
 Multiset = tuple[str, ...]
+Pending = tuple["BuildJob", Multiset, str, float, float, bool]
+"""One multiset to solve: its job, nodes, store key, best split, best sub-multiset, spanning search."""
 UNPROVEN = "(unproven)"
 """Marks the detail of an outcome whose capacity is not proven optimal (a template with a gap, or
 "infeasible" because nothing was found in time)."""
@@ -87,6 +91,15 @@ class BuildReport:
     """With ``sample_top``: how many multisets the N_max level has in all (every job together)."""
     top_reused: int = 0
     """With ``sample_top``: how many of the sampled ones were in the store already (not solved)."""
+    level_wall_s: dict[int, float] = attrs.field(factory=dict)
+    """Per size: wall seconds from the first submission of the level to its last result."""
+    level_busy_s: dict[int, float] = attrs.field(factory=dict)
+    """Per size: the workers' seconds on the level's multisets (every one solved or bound-settled)."""
+    level_tasks: dict[int, int] = attrs.field(factory=dict)
+    """Per size: how many multisets were handed to the solver."""
+    wait_s: float = 0.0
+    """Wall seconds the build spent waiting for the solver's results (the rest of ``wall_s`` is the
+    driver's own work: enumeration, keys, store reads and writes)."""
 
 
 _PERF: PerfModel | None = None
@@ -96,11 +109,21 @@ _PROBLEMS: dict[BuildJob, ProblemCache] = {}
 
 
 def _init_worker(catalog_files: Sequence[Path], profile_files: Sequence[Path], time_limit: float) -> None:
-    global _PERF, _TIME_LIMIT
     cat = load_catalog(list(catalog_files))
-    _PERF = PerfModel(cat, [t for p in profile_files for t in load_profiles(p)])
-    _TIME_LIMIT = time_limit
+    use_perf(PerfModel(cat, [t for p in profile_files for t in load_profiles(p)]), time_limit)
+
+
+def use_perf(perf: PerfModel, time_limit: float) -> None:
+    """Make this process solve with ``perf`` and ``time_limit`` (and forget the problems of before)."""
+    global _PERF, _TIME_LIMIT
+    _PERF, _TIME_LIMIT = perf, time_limit
     _PROBLEMS.clear()
+
+
+def solve_pending(item: Pending) -> Solved:
+    """Solve one pending multiset in this process (after `use_perf`)."""
+    job, s, key, split, sub, span = item
+    return _solve_one(job, s, key, max(split, sub), span)
 
 
 def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float, spanning: bool = False) -> Solved:
@@ -143,6 +166,7 @@ def build_library(
     progress: Callable[[int, int], None] | None = None,
     deadline_s: float | None = None,
     sample_top: int = 0,
+    solver: Solver | None = None,
 ) -> BuildReport:
     """Build (or resume) the template library of every job into ``store``.
 
@@ -158,6 +182,10 @@ def build_library(
     enumerated too (or holds too little memory for the model, the same at any rho). So they are not in
     the keys: a store built at N_max 5 grows to 6 by solving the six-node level alone, and builds at
     different N_max never store one multiset twice.
+
+    ``solver``: where the multisets are solved (default: a `PoolSolver` of ``workers`` processes, closed
+    at the end; a solver passed in is left open for its owner to close). Every solver gives the same
+    outcomes, so a build may be resumed on another.
     """
     check_params(nmax, rho)
     for job in jobs:
@@ -168,7 +196,10 @@ def build_library(
             raise ValueError(f"unknown node type {n!r}; known: {', '.join(sorted(perf.catalog.nodes))}")
     if isinstance(sample_top, bool) or not isinstance(sample_top, int) or sample_top < 0:
         raise ValueError(f"sample_top must be an integer >= 0, got {sample_top!r}")
-    report = BuildReport(workers=workers)
+    own = solver is None
+    if solver is None:
+        solver = PoolSolver(workers, time_limit, catalog_files, profile_files)
+    report = BuildReport(workers=solver.workers)
     t_start = time.perf_counter()
     params: dict[str, dict[str, object]] = {
         m: {"time_limit": time_limit, "formulation": formulation(m)} for m in {j.mode for j in jobs}
@@ -181,15 +212,13 @@ def build_library(
     total = sum(len(v) for lv in levels.values() for v in lv.values())
     report.enumerated = total
     done = 0
-    pool: ProcessPoolExecutor | None = None
-    global _PERF, _TIME_LIMIT
-    _PERF, _TIME_LIMIT = perf, time_limit
-    _PROBLEMS.clear()
+    use_perf(perf, time_limit)
+    writer = _Writer(store)
     try:
         partition: dict[BuildJob, dict[Multiset, float]] = {j: {} for j in jobs}
         unsure: dict[BuildJob, list[Counter[str]]] = {j: [] for j in jobs}
         for size in range(1, nmax + 1):
-            pending: list[tuple[BuildJob, Multiset, str, float, float, bool]] = []
+            pending: list[Pending] = []
             for job in jobs:
                 level = levels[job][size]
                 keys = [
@@ -222,40 +251,40 @@ def build_library(
                     pending.append((job, s, key, split, sub, _spanning(s, unsure[job])))
             if progress:
                 progress(done, total)
-            if pool is None and workers > 1 and len(pending) > 1:
-                pool = ProcessPoolExecutor(
-                    workers,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker,
-                    initargs=(list(catalog_files), list(profile_files), time_limit),
-                )
             stop_at = None if deadline_s is None else t_start + deadline_s
-            results = _run(pool, pending, stop_at)
-            batch_outcomes: list[Outcome] = []
-            batch_templates: list[Template] = []
             handled = 0
-            for (job, s, key, split, sub, _), res in zip(pending, results, strict=False):
-                handled += 1
-                out = _record(report, job, s, key, split, sub, res, size)
-                if UNPROVEN in out.detail:
-                    unsure[job].append(Counter(s))
-                partition[job][s] = max(out.capacity, split)
-                batch_outcomes.append(out)
-                if out.outcome == "template" and res.template is not None:
-                    batch_templates.append(res.template)
-                done += 1
-                if len(batch_outcomes) >= 200:
-                    store.put(batch_outcomes, batch_templates)
-                    batch_outcomes, batch_templates = [], []
-                if progress:
-                    progress(done, total)
-            store.put(batch_outcomes, batch_templates)
+            busy = 0.0
+            t_level = time.perf_counter()
+            with closing(solver.solve(pending, stop_at)) as results:
+                while True:
+                    t_wait = time.perf_counter()
+                    item = next(results, None)
+                    report.wait_s += time.perf_counter() - t_wait
+                    if item is None:
+                        break
+                    (job, s, key, split, sub, _), res = item
+                    handled += 1
+                    busy += res.seconds
+                    out = _record(report, job, s, key, split, sub, res, size)
+                    if UNPROVEN in out.detail:
+                        unsure[job].append(Counter(s))
+                    partition[job][s] = max(out.capacity, split)
+                    writer.add(out, res.template if out.outcome == "template" else None)
+                    done += 1
+                    if progress:
+                        progress(done, total)
+            writer.flush()
+            if pending:
+                report.level_wall_s[size] = time.perf_counter() - t_level
+                report.level_busy_s[size] = busy
+                report.level_tasks[size] = len(pending)
             if handled < len(pending):
                 report.unfinished = total - done
                 break
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        writer.flush()
+        if own:
+            solver.close()
     report.wall_s = time.perf_counter() - t_start
     return report
 
@@ -270,27 +299,89 @@ def _spanning(s: Multiset, unsure: Sequence[Counter[str]]) -> bool:
     return not any(all(have[t] >= q for t, q in u.items()) for u in unsure)
 
 
-def _run(
-    pool: ProcessPoolExecutor | None,
-    pending: list[tuple[BuildJob, Multiset, str, float, float, bool]],
-    stop_at: float | None,
-) -> Any:
-    """Yield results in submission order, solving in the pool when there is one, until ``stop_at``."""
-    if pool is None:
-        for job, s, key, split, sub, span in pending:
-            if stop_at is not None and time.perf_counter() > stop_at:
-                return
-            yield _solve_one(job, s, key, max(split, sub), span)
-        return
-    futures: list[Future[Solved]] = [
-        pool.submit(_solve_one, job, s, key, max(split, sub), span) for job, s, key, split, sub, span in pending
-    ]
-    for f in futures:
-        if stop_at is not None and time.perf_counter() > stop_at:
+class Solver(Protocol):
+    """Where a level's pending multisets are solved."""
+
+    @property
+    def workers(self) -> int:
+        """How many multisets it solves at once."""
+        ...
+
+    def solve(self, pending: Sequence[Pending], stop_at: float | None) -> Generator[tuple[Pending, Solved], None, None]:
+        """Each pending multiset with its result, in any order, until ``stop_at`` (``time.perf_counter``);
+        closing the generator early cancels the rest."""
+        ...
+
+    def close(self) -> None:
+        """Stop the workers and cancel what is still queued."""
+        ...
+
+
+class PoolSolver:
+    """Worker processes on this machine (in this process with one worker or one multiset)."""
+
+    def __init__(
+        self, workers: int, time_limit: float, catalog_files: Sequence[Path] = (), profile_files: Sequence[Path] = ()
+    ) -> None:
+        self._workers = workers
+        self._initargs = (list(catalog_files), list(profile_files), time_limit)
+        self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def solve(self, pending: Sequence[Pending], stop_at: float | None) -> Generator[tuple[Pending, Solved], None, None]:
+        """Results in submission order."""
+        if self._pool is None and self._workers > 1 and len(pending) > 1:
+            self._pool = ProcessPoolExecutor(
+                self._workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=self._initargs,
+            )
+        if self._pool is None:
+            for item in pending:
+                if stop_at is not None and time.perf_counter() > stop_at:
+                    return
+                yield item, solve_pending(item)
+            return
+        futures: list[Future[Solved]] = [self._pool.submit(solve_pending, item) for item in pending]
+        try:
+            for item, f in zip(pending, futures, strict=True):
+                if stop_at is not None and time.perf_counter() > stop_at:
+                    return
+                yield item, f.result()
+        finally:
             for g in futures:
                 g.cancel()
-            return
-        yield f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+class _Writer:
+    """Writes outcomes (and their templates) to the store in batches of ``every``; ``flush`` writes the rest."""
+
+    def __init__(self, store: TemplateStore, every: int = 200) -> None:
+        self.store = store
+        self.every = every
+        self.outcomes: list[Outcome] = []
+        self.templates: list[Template] = []
+
+    def add(self, outcome: Outcome, template: Template | None) -> None:
+        self.outcomes.append(outcome)
+        if template is not None:
+            self.templates.append(template)
+        if len(self.outcomes) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.outcomes:
+            self.store.put(self.outcomes, self.templates)
+            self.outcomes, self.templates = [], []
 
 
 def _params(params: dict[str, object], s: Multiset) -> dict[str, object]:

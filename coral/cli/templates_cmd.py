@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
+from contextlib import closing, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,6 +20,10 @@ from coral.errors import CoralError
 from coral.store import TemplateStore
 from coral.templates import SINK, SOURCE, Template
 from coral.workload import MODES
+
+if TYPE_CHECKING:
+    from coral.cli.build import Solver
+    from coral.perf import PerfModel
 
 GPU_COLOURS = {
     "h100": "bright_green",
@@ -52,6 +57,12 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     b.add_argument("--nmax", type=int, default=None, help="most nodes per template (default: scenario, else 6)")
     b.add_argument("--rho", type=float, default=None, help="memory ratio cap (default: scenario, else 12)")
     b.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    b.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="solve on a Ray cluster instead of local processes: ADDRESS is HOST:PORT (the head's GCS), "
+        "ray://HOST:PORT (Ray Client) or auto; without it RAY_ADDRESS, else a new local Ray instance "
+        '(needs the ray extra: pip install -e ".[ray]")',
+    )  # fmt: skip
     b.add_argument("--time-limit", type=float, default=10.0, help="seconds per MILP solve")
     b.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     b.add_argument("--json", action="store_true", help="print the build report as JSON")
@@ -88,9 +99,13 @@ def run_build(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else default_workers()
     if workers < 1:
         raise CoralError(f"--workers must be at least 1, got {workers}")
+    if args.ray is not None and args.workers is not None:
+        raise CoralError("--workers: not with --ray (the Ray cluster's CPUs are the workers)")
     path = store_path(args)
+    solver = ray_solver(args.ray or None, perf, args.time_limit) if args.ray is not None else None
     con = Console(stderr=True)
     with (
+        closing(solver) if solver is not None else nullcontext(),
         TemplateStore(path) as store,
         Progress(
             TextColumn("[bold]templates"),
@@ -123,6 +138,7 @@ def run_build(args: argparse.Namespace) -> int:
                 catalog_files=catalog_files(args),
                 profile_files=args.profiles,
                 progress=progress,
+                solver=solver,
             )
         except ValueError as e:
             raise CoralError(str(e)) from None
@@ -154,6 +170,17 @@ def run_build(args: argparse.Namespace) -> int:
             f"({report.bound_skipped} by bound without solving); store {path}"
         )
     return 0
+
+
+def ray_solver(address: str | None, perf: PerfModel, time_limit: float) -> Solver:
+    """Connect to a Ray cluster for a build, or refuse in one line (Ray missing, bad address)."""
+    try:
+        from coral.cli.build_ray import RaySolver  # optional dependency: the `ray` extra
+    except ModuleNotFoundError as e:
+        if e.name != "ray":
+            raise
+        raise CoralError('--ray: Ray is not installed; install the extra: pip install -e ".[ray]"') from None
+    return RaySolver(address, perf, time_limit)
 
 
 LIST_HEADS = ("id", "model", "mode", "nodes", "stages", "prefill tok/s", "decode tok/s", "TTFT", "TPOT", "status")
