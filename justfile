@@ -7,13 +7,13 @@ default:
 setup:
     python -m pip install -e ".[dev]"
 
-# run the test suite (everything, as CI does)
+# run the test suite (everything, as CI does), a pytest-xdist worker per core (the vLLM servers' tests share one)
 test *ARGS:
-    python -m pytest {{ARGS}}
+    python -m pytest -n auto --dist loadgroup {{ARGS}}
 
 # the unit tier, for the edit-run loop: no slow tests, no mesh, gateway or vLLM suites, two workers
 test-fast *ARGS:
-    python -m pytest -n 2 -m "not slow and not vllm" --ignore=tests/mesh --ignore=tests/gateway --ignore=tests/vllm --ignore=tests/tui/test_real_mesh.py {{ARGS}}
+    python -m pytest -n 2 --dist loadgroup -m "not slow and not vllm" --ignore=tests/mesh --ignore=tests/gateway --ignore=tests/vllm --ignore=tests/tui/test_real_mesh.py {{ARGS}}
 
 # ruff, mypy and the package contracts (import-linter, [tool.importlinter] in pyproject.toml)
 lint:

@@ -30,9 +30,7 @@ batch in progress, sum of pre_b on its longest chain, which the queue wait stand
 an aggregated one has c = p * b request slots (p micro-batches of b on its longest path), own = its ttft,
 and each slot held for c / capacity (Little's law at the template's capacity in req/s at the deployment's
 shape: a slot turns over once per c / capacity seconds when every slot is busy), so that u is the same
-utilisation, demand / capacity, that the allocator applies. (Before, the hold was own + out * tpot,
-which is longer than c / capacity, so u counted slots busier than the allocator's utilisation and the
-scale below let a single 70B instance run at 0.85 of its slots where 0.79 was safe.) ``safe_utilisation``
+utilisation, demand / capacity, that the allocator applies. ``safe_utilisation``
 finds that u; the column's capacity is scaled by min(1, u / utilisation), so that the allocator's
 utilisation target applies to what is left.
 

@@ -10,7 +10,8 @@ comes from the bus. ``run_tui`` runs it; ``make_app`` builds it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -95,9 +96,14 @@ class CoralTui(App[int]):
         *,
         gpu_of: Mapping[str, str] | None = None,
         frame_s: float = 0.05,
+        command_timeout_s: float = M.COMMAND_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.source = source
+        self.command_timeout_s = command_timeout_s
+        """A command with no answer after this long (``clock``'s seconds) is shown failed."""
+        self.clock = clock
         self.bus = BusWorker(source, self.post_message, frame_s=frame_s)
         self.batches = 0
         self.blink = True
@@ -126,6 +132,21 @@ class CoralTui(App[int]):
         self.state = self.state
         self._focus_view("fleet")
         self.run_worker(self.bus.run(), name="bus", group="bus", exit_on_error=False)
+        self.set_interval(1.0, self.expire_commands)
+
+    def expire_commands(self) -> None:
+        """Fail the commands that waited ``command_timeout_s`` for an answer (``M.COMMAND_TIMEOUT_S``)."""
+        st = R.expire_commands(self.state, self.clock(), self.command_timeout_s)
+        if st is not self.state:
+            self._notify_failed(st)
+            self.state = st
+
+    def _notify_failed(self, new: M.State) -> None:
+        """Pop up the commands that ``new`` fails and the current state still waits on."""
+        was = {c.n for c in self.state.commands if c.status == "pending"}
+        for c in new.commands:
+            if c.n in was and c.status == "failed":
+                self.notify(f"{c.text}: {c.reason}", title="not confirmed", severity="error")
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
         if not self.blink and isinstance(event.widget, Input):
@@ -219,11 +240,15 @@ class CoralTui(App[int]):
         return "" if reply is None or R.preview_view(reply) is not None else f"unexpected reply {type(reply).__name__}"
 
     def on_link_changed(self, message: LinkChanged) -> None:
-        self.state = R.with_link(self.state, message.link)
+        st = R.with_link(self.state, message.link)
+        self._notify_failed(st)
+        self.state = st
 
     def on_command_done(self, message: CommandDone) -> None:
         text = St.describe_command(message.cmd)
         r = message.result
+        if r is None and not any(c.n == message.n and c.status == "pending" for c in self.state.commands):
+            return  # already shown failed (the link was lost, or it timed out)
         if r is None:
             self.notify(f"{text}: {message.error}", title="not sent", severity="error")
         elif r.ok:
@@ -333,7 +358,7 @@ class CoralTui(App[int]):
 
     def send_command(self, action: str, cmd: Any) -> None:
         """Put a control message on the bus; its answer comes back as ``CommandDone``."""
-        st, n = R.note_sent(self.state, action, cmd)
+        st, n = R.note_sent(self.state, action, cmd, at=self.clock())
         self.notify(f"{St.describe_command(cmd)}", title="sent")
         self.bus.submit(n, cmd)
         self.state = st

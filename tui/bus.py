@@ -29,7 +29,9 @@ app keeps the last state on screen meanwhile.
 
 Commands go to ``coral up``'s ``operator`` gateway as requests (exact replay of a recorded run); where
 no gateway exists they go to the owner of the setting. The answer, a ``CommandResult`` or the reason
-none came, is posted as ``CommandDone``.
+none came (an error, or the request's timeout), is posted as ``CommandDone``. A command still in
+flight when the session ends gets none: the link reported ``lost`` fails it (``tui.reducer.with_link``),
+and it is never resent.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from coral.kernel.address import parse_connect
 from coral.kernel.codec import DEFAULT_CODEC, tag_text
 from coral.kernel.journal import read_journal
 from coral.messages.control import OPERATOR
-from tui.model import TOPICS, Link
+from tui.model import LINK_LOST, TOPICS, Link
 from tui.reducer import (
     clock_mark,
     clock_request,
@@ -352,6 +354,9 @@ class LiveSource:
             except (BusError, CoralError, zmq.ZMQError) as exc:
                 done(Answered(key, msg, None, str(exc)))
                 return
+            except anyio.get_cancelled_exc_class():
+                done(Answered(key, msg, None, LINK_LOST))
+                raise
             done(Answered(key, msg, reply))
 
         tg.start_soon(run)

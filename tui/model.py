@@ -18,6 +18,12 @@ HISTORY_S = 15 * 60.0
 MAX_PLANS = 500
 MAX_EVENTS = 2000
 MAX_COMMANDS = 200
+LINK_LOST = "the link to the mesh was lost before an answer came; it may or may not have been applied"
+"""Why a command in flight when the link was lost has no answer (it is not resent)."""
+COMMAND_TIMEOUT_S = 20.0
+"""A command with no answer this many seconds after it was sent (the TUI's monotonic clock, not kernel
+time: a stalled mesh must not stall the bound) is shown failed. The bus gives up on a request after 15 s
+(``LiveSource.request_timeout_s``), so this catches only an answer that was lost on the way."""
 RECENT_S = 60.0
 """A market entry that changed within this much kernel time counts as a recent change."""
 LOST_SHOWN_S = 120.0
@@ -239,6 +245,8 @@ class CommandView:
     status: str = "pending"
     field: str = ""
     reason: str = ""
+    sent_at: float = 0.0
+    """When it was sent, on the TUI's monotonic clock (seconds)."""
 
 
 @attrs.frozen
@@ -304,6 +312,8 @@ class State:
     dropped: int = 0
     commands: tuple[CommandView, ...] = ()
     command_count: int = 0
+    unanswered: tuple[int, ...] = ()
+    """Commands that had no answer when the link was lost: reported as dropped (not resent) at reconnect."""
     paused: bool = False
     churn: float | None = None
     forbidden: frozenset[str] = frozenset()
@@ -327,6 +337,11 @@ class State:
         if self.fleet_cost is not None:
             return self.fleet_cost
         return self.plans[-1].cost_per_hour if self.plans else 0.0
+
+    @property
+    def waiting_commands(self) -> int:
+        """Commands sent and not yet answered."""
+        return sum(1 for c in self.commands if c.status == "pending")
 
     @property
     def plan_pending(self) -> bool:

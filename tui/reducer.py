@@ -35,6 +35,7 @@ from coral.templates import Template
 from tui.model import (
     GOODPUT_S,
     HISTORY_S,
+    LINK_LOST,
     LOST_SHOWN_S,
     MAX_COMMANDS,
     MAX_EVENTS,
@@ -140,13 +141,54 @@ def apply_all(state: State, envs: Iterable[Envelope]) -> State:
 
 
 def with_link(state: State, link: Link) -> State:
-    """The state with a new connection status (logged as a mesh event when it changes)."""
+    """The state with a new connection status (logged as a mesh event when it changes).
+
+    Losing the link fails every command still waiting for its answer: the answer cannot come on this
+    connection, and whether the mesh applied the command is unknown. They are not resent on reconnect
+    (a drain or a re-plan sent twice does something twice); reconnecting logs them as dropped, so that
+    the operator checks and sends again what is still wanted."""
     if link == state.link:
         return state
+    was = state.link.state
     state = attrs.evolve(state, link=link)
     if link.state in ("lost", "connected"):
         sev = "warn" if link.state == "lost" else "info"
         state = _event(state, state.now, "mesh", sev, "tui", f"{link.state}: {link.detail}".rstrip(": "))
+    if link.state == "lost" and was != "lost":
+        waiting = [c.n for c in state.commands if c.status == "pending"]
+        state = _fail_commands(state, waiting, LINK_LOST)
+        state = attrs.evolve(state, unanswered=(*state.unanswered, *waiting))
+    elif link.state == "connected" and state.unanswered:
+        texts = {c.n: c.text for c in state.commands}
+        listed = "; ".join(f"#{n} {texts.get(n, '?')}" for n in state.unanswered)
+        text = (
+            f"{len(state.unanswered)} command(s) unanswered when the link was lost were dropped, not resent: "
+            f"{listed}. Check the allocator's state and send again what is still wanted"
+        )
+        state = _event(attrs.evolve(state, unanswered=()), state.now, "command", "warn", "tui", text)
+    return state
+
+
+def expire_commands(state: State, now: float, timeout_s: float) -> State:
+    """Fail the commands sent at least ``timeout_s`` before ``now`` (the TUI's monotonic clock, like
+    ``CommandView.sent_at``) that have no answer yet; ``state`` itself when there are none."""
+    late = [c.n for c in state.commands if c.status == "pending" and now - c.sent_at >= timeout_s]
+    if not late:
+        return state
+    reason = f"no answer within {timeout_s:g} s; not resent: it may or may not have been applied"
+    return _fail_commands(state, late, reason)
+
+
+def _fail_commands(state: State, numbers: Iterable[int], reason: str) -> State:
+    """Mark commands ``numbers`` failed with ``reason``, one error event each."""
+    todo = set(numbers)
+    if not todo:
+        return state
+    failed = [c for c in state.commands if c.n in todo]
+    cmds = tuple(attrs.evolve(c, status="failed", reason=reason) if c.n in todo else c for c in state.commands)
+    state = attrs.evolve(state, commands=cmds)
+    for c in failed:
+        state = _event(state, state.now, "command", "error", "tui", f"#{c.n} {c.text}: not confirmed: {reason}")
     return state
 
 
@@ -218,6 +260,7 @@ def _on_setup(state: State, env: Envelope) -> State:
         dropped=state.dropped,
         commands=state.commands,
         command_count=state.command_count,
+        unanswered=state.unanswered,
         plan_count=state.plan_count,
     )
     state = add_templates(state, m.templates)
@@ -618,10 +661,11 @@ def wanted(tag: str) -> bool:
     return tag.startswith(TOPICS)
 
 
-def note_sent(state: State, action: str, cmd: Any) -> tuple[State, int]:
-    """Record a command about to be sent; returns the state and the command's number."""
+def note_sent(state: State, action: str, cmd: Any, at: float = 0.0) -> tuple[State, int]:
+    """Record a command about to be sent at ``at`` (the TUI's monotonic clock); returns the state and the
+    command's number."""
     n = state.command_count + 1
-    cv = CommandView(n, action, describe_command(cmd))
+    cv = CommandView(n, action, describe_command(cmd), sent_at=at)
     state = attrs.evolve(state, commands=(*state.commands[-(MAX_COMMANDS - 1) :], cv), command_count=n)
     return _event(state, state.now, "command", "info", "tui", f"sent: {cv.text}"), n
 
@@ -630,8 +674,11 @@ def note_result(state: State, n: int, cmd: Any, result: Any | None, error: str =
     """Record the answer to command ``n``: a ``CommandResult``, or ``error`` when none came back.
 
     An accepted pause, churn, forbid or pin is reflected in the state at once; the allocator's next
-    ``ctl.alloc_state`` confirms it (and tells every other client).
+    ``ctl.alloc_state`` confirms it (and tells every other client). A failure of a command already
+    settled (failed when the link was lost, or timed out) changes nothing; a late answer is recorded.
     """
+    if result is None and not any(c.n == n and c.status == "pending" for c in state.commands):
+        return state
     if result is not None:
         status = "ok" if result.ok else "refused"
         field, reason = str(result.field), str(result.reason)

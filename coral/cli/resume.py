@@ -1,9 +1,9 @@
-"""``coral up --resume JOURNAL``: open a crashed run's journal for resuming, and summarise what resuming did.
+"""``coral up --resume JOURNAL``: open a crashed run's journal and run the mesh on from where it stopped.
 
 The resumed run takes its scenario, seed, timing, templates and catalog from the journal's ``mesh.setup``
 (``--scenario``, ``--seed``, ``--policy``, ``--hosts`` and friends are ignored), restores the fleet from
 the journal and the provider's state file (``JOURNAL.cloud.json``), reconciles the two, and appends to
-the same journal (see ``actors.recovery``).
+the same journal (see ``actors.recovery``). What the summary says about it is ``coral.cli.resumed``'s.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ import attrs
 from rich.console import Console
 
 from actors.recovery import Recovery, check_provider, load_recovery, provider_state_path
+from actors.setup import world_of
+from coral.cli.up_driver import run_up_async
+from coral.cli.up_status import print_summary
 from coral.errors import CoralError
 from coral.kernel import Endpoints, ServerKeys
-from coral.messages.mesh import MeshResumed
+from coral.store import default_store_path
 
 
 def open_resume(args: argparse.Namespace) -> Recovery:
@@ -59,11 +62,6 @@ def run_resumed(
     serve: Callable[[], Any] | None = None,
 ) -> int:
     """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
-    from actors.setup import world_of
-    from coral.cli.up_driver import run_up_async
-    from coral.cli.up_status import print_summary
-    from coral.store import default_store_path
-
     rec = open_resume(args)
     setup = rec.setup
     sc, cat, perf = world_of(setup)
@@ -96,49 +94,3 @@ def run_resumed(
     else:
         print_summary(summary, console)
     return 0
-
-
-def resume_summary(resumed: MeshResumed, rec: Recovery | None) -> dict[str, Any]:
-    """The ``resumed`` part of the summary: reconciliation and the pre-crash request ledger."""
-    out: dict[str, Any] = {
-        "at": resumed.at,
-        "from_seq": resumed.from_seq,
-        "adopted": list(resumed.adopted),
-        "released_nodes": list(resumed.released),
-        "lost_nodes": list(resumed.lost),
-        "resubmitted": resumed.resubmitted,
-        "torn_bytes": resumed.torn_bytes,
-    }
-    if rec is not None:
-        out["journal_complete"] = rec.complete
-        if rec.provider is not None:
-            p = rec.provider
-            out["provider"] = {
-                "matches": p.matches,
-                "newer_than_journal": p.newer,
-                "provider_at": p.provider_at,
-                "journal_at": p.journal_at,
-                "unknown_nodes": list(p.unknown),
-                "gone_nodes": list(p.gone),
-            }
-        pre = rec.fleet.ledger.counts()
-        out["pre_crash"] = {
-            d: {"arrived": c["arrived"], "completed": c["completed"], "failed": c["failed"], "resubmitted": c["open"]}
-            for d, c in pre.items()
-        }
-    return out
-
-
-def describe(r: dict[str, Any]) -> str:
-    """One line on what resuming did (for the text summary)."""
-    pre = r.get("pre_crash", {})
-    arrived = sum(c["arrived"] for c in pre.values())
-    done = sum(c["completed"] + c["failed"] for c in pre.values())
-    return (
-        f"resumed at t={r['at']:g} s: adopted {len(r['adopted'])} instances, released {len(r['released_nodes'])} "
-        f"nodes, {len(r['lost_nodes'])} lost; of {arrived} requests that arrived before the crash {done} had "
-        f"ended and {r['resubmitted']} were handed to the router again"
-        + (f"; {r['torn_bytes']} bytes of torn journal tail dropped" if r["torn_bytes"] else "")
-        + ("; the journal was incomplete" if r.get("journal_complete") is False else "")
-        + ("; the provider state was newer than the journal" if r.get("provider", {}).get("newer_than_journal") else "")
-    )

@@ -236,7 +236,7 @@ def run_up(args: argparse.Namespace) -> int:
     if args.resume is not None:
         if vllm:
             raise CoralError("--resume: a crashed run on the vllm backend cannot be resumed (its servers died with it)")
-        from coral.cli.resume import run_resumed
+        from coral.cli.resume import run_resumed  # start-up cost: it loads the actors (about 3 s)
 
         return run_resumed(
             args, endpoints, speed, wall_limit, curve, lambda: serve_from_args(args, gw_addr, metrics_addr, access)

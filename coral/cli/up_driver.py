@@ -13,6 +13,7 @@ import anyio
 from rich.console import Console
 from rich.live import Live
 
+from coral.cli.resumed import resume_summary
 from coral.cli.up_serve import Serve, start_serving
 from coral.cli.up_status import render_status, summarize
 from coral.gateway import MeshLink
@@ -45,9 +46,9 @@ async def run_up_async(
     With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
     store), and quitting it stops the mesh. ``serve`` adds the HTTP gateway and the metrics endpoint.
     """
+    # Start-up cost: the actors load in about 3 s, and every ``coral`` command imports this module.
     from actors.compose import RunState, run_mesh
     from actors.recovery import provider_state_path
-    from coral.cli.resume import resume_summary
 
     stop = anyio.Event()
     state = RunState()

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from coral.capacity import serving_capacity
+from coral.cli.resumed import describe
 from coral.display import abbreviate_all, fit_table
 from coral.kernel import Endpoints
 from coral.messages.fleet import ROUTABLE_STATES
@@ -58,8 +59,6 @@ def print_summary(s: dict[str, Any], con: Console) -> None:
     for r in s.get("refused_connections", []):
         con.print(f"coral up: refused {r['count']} connection(s) from {r['address']}: {r['reason']}", markup=False)
     if "resumed" in s:
-        from coral.cli.resume import describe
-
         con.print(describe(s["resumed"]))
 
 

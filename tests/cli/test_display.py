@@ -33,6 +33,7 @@ def test_sizes_keep_names_apart(width: int) -> None:
         assert short[a] != short[b], (a, b, short)
 
 
+@pytest.mark.slow
 @given(st.sampled_from(NAMES) | st.text(min_size=1, max_size=30), st.integers(1, 40))
 def test_never_longer_than_asked(name: str, width: int) -> None:
     short = abbreviate(name, width)

@@ -59,6 +59,7 @@ plan_st = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(plan_st)
 def test_round_trip_property(plan: Plan) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import msgspec
+import pytest
 import zmq
 import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
@@ -37,6 +38,7 @@ frame = st.one_of(
 frames_st = st.lists(frame, min_size=0, max_size=6)
 
 
+@pytest.mark.slow
 async def test_random_frames_never_raise_out_of_receive_paths() -> None:
     async with Broker() as broker:
         ep = broker.endpoints

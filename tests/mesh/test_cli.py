@@ -34,6 +34,7 @@ def cli(monkeypatch: pytest.MonkeyPatch) -> object:
     return coral.cli.main
 
 
+@pytest.mark.slow
 def test_up_records_and_replay_matches(
     cli: object, world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -106,6 +107,7 @@ def _start(world: World, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_live_run_cleanly(world: World) -> None:
     proc = _start(world, "--speed", "5")
     try:

@@ -38,6 +38,7 @@ from .helpers import World
 REGION = "aws-us-east-1"
 
 
+@pytest.mark.slow
 async def test_commands_are_validated_confirmed_and_planned(world: World, tmp_path: Path) -> None:
     sc = world.scenario("mesh-steady")
     with TemplateStore(world.store, readonly=True) as store:

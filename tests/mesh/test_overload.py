@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
+import pytest
 
 from actors.replay import decisions_of
 from actors.router import Router
@@ -17,6 +18,7 @@ from .helpers import RECORD_OPTIONS, World
 from .test_faults import all_accounted, final
 
 
+@pytest.mark.slow
 async def test_router_sheds_beyond_its_bounds(world: World, tmp_path: Path) -> None:
     timing = MeshTiming(max_queue=20, instance_queue_s=3.0)
     options = attrs.evolve(RECORD_OPTIONS, timing=timing, cloud=CloudSetup(provision_s=5.0, startup_s=5.0))

@@ -106,6 +106,7 @@ def test_missing_templates_names_the_build_command(
     assert not empty.exists()  # --no-build creates no store
 
 
+@pytest.mark.slow
 def test_infeasible_slo_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     sc = tmp_path / "tight.toml"
     old = "tpot_s = 0.1 }\nshape = { mean_in = 1155"

@@ -43,6 +43,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(["simulate", *argv])
 
 
+@pytest.mark.slow
 def test_simulate_command_json_csv_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = tmp_path / "s.toml"
     sc.write_text(SCENARIO)
@@ -83,6 +84,7 @@ def test_simulate_command_rejects_bad_arguments(argv: list[str], msg: str) -> No
         args.func(args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [80, 200])
 def test_the_summary_is_never_cut_off(tmp_path: Path, width: int) -> None:
     """At 80 columns the per-deployment table becomes one block per deployment: every figure is whole."""

@@ -25,6 +25,7 @@ def all_accounted(res: SimResult) -> None:
         assert sum(s.reasons.values()) == s.failed
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_other_seed_differs(perf: PerfModel) -> None:
     tpl = single(perf, M, "g6e.xlarge", 64)
     sc = h.scenario(

@@ -237,6 +237,7 @@ def _no_worse(c: AllocationResult, b: AllocationResult) -> bool:
     return c.total_unmet_rps <= b.total_unmet_rps + tol and c.objective <= b.objective * (1 + 1e-9) + 1e-9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_never_worse_than_a_baseline_on_the_same_inputs(seed: int) -> None:
     """Each baseline (homogeneous aggregated, homogeneous prefill/decode, their union) solved to its optimum
@@ -674,6 +675,7 @@ def test_decomposition_agrees_with_the_full_mip() -> None:
 # Deadline and deterministic replay
 
 
+@pytest.mark.slow
 def test_same_effort_gives_the_same_plan() -> None:
     p = generate("core", 50, seed=2, load=0.2)
     first = solve_allocation(p, deadline_s=0.4)

@@ -66,6 +66,7 @@ def test_place_with_floor_agrees_with_brute_force(seed: int, monkeypatch: pytest
     assert seen == {"below", "exact"}
 
 
+@pytest.mark.slow
 def test_lp_floor_proves_floors_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     """``lp_floor`` (here from 4 nodes): the LP relaxation's bound settles some floors before any search
     ("lp-proven", checked against brute force); ``place_one_batch`` with it agrees with the plain one.

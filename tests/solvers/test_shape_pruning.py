@@ -35,6 +35,7 @@ def _thresholds(p: PlacementProblem) -> list[float]:
     return [top * f for f in (0.05, 0.2, 0.4, 0.7, 1.0)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2))
 def test_edge_relaxation_rules_out_only_infeasible_labellings(seed: int) -> None:
     """Whenever ``rules_out`` says no shape with these intervals and labels reaches F, every shape with
@@ -69,6 +70,7 @@ def test_edge_relaxation_rules_out_only_infeasible_labellings(seed: int) -> None
     assert ruled > 50 and kept > 50, (ruled, kept)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2))
 def test_cut_test_on_boundaries_keeps_every_feasible_placement(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``decide`` with the cut test applied while boundaries are placed finds a placement exactly when it
@@ -137,6 +139,7 @@ def _reference_rows(fam: Family, pr: Prep, F: float) -> np.ndarray:
     return np.array(out, np.int64).reshape(-1, r + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2))
 def test_enumeration_matches_a_plain_listing_one_and_many_at_once(seed: int) -> None:
     """``enumerate_rows`` (positions bounded by the allowed lengths, lengths checked as soon as they are known,
@@ -352,6 +355,7 @@ def test_length_propagation_drops_only_infeasible_labellings() -> None:
     assert dropped > 300 and kept > 300, (dropped, kept)
 
 
+@pytest.mark.slow
 def test_element_spans_keep_every_decision() -> None:
     """Deciding a labelled shape with its elements' layer counts held to ``Family.spans`` gives the same
     answer (a placement of flow >= F or none) as without them, and a labelling left out has none; on

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import math
+import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -99,3 +101,17 @@ async def live(tmp: Path, size: tuple[int, int] = (120, 40), fake_name: str = "o
                 await mesh.spawn(FakeInspector(fake))
             await until(pilot, lambda: bool(app.state.plans) and bool(app.state.instances), "the first plan")
             yield Live(mesh, fake, app, pilot, journal)
+
+
+def screen_text(app: CoralTui) -> list[str]:
+    """The lines of the screen as the terminal shows them, rebuilt from Textual's own screenshot (SVG:
+    one ``<text>`` per styled run, at column x / cell width, on its ``terminal-line-N``)."""
+    svg = app.export_screenshot()
+    cell = 12.2  # the screenshot's cell width in pixels
+    rows: dict[int, dict[int, str]] = {}
+    for x, line, text in re.findall(r'<text class="[^"]*" x="([^"]*)" y="[^"]*" textLength="[^"]*" '
+                                    r'clip-path="url\(#terminal-(?:\w+-)?line-(\d+)\)">(.*?)</text>', svg):  # fmt: skip
+        col = round(float(x) / cell)
+        for k, ch in enumerate(html.unescape(text)):
+            rows.setdefault(int(line), {})[col + k] = " " if ch == "\xa0" else ch
+    return ["".join(r.get(c, " ") for c in range(max(r) + 1)).rstrip() for _, r in sorted(rows.items())]

@@ -1,11 +1,14 @@
-"""The TUI survives the mesh going away and coming back, and stays responsive in a flood of events."""
+"""The TUI survives the mesh going away and coming back, stays responsive in a flood of events, and never
+leaves a command "pending" for good."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from coral.kernel import Mesh
-from coral.messages import DeploymentTraffic, FleetAction, Replan, RoutingStats
+from coral.kernel import Actor, Envelope, Mesh
+from coral.messages import DeploymentTraffic, FleetAction, PauseAllocator, Replan, RoutingStats, is_command
+from tui import model as M
 
 from .fake import FakeCoral
 from .helpers import endpoints, live, live_app, until
@@ -39,6 +42,57 @@ async def test_survives_the_mesh_stopping_and_restarting(tmp_path: Path) -> None
             await until(pilot, lambda: app.state.plan_count == 3, "the re-plan after reconnecting")
             assert fake.received == [Replan("operator")]
             assert "● live" in str(app.query_one("#status").render())
+
+
+class Silent(Actor):
+    """An ``operator`` that takes every command and never answers (``received``: the control commands)."""
+
+    def __init__(self) -> None:
+        super().__init__("operator")
+        self.received: list[Any] = []
+
+    async def handle(self, env: Envelope) -> None:
+        if is_command(env.msg):
+            self.received.append(env.msg)
+
+
+async def test_a_command_without_an_answer_fails_and_is_dropped_not_resent(tmp_path: Path) -> None:
+    eps = endpoints(tmp_path)
+    app = live_app(eps)  # the bus gives up on a request after 5 s
+    app.command_timeout_s = 1.0  # the TUI's own bound comes first here
+    async with app.run_test(size=(80, 24)) as pilot:
+        async with Mesh(endpoints=eps, heartbeat_interval=0.2) as mesh:
+            await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
+            silent = Silent()
+            await mesh.spawn(silent)
+            app.send_command("replan", Replan())
+            await until(pilot, lambda: bool(silent.received), "the command to reach the operator")
+            assert app.state.commands[-1].status == "pending"
+            await pilot.pause(0.05)
+            assert "1 cmd waiting" in str(app.query_one("#status").render())  # the short form, at 80 columns
+            await until(pilot, lambda: app.state.commands[-1].status == "failed", "the command to time out", 5.0)
+            assert app.state.commands[-1].reason.startswith("no answer within 1 s; not resent")
+            app.command_timeout_s = 60.0
+            app.send_command("pause", PauseAllocator(True))
+            await until(pilot, lambda: len(silent.received) == 2, "the second command to reach the operator")
+        await until(pilot, lambda: app.state.link.state == "lost", "the TUI to notice the mesh is gone")
+        await until(pilot, lambda: app.state.commands[-1].status == "failed", "the command in flight to fail")
+        assert app.state.commands[-1].reason == M.LINK_LOST
+        assert app.state.commands[-2].reason.startswith("no answer within 1 s"), "a settled command stays as it was"
+        assert "cmd waiting" not in str(app.query_one("#status").render())
+        async with Mesh(endpoints=eps, heartbeat_interval=0.2) as mesh:
+            again = Silent()
+            await mesh.spawn(again)
+            await until(pilot, lambda: app.state.link.state == "connected", "the TUI to reconnect")
+
+            def dropped() -> list[str]:
+                return [e.text for e in app.state.events if "dropped, not resent" in e.text]
+
+            await until(pilot, lambda: bool(dropped()), "the dropped command")
+            assert len(dropped()) == 1 and f"#{app.state.commands[-1].n} pause allocator" in dropped()[0]
+            assert "re-plan" not in dropped()[0], "the timed-out command was reported when it timed out"
+            await pilot.pause(0.5)
+            assert again.received == [] and app.state.waiting_commands == 0
 
 
 def _stats(seq: int) -> RoutingStats:

@@ -241,6 +241,40 @@ def test_results_are_reflected(final: M.State) -> None:
     assert st.commands[-1].status == "failed" and st.events[-1].severity == "error"
 
 
+def test_a_command_without_an_answer_fails_after_the_bound(final: M.State) -> None:
+    st, n = R.note_sent(final, "replan", Replan(), at=100.0)
+    assert R.expire_commands(st, 100.0 + M.COMMAND_TIMEOUT_S - 0.1, M.COMMAND_TIMEOUT_S) is st
+    assert st.waiting_commands == 1
+    st = R.expire_commands(st, 100.0 + M.COMMAND_TIMEOUT_S, M.COMMAND_TIMEOUT_S)
+    c = st.commands[-1]
+    assert (c.n, c.status, st.waiting_commands) == (n, "failed", 0)
+    assert f"no answer within {M.COMMAND_TIMEOUT_S:g} s" in c.reason and "not resent" in c.reason
+    assert st.events[-1].severity == "error" and f"#{n} re-plan" in st.events[-1].text.lower()
+    again = R.note_result(st, n, Replan(), None, "no reply within 15s")  # the bus's timeout, later: no change
+    assert again is st
+    late = R.note_result(st, n, Replan(), CommandResult("ctl.replan", True, "allocator", 1.0))
+    assert late.commands[-1].status == "ok"  # an answer that does come is recorded
+
+
+def test_losing_the_link_fails_waiting_commands_and_reconnecting_says_they_were_dropped(final: M.State) -> None:
+    st = R.with_link(final, M.Link("connected", "as tui-1", "x"))
+    st, done = R.note_sent(st, "pause", PauseAllocator(True), at=1.0)
+    st = R.note_result(st, done, PauseAllocator(True), CommandResult("ctl.pause", True, "allocator", 1.0))
+    st, a = R.note_sent(st, "replan", Replan(), at=2.0)
+    st, b = R.note_sent(st, "churn", SetChurn(2.0), at=3.0)
+    st = R.with_link(st, M.Link("lost", "no answer from the kernel within 3s; retrying", "x"))
+    assert [(c.n, c.status) for c in st.commands[-3:]] == [(done, "ok"), (a, "failed"), (b, "failed")]
+    assert all(c.reason == M.LINK_LOST for c in st.commands[-2:]) and st.unanswered == (a, b)
+    assert R.with_link(st, M.Link("lost", "still gone; retrying", "x")).unanswered == (a, b)
+    st = R.with_link(st, M.Link("connecting", "", "x"))
+    st = R.with_link(st, M.Link("connected", "as tui-2", "x"))
+    assert st.unanswered == () and st.commands[-1].status == "failed"
+    last = st.events[-1]
+    assert last.kind == "command" and last.severity == "warn"
+    assert "2 command(s)" in last.text and "dropped, not resent" in last.text
+    assert f"#{a} re-plan" in last.text.lower() and f"#{b}" in last.text
+
+
 def test_describe_every_command() -> None:
     texts = [
         St.describe_command(c)

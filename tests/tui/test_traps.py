@@ -4,8 +4,8 @@ Every test here failed against the TUI before the change (run against commit 019
 the same fake mesh): the events cursor stayed on an old row, Enter on Plans opened an old plan, forms came
 pre-filled with the override, the pin form listed no templates, Enter on the forbid form's selector opened
 its dropdown, typing after ``/`` fired hotkeys, Esc did not leave the filter, a pin was sent without a
-confirmation, and the header said nothing of a pending plan, of lag, of which cost it showed, and cut the
-unmet demand at 80 columns.
+confirmation, the header said nothing of a pending plan, of lag, of which cost it showed, and cut the
+unmet demand at 80 columns, and the market summary was cut at 80 columns with no way to see it whole.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tui.screens.confirm import ConfirmScreen
 from tui.screens.form import CommandForm
 from tui.screens.plan import PlanScreen
 
-from .helpers import Live, live, until
+from .helpers import Live, live, replay_app, screen_text, until
 
 pytestmark = pytest.mark.slow  # each drives a fake mesh from the keyboard: 10-20 s on two busy cores
 
@@ -187,3 +187,19 @@ async def test_the_header_labels_cost_and_keeps_unmet_whole_at_80_columns(tmp_pa
         text = header(lv)
         assert f"unmet {unmet:.0f} req/s" in text, text
         assert "plan $" in text and ("running $" in text or "run $" in text), text
+
+
+@pytest.mark.parametrize(("size", "rows"), [((80, 24), 1), ((60, 24), 2)], ids=["80x24", "60x24"])
+async def test_the_market_summary_is_whole_at_80_columns_and_wraps_when_narrower(
+    size: tuple[int, int], rows: int
+) -> None:
+    app = replay_app()
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.state.link.state == "replay-ended", "the replay to end")
+        await pilot.press("3")
+        await pilot.pause(0.1)
+        screen = screen_text(app)
+        top = next(i for i, line in enumerate(screen) if "10 offers" in line)
+        shown = " ".join(line.strip() for line in screen[top : top + rows])
+        assert shown == "10 offers  1 stockout  2 changed <60s  0 ⚑ operator  upd #2", screen
+        assert screen[top + rows].split()[:2] == ["Region", "Node"], "the table starts right under the summary"

@@ -19,7 +19,7 @@ from coral.vllm.engine import VllmEngine
 from coral.vllm.tiny import TINY_MODEL, chain_template, deployment_for
 from tests.vllm.conftest import cpu_backend, reference_tokens
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 
 def _external_tokens(engine: VllmEngine) -> float:

@@ -21,7 +21,7 @@ from coral.vllm.launch import API_KEY_ENV, engine_key
 from tests.gateway.test_proxy import fleet, inst
 from tests.vllm.conftest import N_TOKENS, PROMPTS, cpu_backend, start
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 
 def test_a_keyed_engine_refuses_requests_without_its_key(tiny_model: Path, vllm_dir: Path, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
+    pytest.mark.xdist_group("vllm"),
     pytest.mark.skipif(
         os.environ.get("CORAL_VLLM_MULTINODE") != "1",
         reason="multi-node launch test is opt-in (CORAL_VLLM_MULTINODE=1): it starts two more vLLM processes",

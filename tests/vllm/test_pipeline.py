@@ -14,7 +14,7 @@ from coral.messages.requests import WorkItem
 from coral.vllm import client
 from tests.vllm.conftest import N_TOKENS, PROMPTS, cpu_backend, reference_tokens, start
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 
 def test_uneven_pp2_equals_the_single_stage_tokens_and_a_crash_is_a_fault(tiny_model: Path, vllm_dir: Path) -> None:

@@ -18,7 +18,7 @@ from coral.vllm.engine import VllmEngine
 from tests.conftest import FIXTURES
 from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 
 def _complete(engine: VllmEngine, prompt: list[int], n: int) -> list[int]:

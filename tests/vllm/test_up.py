@@ -28,7 +28,7 @@ from coral.vllm import client
 from tests.conftest import ROOT
 from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 SCENARIO = ROOT / "fixtures" / "scenarios" / "tiny-cpu.toml"
 

@@ -2,9 +2,10 @@
 
 Line 1, in order of priority: unmet demand, cost (the latest plan's and the running fleet's, labelled),
 the allocator's state (running, or paused with a plan pending), how far the mesh is behind the wall
-clock, and the link. Line 2: the clock, the scenario, goodput, SLO attainment, instances, spend and the
-mesh's health. A line too long for the terminal first shortens its lowest-priority parts, then leaves them
-out (the link last of line 1's, as a symbol); unmet, cost and the allocator's state are never cut.
+clock, and the link. Line 2: the clock, the run's end, what is down, why the link is lost, commands
+awaiting an answer, SLO attainment, instances, goodput, crashes, errors, spend and the scenario. A line
+too long for the terminal first shortens its lowest-priority parts, then leaves them out (the link last of
+line 1's, as a symbol); unmet, cost and the allocator's state are never cut.
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ def line_two(state: State, width: int) -> Text:
         parts.append(part(((f"down: {', '.join(sorted(state.down))}", "bold red"),), (("down!", "bold red"),)))
     if state.link.state == "lost" and state.link.detail:
         parts.append(part(((state.link.detail, "red"),)))
+    if state.waiting_commands:
+        k = state.waiting_commands
+        parts.append(part(((f"{k} sent, awaiting answer", "yellow"),), ((f"{k} cmd waiting", "yellow"),)))
     att_style = "bold" if state.attainment < 0 else ("bold green" if state.attainment >= 0.9 else "bold red")
     parts.append(part((("SLO ", "dim"), (pct(state.attainment), att_style))))
     inst = str(state.live_instances) + (f" (+{state.pending_starts} waiting)" if state.pending_starts else "")

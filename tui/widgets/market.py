@@ -63,19 +63,9 @@ class MarketView(StateView):
             overridden += q.overridden
             rows.append((k, _row(q, used.get(key, 0), is_recent)))
         show_table(table, COLUMNS, rows, self.room)
-        summary = Text(no_wrap=True, overflow="ellipsis")
-        if not state.market:
-            note = "no market update seen yet: the price watcher publishes when a price or availability changes"
-            summary.append(note, style="yellow")
-            self.query_one("#market-summary", Static).update(summary)
-            return
-        summary.append(f"{len(state.market)} offers")
-        summary.append(f"  {stockouts} stockouts", style="bold red" if stockouts else "dim")
-        summary.append(f"  {recent} changed in the last {RECENT_S:g}s", style="bold yellow" if recent else "dim")
-        summary.append(f"  {overridden} set by an operator (⚑)", style="cyan" if overridden else "dim")
-        if state.market_seq:
-            summary.append(f"  update #{state.market_seq}", style="dim")
-        self.query_one("#market-summary", Static).update(summary)
+        self.query_one("#market-summary", Static).update(
+            market_summary(state, stockouts, recent, overridden, self.room)
+        )
 
     def selected(self) -> tuple[str, str]:
         k = selected_key(self.query_one("#market-table", DataTable))
@@ -84,6 +74,30 @@ class MarketView(StateView):
     def action_steer(self, action: str) -> None:
         region, node = self.selected()
         self.post_message(self.SteerEntry(action, region, node))
+
+
+def market_summary(state: State, stockouts: int, recent: int, overridden: int, width: int) -> Text:
+    """The line above the table, in its long form when it fits ``width`` cells (less the padding), else
+    the short one; a short form still too long wraps onto a second line, so nothing is cut."""
+    if not state.market:
+        note = "no market update seen yet: the price watcher publishes when a price or availability changes"
+        return Text(note, style="yellow")
+    plural = "" if stockouts == 1 else "s"
+    parts = [
+        (f"{len(state.market)} offers", f"{len(state.market)} offers", ""),
+        (f"{stockouts} stockout{plural}", f"{stockouts} stockout{plural}", "bold red" if stockouts else "dim"),
+        (f"{recent} changed in the last {RECENT_S:g}s", f"{recent} changed <{RECENT_S:g}s",
+         "bold yellow" if recent else "dim"),
+        (f"{overridden} set by an operator (⚑)", f"{overridden} ⚑ operator", "cyan" if overridden else "dim"),
+    ]  # fmt: skip
+    if state.market_seq:
+        parts.append((f"update #{state.market_seq}", f"upd #{state.market_seq}", "dim"))
+    long = sum(len(p[0]) for p in parts) + 2 * (len(parts) - 1)
+    form = 0 if long <= width - 2 else 1
+    out = Text()
+    for i, p in enumerate(parts):
+        out.append(("  " if i else "") + p[form], style=p[2])
+    return out
 
 
 def _row(q: QuoteView, used: int, recent: bool) -> list[Any]:
