@@ -90,6 +90,7 @@ def test_bad_address_is_one_line_naming_it(
 
 @needs_ray
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time on a 2-core machine
 def test_ray_build_has_the_local_outcomes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The CLI's ``--ray`` build (a local Ray instance of its own, this machine's 2 CPUs, Coral's code
     uploaded as the job's py_modules) stores exactly the outcomes and templates of the local pool's build,
@@ -110,6 +111,7 @@ def test_ray_build_has_the_local_outcomes(tmp_path: Path, capsys: pytest.Capture
 
 @needs_ray
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time on a 2-core machine
 def test_interrupted_ray_build_resumes(tmp_path: Path, perf: PerfModel, ray_cluster: Any) -> None:
     """Ctrl-C in the middle of a level keeps what arrived; the next build solves only the rest, and the
     store ends with the local build's outcomes."""
