@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from coral.catalog import Catalog
-from coral.cli import main
 from coral.scenario import load_scenario
 from solvers.planning import request_at
 from solvers.study import COLUMNS, ColumnResult, availability, not_worse
@@ -17,37 +16,6 @@ from tests.cli import conftest as cli
 from tests.cli.conftest import Coral
 
 coral = cli.coral  # the CLI tests' fixture: run `coral` in this process
-
-SCENARIO = """
-name = "small"
-regions = ["aws-us-east-1", "gcp-us-central1"]
-node_types = ["g6e.xlarge", "g6.xlarge", "g5.xlarge", "a2-highgpu-1g", "g2-standard-4"]
-[planner]
-nmax = 2
-deadline_s = 2.0
-[[deployment]]
-name = "chat"
-model = "llama-3.1-8b"
-slo = { ttft_s = 2.0, tpot_s = 0.1 }
-shape = { mean_in = 1155, mean_out = 211 }
-demand = 6.0
-[[deployment]]
-name = "code"
-model = "qwen3-14b"
-slo = { ttft_s = 2.0, tpot_s = 0.1 }
-shape = { mean_in = 2048, mean_out = 28 }
-demand = 3.0
-"""
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("sweep")
-    sc = d / "small.toml"
-    sc.write_text(SCENARIO)
-    store = d / "store.sqlite"
-    assert main(["templates", "build", "--scenario", str(sc), "--store", str(store), "--workers", "1", "--json"]) == 0
-    return sc, store
 
 
 def test_scarce_setting_is_the_bundled_scarce_scenario(catalog: Catalog) -> None:
@@ -80,9 +48,9 @@ def test_not_worse_is_the_programs_order() -> None:
 
 @pytest.mark.slow
 def test_quick_sweep_never_worse_deterministic_and_plotted(
-    env: tuple[Path, Path], coral: Coral, tmp_path: Path
+    small_env: tuple[Path, Path], coral: Coral, tmp_path: Path
 ) -> None:
-    sc, store = env
+    sc, store = small_env
     argv = ["bench", "--sweep", "--quick", "--scenarios", str(sc), "--store", str(store), "--no-build",
             "--deadline", "30", "--seed", "3"]  # fmt: skip
     plot = tmp_path / "sweep.png"
