@@ -7,15 +7,19 @@ from pathlib import Path
 from typing import Any
 
 PANELS = (
-    ("saving_vs_best_baseline", "cost saved vs the best baseline\n(same demand served)"),
-    ("goodput_gain_vs_best_baseline", "goodput gained vs the best baseline"),
-    ("coral_served", "demand Coral serves"),
+    ("homo+pd", "homogeneous + prefill/decode:\ncost saved vs the best baseline"),
+    ("agg", "aggregated, mixed types:\ncost saved vs the best baseline"),
+    ("coral", "Coral:\ncost saved vs the best baseline"),
+    ("goodput_gain_vs_best_baseline", "Coral:\ngoodput gained vs the best baseline"),
+    ("coral_served", "Coral:\ndemand served"),
 )
+"""(key, title) per panel: a column's saving (blank where it serves a different amount than the best
+baseline), Coral's goodput gain, and the fraction of demand Coral serves."""
 
 
 def plot_sweep(cells: Sequence[Mapping[str, Any]], path: Path | str, *, title: str) -> None:
-    """Heatmaps over availability setting (rows) x demand scale (columns), from the sweep's JSON cells:
-    Coral's saving and goodput gain against the best baseline, and the fraction of demand it serves."""
+    """Heatmaps over availability setting (rows) x demand scale (columns), from the sweep's JSON cells
+    (``solvers.study.Cell.to_json``): see ``PANELS``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,11 +28,16 @@ def plot_sweep(cells: Sequence[Mapping[str, Any]], path: Path | str, *, title: s
 
     scales = sorted({float(c["scale"]) for c in cells})
     settings = list(dict.fromkeys(str(c["availability"]) for c in cells))
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.6 * len(PANELS), 1.2 + 0.75 * len(settings)))
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 1.6 + 0.75 * len(settings)))
     for ax, (key, label) in zip(axes, PANELS, strict=True):
         grid = np.full((len(settings), len(scales)), np.nan)
         for c in cells:
-            v = c["columns"]["coral"]["served_fraction"] if key == "coral_served" else c[key]
+            if key == "coral_served":
+                v = c["columns"]["coral"]["served_fraction"]
+            elif key in c["savings_vs_best_baseline"]:
+                v = c["savings_vs_best_baseline"][key]
+            else:
+                v = c[key]
             if v is not None:
                 grid[settings.index(str(c["availability"])), scales.index(float(c["scale"]))] = 100.0 * v
         if key == "coral_served":

@@ -8,8 +8,8 @@ For each deployment with unmet demand, in this order:
 2. Its capacity covers the demand, but the plan may load it only to the utilisation target and the
    queueing limit of the TTFT target (``solvers.planning``), which is less.
 3. Availability: in every region, each way to add capacity (an aggregated instance, or a prefill and a
-   decode instance) needs a node type whose availability the plan already uses up (or that the region
-   does not offer). The node types named are those that block the most of its templates.
+   decode instance, whose node types the region offers) needs a node type whose availability the plan
+   already uses up. The node types named are those that block the most of its templates.
    (``helix``: its placement over the nodes of Coral's plan serves less than the demand.)
 4. Otherwise a template still fits: the solve ended (deadline) before it used it; the status says so.
 
@@ -81,7 +81,7 @@ def _reasons(
     if policy == "helix":
         return [f"Helix's placement over the nodes of Coral's plan serves {capacity:,.2f} of {demand:,.2f} req/s"]
     blocked: Counter[tuple[str, str]] = Counter()
-    fits = False
+    fits = offered = False
     for r in sc.regions:
         by_mode: dict[str, list[Template]] = {}
         for t in tpls:
@@ -93,18 +93,21 @@ def _reasons(
             need: Counter[str] = Counter()
             for t in way:
                 need.update(t.node_counts)
+            if any((r, n) not in req.prices for n in need):
+                continue  # not a way to serve it in this region at all
+            offered = True
             short = [n for n, k in need.items() if used[(r, n)] + k > req.availability.get((r, n), 0)]
             if not short:
                 fits = True
             blocked.update((r, n) for n in short)
     if fits:
         return [f"a template still fits the availability: the solve ended before using it (status {plan.status})"]
+    if not offered:
+        return ["no region of the scenario offers every node type of any of its templates"]
     out = []
     for (r, n), _count in blocked.most_common(MOST_NAMED):
         avail = req.availability.get((r, n), 0)
-        if (r, n) not in req.prices:
-            out.append(f"{n} is not offered in {r}")
-        elif avail == 0:
+        if avail == 0:
             out.append(f"no {n} available in {r}")
         else:
             out.append(f"availability of {n} in {r} exhausted ({used[(r, n)]} of {avail} in use)")

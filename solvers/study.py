@@ -195,11 +195,15 @@ class Cell:
     @property
     def saving(self) -> float | None:
         """1 - Coral's cost / the best baseline's, where both serve the same demand; else None."""
-        coral, base = self.result("coral"), self.best_baseline
+        return self.saving_of("coral")
+
+    def saving_of(self, column: str) -> float | None:
+        """1 - a column's cost / the best baseline's, where both serve the same demand; else None."""
+        r, base = self.result(column), self.best_baseline
         tol = SERVE_TOL * max(1.0, self.weighted_demand_rps)
-        if abs(coral.weighted_unmet_rps - base.weighted_unmet_rps) > tol or base.cost_per_hour <= 0:
+        if abs(r.weighted_unmet_rps - base.weighted_unmet_rps) > tol or base.cost_per_hour <= 0:
             return None
-        return 1.0 - coral.cost_per_hour / base.cost_per_hour
+        return 1.0 - r.cost_per_hour / base.cost_per_hour
 
     @property
     def goodput_gain(self) -> float | None:
@@ -215,6 +219,7 @@ class Cell:
             "columns": {r.column: attrs.asdict(r) for r in self.results},
             "best_baseline": self.best_baseline.column,
             "saving_vs_best_baseline": self.saving,
+            "savings_vs_best_baseline": {c: self.saving_of(c) for c in COLUMNS if c not in BASELINES},
             "goodput_gain_vs_best_baseline": self.goodput_gain,
             "coral_worse_than": list(self.worse_than),
         }

@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from coral.cli.common import catalog_from, check_output, open_store, perf_from, print_json
+from coral.cli.common import catalog_from, check_plot, open_store, perf_from, print_json
 from coral.errors import CoralError
 from coral.scenario import load_scenario
 
@@ -46,20 +45,6 @@ def parse_availability(text: str) -> tuple[str, ...]:
         if a not in AVAILABILITY:
             raise CoralError(f"--availability: unknown setting {a!r}; choose from {', '.join(AVAILABILITY)}")
     return out
-
-
-def check_plot(path: Path) -> None:
-    """Refuse a ``--plot`` file that cannot be written, or a missing matplotlib, before the sweep runs."""
-    if path.suffix.lower() != ".png":
-        raise CoralError(f"--plot must name a .png file, got {path}")
-    check_output(path, "--plot")
-    try:
-        import matplotlib  # noqa: F401  (optional: the plot extra)
-    except ImportError:
-        raise CoralError(
-            "--plot needs matplotlib, which is not installed; pip install matplotlib "
-            "(or install Coral with its plot extra: pip install -e '.[plot]')"
-        ) from None
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -96,10 +81,11 @@ def run_sweep(args: argparse.Namespace) -> int:
         planners = {c: Planner("coral", sc, cat, perf, column_templates(c, tpls), deadline) for c in COLUMNS}
         base = request_at(sc, cat, 0.0, trigger="sweep")
         work = [(s, a) for a in settings for s in scales]
+        err = Console(stderr=True)
         with Progress(TextColumn("[bold]sweep {task.fields[cell]}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=Console(stderr=True)) as bar:  # fmt: skip
+                      TimeElapsedColumn(), console=err) as bar:  # fmt: skip
             task = bar.add_task("sweep", total=len(work) * len(COLUMNS), cell="")
-            for scale, setting in work:
+            for i, (scale, setting) in enumerate(work):
                 req = cell_request(base, scale, setting, cat, args.seed)
 
                 def step(column: str, scale: float = scale, setting: str = setting) -> None:
@@ -107,6 +93,9 @@ def run_sweep(args: argparse.Namespace) -> int:
 
                 bar.update(task, cell=f"{scale:g}x {setting}")
                 cells.append(solve_cell(planners, sc, req, scale, setting, on_column=step))
+                if not err.is_terminal:  # a log: one line per cell instead of the bar
+                    err.print(f"sweep: cell {i + 1}/{len(work)} ({scale:g}x {setting}) done at "
+                              f"{time.perf_counter() - started:.0f} s", highlight=False)  # fmt: skip
     wall = time.perf_counter() - started
     worse = [c for c in cells if c.worse_than]
     unproven = sum(any(r.status != "optimal" for r in c.results) for c in cells)
