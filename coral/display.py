@@ -113,3 +113,8 @@ def fit_table(
     widths = widths_of(names)
     keep = fit_columns(widths, priorities, total, gap=gap)
     return keep, [names[i] for i in keep]
+
+
+def gap_text(gap: float) -> str:
+    """A solver's relative gap, the one way every view prints it: a percentage with two decimals."""
+    return f"{gap:.2%}"

@@ -23,6 +23,7 @@ Format (every key is documented in ``fixtures/scenarios/README.md``)::
     shape = { mean_in = 1155, mean_out = 211 }           # optional when demand is a trace
     demand = 4.0                                         # req/s; or { series = [[t, rps], ...] };
                                                          # or { trace = "path.csv", scale = 1.0 }
+    priority = 1.0                                       # optional: weight of its unmet demand when scarce
 
     [[market]]                                           # a change from time `at` on
     at = 600
@@ -93,6 +94,8 @@ class Deployment:
     slo: Slo
     shape: WorkloadShape
     demand: Demand
+    priority: float = 1.0
+    """Weight of this deployment's unmet req/s when demand cannot all be served (serve first: higher first)."""
 
 
 @attrs.frozen
@@ -323,7 +326,7 @@ def _region_node(path: Path, where: str, d: Mapping[str, Any], regions: Sequence
 
 
 def _deployment(path: Path, where: str, d: Mapping[str, Any], cat: Catalog) -> Deployment:
-    _known(path, where, d, ["name", "model", "slo", "shape", "demand"])
+    _known(path, where, d, ["name", "model", "slo", "shape", "demand", "priority"])
     model = d.get("model")
     if model not in cat.models:
         raise _err(path, where + " key 'model'", f"unknown model {model!r}; known: {', '.join(sorted(cat.models))}")
@@ -356,7 +359,8 @@ def _deployment(path: Path, where: str, d: Mapping[str, Any], cat: Catalog) -> D
     name = d.get("name", model)
     if not isinstance(name, str) or not name:
         raise _err(path, where + " key 'name'", "must be a non-empty string")
-    return Deployment(name, str(model), slo, shape, demand)
+    priority = _num(path, where + " key 'priority'", d.get("priority", 1.0), positive=True)
+    return Deployment(name, str(model), slo, shape, demand, priority)
 
 
 def _demand(path: Path, where: str, v: Any) -> tuple[Demand, WorkloadShape | None]:

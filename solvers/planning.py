@@ -241,6 +241,7 @@ class Planner:
             current=current,
             churn_factor=sc.planner.churn_factor,
             utilisation=sc.planner.utilisation,
+            priority=[d.priority for d in deps],
         )
         return prob, index
 

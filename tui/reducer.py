@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from coral.capacity import serving_capacity
+from coral.display import gap_text
 from coral.kernel import DecodeError, Envelope, ErrorEvent
 from coral.kernel.codec import decode
 from coral.messages import control as ctl
@@ -335,7 +336,7 @@ def _on_plan(state: State, env: Envelope) -> State:
     )
     text = (
         f"plan #{p.seq} ({p.trigger}): ${p.cost_per_hour:,.2f}/h, +{m.starts} -{m.stops}, {p.status}"
-        + (f" gap {p.gap:.2%}" if p.gap >= 5e-5 else "")
+        + (f" gap {gap_text(p.gap)}" if p.gap > 0 else "")
         + (f", unmet {p.unmet_rps:.2f} req/s" if p.unmet_rps > 1e-9 else "")
     )
     return _event(state, p.at, "plan", "warn" if p.unmet_rps > 1e-9 else "info", env.source, text)

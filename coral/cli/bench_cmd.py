@@ -34,7 +34,10 @@ FIXED_CLUSTER = ("helix",)
 
 def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p = sub.add_parser("bench", parents=[parent], help="compare Coral with the baselines on scenarios")
-    p.add_argument("--scenarios", default="core,extended,scarce", help="comma-separated scenario names or files")
+    p.add_argument(
+        "--scenarios", default=None,
+        help="comma-separated scenario names or files (default: core,extended,scarce; with --sweep: core)",
+    )  # fmt: skip
     p.add_argument("--resolves", type=int, default=20, help="re-solves with perturbed demand per policy")
     p.add_argument(
         "--policies", default=",".join(POLICIES),
@@ -49,6 +52,19 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing templates")
     p.add_argument("--json", action="store_true", help="print one row per scenario and policy as JSON")
+    g = p.add_argument_group("savings study (--sweep)")
+    g.add_argument(
+        "--sweep", action="store_true",
+        help="the savings study on one scenario: demand scales x availability settings, Coral against homo, "
+        "pd-homo, homogeneous with prefill/decode, all aggregated (see README: When does Coral save money)",
+    )  # fmt: skip
+    g.add_argument("--scales", default=None, help="--sweep: comma-separated demand scales (default: 0.25,...,50)")
+    g.add_argument(
+        "--availability", default=None,
+        help="--sweep: comma-separated settings of catalog, scarce, cap4, quota (default: all four)",
+    )  # fmt: skip
+    g.add_argument("--quick", action="store_true", help="--sweep: a small subset (scales 0.5,5; catalog, quota)")
+    g.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="--sweep: write a heatmap PNG")
     p.set_defaults(func=run_bench)
 
 
@@ -57,6 +73,15 @@ def run_bench(args: argparse.Namespace) -> int:
     from coral.cli.plan_cmd import ensure_templates
     from coral.cli.planning import make_planner, request_at
 
+    if args.sweep:
+        from coral.cli.sweep_cmd import run_sweep
+
+        return run_sweep(args)
+    for flag in ("scales", "availability", "plot"):
+        if getattr(args, flag) is not None:
+            raise CoralError(f"--{flag} is an option of --sweep")
+    if args.quick:
+        raise CoralError("--quick is an option of --sweep")
     if args.deadline is not None and not args.deadline > 0:
         raise CoralError(f"--deadline must be positive, got {args.deadline}")
     if args.resolves < 1:
@@ -71,7 +96,7 @@ def run_bench(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     path = args.store or default_store_path()
     with TemplateStore(path) as store, SolverProcess() as proc:
-        for name in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
+        for name in [s.strip() for s in (args.scenarios or "core,extended,scarce").split(",") if s.strip()]:
             sc = load_scenario(name, cat)
             if not args.no_build:
                 ensure_templates(sc, cat, perf, store, args, quiet=args.json)

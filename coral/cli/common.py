@@ -65,6 +65,21 @@ def check_output(path: Path, flag: str, *, exist_ok: bool = True) -> None:
         raise CoralError(f"{flag}: {path} exists; give a new file")
 
 
+def check_plot(path: Path, flag: str = "--plot") -> None:
+    """Refuse a plot file that cannot be written (``check_output``), that is not a .png, or a missing
+    matplotlib, before any long work."""
+    if path.suffix.lower() != ".png":
+        raise CoralError(f"{flag} must name a .png file, got {path}")
+    check_output(path, flag)
+    try:
+        import matplotlib  # noqa: F401  (optional: the plot extra)
+    except ImportError:
+        raise CoralError(
+            f"{flag} needs matplotlib, which is not installed; pip install matplotlib "
+            "(or install Coral with its plot extra: pip install -e '.[plot]')"
+        ) from None
+
+
 def store_path(args: argparse.Namespace) -> Path:
     """The template store of a command: ``--store``, else the one in the user data dir."""
     return args.store if args.store is not None else default_store_path()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from coral.catalog.types import Catalog
 from coral.cli.common import catalog_files, catalog_from, open_store, perf_from, print_json
+from coral.display import gap_text
 from coral.errors import CoralError
 from coral.perf import PerfModel
 from coral.plan import Plan
@@ -65,7 +67,8 @@ def ensure_templates(
 
 def run_plan(args: argparse.Namespace) -> int:
     from actors.solver_process import SolverProcess
-    from coral.cli.planning import make_planner, request_at
+    from coral.cli.planning import deployment_templates, make_planner, request_at
+    from solvers.reasons import unmet_reasons
 
     cat = catalog_from(args)
     perf = perf_from(args, cat)
@@ -89,18 +92,24 @@ def run_plan(args: argparse.Namespace) -> int:
             solve=proc.solve,
             bounded=proc.call,
         )
-        plan = plan_fn(request_at(sc, cat, args.at))
+        req = request_at(sc, cat, args.at)
+        plan = plan_fn(req)
+        tpls = deployment_templates(
+            store, sc, args.policy, exclude_vllm_incompatible=args.vllm_only, perf_version=perf.version
+        )
+    reasons = unmet_reasons(plan, req, tpls, sc, args.policy)
     if args.json:
         out = plan.to_json()
+        out["unmet_reasons"] = reasons
         out["templates"] = {i.template_id: templates[i.template_id].to_json() for i in plan.instances
                             if i.template_id in templates}  # a helix cluster with no placement has none  # fmt: skip
         print_json(out)
         return 0
-    print_plan(plan, Console())
+    print_plan(plan, Console(), reasons)
     return 0
 
 
-def print_plan(plan: Plan, con: Console) -> None:
+def print_plan(plan: Plan, con: Console, reasons: Mapping[str, Sequence[str]] | None = None) -> None:
     """The plan as two tables: instances per region, and capacity vs demand per deployment."""
     title = f"plan #{plan.seq} ({plan.policy}) at t={plan.at:g} s: ${plan.cost_per_hour:,.2f}/h"
     t = Table(caption="$/h and req/s per instance", title=title)
@@ -118,6 +127,7 @@ def print_plan(plan: Plan, con: Console) -> None:
         s.add_row(d.deployment, d.model, f"{d.demand_rps:,.2f}", f"{d.capacity_rps:,.2f}",
                   f"[red]{d.unmet_rps:,.3f}[/]" if d.unmet_rps > 1e-6 else "0")  # fmt: skip
     con.print(s)
-    gap = f"gap {plan.gap:.2%}" if plan.gap > 0 else "gap 0"
-    con.print(f"solve {plan.solve_s * 1e3:.0f} ms, status {plan.status}, {gap}; churn ${plan.churn_cost:,.2f}/h; "
-              f"served {plan.served_fraction:.1%} of demand")  # fmt: skip
+    for dep, why in (reasons or {}).items():
+        con.print(f"unmet {dep}: " + "; ".join(why), markup=False, highlight=False)
+    con.print(f"solve {plan.solve_s * 1e3:.0f} ms, status {plan.status}, gap {gap_text(plan.gap)}; "
+              f"churn ${plan.churn_cost:,.2f}/h; served {plan.served_fraction:.1%} of demand")  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from coral.cli.common import add_policy, catalog_from, check_output, open_store, perf_from, print_json
+from coral.cli.common import add_policy, catalog_from, check_output, check_plot, open_store, perf_from, print_json
 from coral.errors import CoralError
 from coral.scenario import load_scenario
 from coral.sim import SimResult, simulate
@@ -50,16 +50,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.trace is not None and not args.trace.exists():
         raise CoralError(f"--trace {args.trace}: file not found")
     if args.plot is not None:
-        if args.plot.suffix.lower() != ".png":
-            raise CoralError(f"--plot must name a .png file, got {args.plot}")
-        check_output(args.plot, "--plot")
-        try:
-            import matplotlib  # noqa: F401  (optional: the plot extra)
-        except ImportError:
-            raise CoralError(
-                "--plot needs matplotlib, which is not installed; pip install matplotlib "
-                "(or install Coral with its plot extra: pip install -e '.[plot]')"
-            ) from None
+        check_plot(args.plot)
     if args.csv is not None:
         check_output(args.csv, "--csv")
     cat = catalog_from(args)

@@ -41,6 +41,7 @@ class _Columns:
     R: int
     T: int
     demand: FloatArray
+    weight: FloatArray  # priority of each model's unmet req/s
     mean_in: FloatArray
     mean_out: FloatArray
     kv: FloatArray
@@ -160,6 +161,7 @@ def _columns(p: AllocationProblem) -> _Columns:
         "R": R,
         "T": T,
         "demand": p.demand_rps,
+        "weight": p.weights,
         "mean_in": p.mean_in,
         "mean_out": p.mean_out,
         "kv": p.kv_bytes_per_token,

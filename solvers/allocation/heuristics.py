@@ -192,7 +192,7 @@ def _fill(c: _Columns, s: _State, models: IntArray, *, disagg_first: bool = Fals
     if disagg_first:
         _ratio_greedy(c, s, is_model, aggregated=False)
     _full_use_greedy(c, s, is_model)
-    for m in models:
+    for m in models[np.argsort(-c.weight[models], kind="stable")]:  # highest priority first
         _cover_tail(c, s, int(m))
     _ratio_greedy(c, s, is_model, aggregated=True)
 
@@ -210,7 +210,8 @@ def _full_use_greedy(c: _Columns, s: _State, is_model: BoolArray) -> None:
         cand = cand[c.rate[cand] <= unmet[c.m[cand]] + tol[c.m[cand]]]
         if len(cand) == 0:
             return
-        j = int(cand[np.argmax(c.rate[cand] / np.maximum(_marginal_cost(c, s.x, cand), 1e-12))])
+        value = c.weight[c.m[cand]] * c.rate[cand]
+        j = int(cand[np.argmax(value / np.maximum(_marginal_cost(c, s.x, cand), 1e-12))])
         m = c.m[j]
         k = min(int(s.room(np.array([j]))[0]), int((unmet[m] + tol[m]) // c.rate[j]))
         if s.x[j] < c.cur[j]:
@@ -242,7 +243,8 @@ def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bo
                 y1 = _flow(c, q, s.gp[q] + c.pcap[jd], s.gd[q] + c.dcap[jd], s.gn[q] + c.nic[jd])
                 gain[dis] = np.maximum(y1 - y0, 0.0)
             gain = np.minimum(gain, unmet[c.m[cand]])
-            ratio = np.where(gain > tol[c.m[cand]], gain / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
+            value = c.weight[c.m[cand]] * gain
+            ratio = np.where(gain > tol[c.m[cand]], value / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
             k = int(np.argmax(ratio))
             if ratio[k] > 0:
                 best_ratio, best = float(ratio[k]), (int(cand[k]),)
@@ -270,7 +272,8 @@ def _best_pair(c: _Columns, s: _State, q: int, unmet: float) -> tuple[float, tup
     gain = min(float(_flow(c, q, c.pcap[a], c.dcap[b], c.nic[a])), unmet)
     if gain <= _TOL * max(float(c.demand[c.pool_m[q]]), 1.0):
         return None
-    return gain / max(float(_marginal_cost(c, s.x, np.array([a, b])).sum()), 1e-12), (a, b)
+    value = float(c.weight[c.pool_m[q]]) * gain
+    return value / max(float(_marginal_cost(c, s.x, np.array([a, b])).sum()), 1e-12), (a, b)
 
 
 def _cover_tail(c: _Columns, s: _State, m: int) -> None:
@@ -444,12 +447,13 @@ def _fit(c: _Columns, x: IntArray) -> IntArray:
 
 
 def _unmet_total(c: _Columns, x: IntArray) -> float:
-    return float(_State(c, x).unmet().sum())
+    """Unmet req/s of plan x, each model's weighted by its priority."""
+    return float((c.weight * _State(c, x).unmet()).sum())
 
 
 def _better(c: _Columns, a: IntArray, b: IntArray) -> bool:
-    """Whether plan a beats plan b: less unmet demand, then lower cost plus churn."""
-    tol = 1e-7 * max(1.0, float(c.demand.sum()))
+    """Whether plan a beats plan b: less (priority-weighted) unmet demand, then lower cost plus churn."""
+    tol = 1e-7 * max(1.0, float((c.weight * c.demand).sum()))
     ua, ub = _unmet_total(c, a), _unmet_total(c, b)
     if ua < ub - tol:
         return True

@@ -25,7 +25,8 @@ Variables:
 - keep_j in Z, 0 <= keep_j <= min(cur_j, ub_j): running instances kept (only where cur_j > 0);
   the plan is x_j = keep_j + new_j (split churn: no rows for it);
 - y_q >= 0, q = (m, r, l): req/s of model m served disaggregated in region r at NIC level l;
-- u_m in [0, d_m]: unmet demand of model m in req/s, for each model with demand d_m > 0.
+- u_m in [0, d_m]: unmet demand of model m in req/s, for each model with demand d_m > 0; w_m > 0 is its
+  priority (the scenario's, default 1).
 
 Constraints (rows scaled so that y has coefficient 1):
 - demand (m):      sum_{j aggregated of m} a_j x_j + sum_{q of m} y_q + u_m >= d_m;
@@ -33,11 +34,11 @@ Constraints (rows scaled so that y has coefficient 1):
 - prefill (q):     in_m y_q <= util sum_{j prefill in q} P_j x_j;
 - decode (q):      out_m y_q <= util sum_{j decode in q} D_j x_j;
 - kv (q):          in_m kv_m y_q <= sum_{j prefill in q} B_j x_j;
-- service:        sum_m u_m <= U.
+- service:        sum_m w_m u_m <= U.
 
 Objective, lexicographic, in two phases ("serve first"):
-1. serve: minimise sum_m u_m with U = +inf, giving U*;
-2. cost:  minimise sum_j c_j x_j + sum_j p_j new_j with U = U* (1 + 1e-9) + 1e-7 max(1, sum_m d_m).
+1. serve: minimise sum_m w_m u_m with U = +inf, giving U*;
+2. cost:  minimise sum_j c_j x_j + sum_j p_j new_j with U = U* (1 + 1e-9) + 1e-7 max(1, sum_m w_m d_m).
 
 Two phases rather than a weight on u: with integer instances no finite weight is provably large
 enough. A weight above the largest cost per req/s of any template fails when the last 0.1 req/s
@@ -151,7 +152,7 @@ def _matrix(c: _Columns) -> _Matrix:
     u_ids = J + K + Q + np.arange(len(dem_models))
     u_c = np.concatenate([u_ids, u_ids])
     u_r = np.concatenate([row_dem[dem_models], np.full(len(dem_models), service_row)])
-    u_v = np.ones(len(u_c))
+    u_v = np.concatenate([np.ones(len(dem_models)), c.weight[dem_models]])
     all_c = np.concatenate([xc, keep_of[xc[kmask]], y_c, u_c])
     all_r = np.concatenate([xr, xr[kmask], y_r, u_r])
     all_v = np.concatenate([xv, xv[kmask], y_v, u_v])
@@ -169,7 +170,7 @@ def _matrix(c: _Columns) -> _Matrix:
         ]
     )
     cost_obj = np.concatenate([c.cost + c.pen, c.cost[keep_cols], np.zeros(Q + len(dem_models))])
-    serve_obj = np.concatenate([np.zeros(J + K + Q), np.ones(len(dem_models))])
+    serve_obj = np.concatenate([np.zeros(J + K + Q), c.weight[dem_models]])
     return _Matrix(
         num_rows=n,
         row_lo=row_lo,
@@ -251,7 +252,7 @@ def _reduced_costs(mat: _Matrix, objective: FloatArray, row_dual: FloatArray) ->
 
 
 def _service_hi(c: _Columns, unmet: float) -> float:
-    return unmet * (1 + 1e-9) + 1e-7 * max(1.0, float(c.demand.sum()))
+    return unmet * (1 + 1e-9) + 1e-7 * max(1.0, float((c.weight * c.demand).sum()))
 
 
 def _plan_vector(c: _Columns, mat: _Matrix, x: IntArray) -> FloatArray:

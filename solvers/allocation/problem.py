@@ -80,6 +80,10 @@ def _conv_price(value: Any) -> FloatArray:
     return _to_floats("AllocationProblem.price", value)
 
 
+def _conv_priority(value: Any) -> FloatArray | None:
+    return None if value is None else _to_floats("AllocationProblem.priority", value)
+
+
 def _subs(value: Iterable[tuple[str, SolverEffort]]) -> tuple[tuple[str, SolverEffort], ...]:
     return tuple(sorted(((str(a), b) for a, b in value), key=lambda item: item[0]))
 
@@ -136,9 +140,16 @@ class AllocationProblem:
     current: Mapping[tuple[str, int], int] = attrs.field(factory=dict)
     churn_factor: float = 1.0
     utilisation: float = 0.85
+    priority: FloatArray | None = attrs.field(default=None, converter=_conv_priority)
+    """Weight of each model's unmet req/s in the serve-first phase (> 0; None: 1 for every model)."""
 
     def __attrs_post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def weights(self) -> FloatArray:
+        """``priority``, or 1 for every model."""
+        return np.ones(self.num_models) if self.priority is None else self.priority
 
     @property
     def num_models(self) -> int:
@@ -218,9 +229,9 @@ class AllocationResult:
     of the bound), ``feasible`` (service proven maximal; the cost's ``gap`` is to a proven ``bound`` > 0)
     or ``no bound`` (the service level is not proven, or no cost bound above 0 is: ``bound`` 0, ``gap`` 1).
     ``objective`` is cost plus churn (USD/h); ``bound`` a proven lower bound on it at the plan's service
-    level; ``gap`` = (objective - bound) / objective. ``unmet_bound`` is a
-    proven lower bound on the total unmet req/s; ``service_proven`` says the plan's unmet demand meets
-    it (within ``mip_gap``). ``phase_s``: seconds per phase (build, lp, heuristic, serve, cost);
+    level; ``gap`` = (objective - bound) / objective. ``unmet_bound`` is a proven lower bound on the total
+    unmet req/s, each model's weighted by its priority; ``service_proven`` says the plan's unmet demand
+    meets it (within ``mip_gap``). ``phase_s``: seconds per phase (build, lp, heuristic, serve, cost);
     ``simplex_iterations`` and ``mip_nodes`` count the work HiGHS reported (nodes of a killed run as
     last reported); ``effort`` replays the plan; ``column_generation`` says which way it was solved.
     """
@@ -279,6 +290,8 @@ def _validate(p: AllocationProblem) -> None:
     _check_vector(p, "mean_in", M, "model", positive=True)
     _check_vector(p, "mean_out", M, "model", positive=True)
     _check_vector(p, "kv_bytes_per_token", M, "model")
+    if p.priority is not None:
+        _check_vector(p, "priority", M, "model", positive=True)
     _check_vector(p, "nic_bytes_s", T, "node type")
     if p.price.shape != (R, T):
         raise _fail("price", f"shape {p.price.shape}, expected ({R}, {T}) (regions x node types)")

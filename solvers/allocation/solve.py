@@ -3,8 +3,8 @@
 Solution path
 -------------
 1. Build the columns and rows from numpy arrays (one addRows and one addCols call).
-2. LP relaxation: minimise cost with u fixed to 0; if infeasible, minimise sum u, then cost at that
-   service level. With ``columns="generated"``: the same by column generation.
+2. LP relaxation: minimise cost with u fixed to 0; if infeasible, minimise sum_m w_m u_m (unmet demand
+   weighted by priority), then cost at that service level. With ``columns="generated"``: the same by column generation.
 3. Heuristic (numpy, deterministic): round the LP down, then round up its fractional columns, most
    fractional first, while they serve unmet demand; fill what is left (aggregated instances that the
    demand fully uses, best req/s per USD/h first; the cheapest multiset of up to three aggregated
@@ -228,7 +228,7 @@ class _Run:
         self.columns = ("generated" if self.c.J >= _AUTO_GENERATED else "all") if columns == "auto" else columns
         self.decompose = self.c.J >= SPLIT_MIN_COLUMNS if decompose is None else decompose
         self.phase_s["build"] = time.perf_counter() - self.t0
-        self.svc_tol = 1e-7 * max(1.0, float(self.c.demand.sum()))
+        self.svc_tol = 1e-7 * max(1.0, float((self.c.weight * self.c.demand).sum()))
         self.iters = self.nodes = 0
         self.used: dict[str, int | None] = dict.fromkeys(("lp", "heuristic", "serve", "cost", "dive", "split"))
         self.lp = _LpOutcome()
@@ -236,7 +236,7 @@ class _Run:
         self.restricted: list[tuple[str, SolverEffort]] = []
         self.split = _Split()
         self.split_optimal = False
-        self.unmet_bound = float(self.c.demand.sum()) if self.c.J == 0 else 0.0
+        self.unmet_bound = float((self.c.weight * self.c.demand).sum()) if self.c.J == 0 else 0.0
         self.cost_bound = -math.inf
         self.cost_optimal = False
         self.service = (0.0, False)  # the best plan's unmet req/s and whether it is proven least (cost phase)

@@ -8,37 +8,15 @@ from pathlib import Path
 import pytest
 
 from coral.cli import main
+from tests.plan.conftest import SMALL
 
-SCENARIO = """
-name = "small"
-regions = ["aws-us-east-1", "gcp-us-central1"]
-node_types = ["g6e.xlarge", "g6.xlarge", "g5.xlarge", "a2-highgpu-1g", "g2-standard-4"]
-[planner]
-nmax = 2
-deadline_s = 2.0
-[[deployment]]
-name = "chat"
-model = "llama-3.1-8b"
-slo = { ttft_s = 2.0, tpot_s = 0.1 }
-shape = { mean_in = 1155, mean_out = 211 }
-demand = 6.0
-[[deployment]]
-name = "code"
-model = "qwen3-14b"
-slo = { ttft_s = 2.0, tpot_s = 0.1 }
-shape = { mean_in = 2048, mean_out = 28 }
-demand = 3.0
-"""
+SCENARIO = SMALL
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("plan")
-    sc = d / "small.toml"
-    sc.write_text(SCENARIO)
-    store = d / "store.sqlite"
-    assert main(["templates", "build", "--scenario", str(sc), "--store", str(store), "--workers", "1", "--json"]) == 0
-    return sc, store
+@pytest.fixture
+def env(small_env: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The small scenario and its store (tests/plan/conftest.py)."""
+    return small_env
 
 
 def plan(env: tuple[Path, Path], capsys: pytest.CaptureFixture[str], *extra: str) -> dict:  # type: ignore[type-arg]

@@ -76,6 +76,10 @@ def test_series_demand_and_market_changes(catalog: Catalog, tmp_path: Path) -> N
         ("demand = 1.0", PLANNER + "utilisation = 0", r"\[planner\] key 'utilisation': must be positive"),
         ("demand = 1.0", PLANNER + "churn_factor = -1", r"\[planner\] key 'churn_factor': must not be negative"),
         ("demand = 1.0", PLANNER + "deadline_s = inf", r"\[planner\] key 'deadline_s': must be a finite"),
+        ("demand = 1.0", "demand = 1.0\npriority = 0", "key 'priority': must be positive, got 0"),
+        ("demand = 1.0", "demand = 1.0\npriority = -2", "key 'priority': must be positive, got -2"),
+        ("demand = 1.0", 'demand = 1.0\npriority = "high"', "key 'priority': must be a number, got 'high'"),
+        ("demand = 1.0", "demand = 1.0\npriority = nan", "key 'priority': must be a finite number, got nan"),
     ],
 )
 def test_bad_scenarios(catalog: Catalog, tmp_path: Path, old: str, new: str, needle: str) -> None:
@@ -85,6 +89,14 @@ def test_bad_scenarios(catalog: Catalog, tmp_path: Path, old: str, new: str, nee
     with pytest.raises(ScenarioError, match=needle) as e:
         load_scenario(str(p), catalog)
     assert str(p) in str(e.value)
+
+
+def test_priority_defaults_to_one(catalog: Catalog, tmp_path: Path) -> None:
+    p = tmp_path / "p.toml"
+    p.write_text(BASE.replace("demand = 1.0", "demand = 1.0\npriority = 2.5", 1))
+    assert load_scenario(str(p), catalog).deployments[0].priority == 2.5
+    p.write_text(BASE)
+    assert load_scenario(str(p), catalog).deployments[0].priority == 1.0
 
 
 def test_zero_churn_factor_is_allowed(catalog: Catalog, tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
+from coral.display import gap_text
 from tui.model import PlanView, State
-from tui.widgets.bars import abbrev_mode, abbrev_region, clock, gap_text, money, rate, stage_bar, stage_summary
+from tui.widgets.bars import abbrev_mode, abbrev_region, clock, money, rate, stage_bar, stage_summary
 from tui.widgets.tables import Col, selected_key, show_table
 
 INSTANCE_COLUMNS = (
@@ -66,7 +67,7 @@ class PlanScreen(ModalScreen[None]):
             head = Text(no_wrap=True, overflow="ellipsis")
             head.append(f"Plan #{p.seq}", style="bold")
             head.append(f" at {clock(p.at)} · {p.policy} · trigger {p.trigger} · {p.status}")
-            head.append(f" gap {gap_text(p.gap)}" if gap_text(p.gap) != "0" else "")
+            head.append(f" gap {gap_text(p.gap)}" if p.gap > 0 else "")
             head.append(f" · solved in {p.solve_s * 1000:.0f} ms")
             yield Static(head, classes="dialog-title plan-title")
             cost = Text(no_wrap=True, overflow="ellipsis")

@@ -173,11 +173,6 @@ def pct(x: float) -> str:
     return "-" if x < 0 or math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def gap_text(gap: float) -> str:
-    """A solver's relative gap: ``0`` when it is below what two decimals of a percent show."""
-    return f"{gap:.2%}" if gap >= 5e-5 else "0"
-
-
 def rate(x: float) -> str:
     return f"{x:.2f}" if x < 100 else f"{x:.0f}"
 

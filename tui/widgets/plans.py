@@ -13,8 +13,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Static
 
+from coral.display import gap_text
 from tui.model import State
-from tui.widgets.bars import clock, gap_text, money, rate
+from tui.widgets.bars import clock, money, rate
 from tui.widgets.base import StateView
 from tui.widgets.tables import Col, selected_key, show_table
 
