@@ -275,7 +275,11 @@ def compare(doc: dict[str, Any], perf: PerfModel) -> list[dict[str, Any]]:
             add(sp, "decode tok/s (g)", f"c={c} b={b}", r["tok_s"], pr["tok_s"], r["load"], f"g={pr['g']:.2f}")
             add(sp, "decode tok/s (g=1)", f"c={c} b={b}", r["tok_s"], pr["tok_s_g1"], r["load"])
             held = r["peak_kv_frac"] * rec["kv"]["num_blocks"] * rec["kv"]["block_size"]
-            add(sp, "KV n*b seqs/stage", f"c={c} b={b}", held, pr["kv_tokens"], r["load"], "tokens held (peak)")
+            bs = rec["kv"]["block_size"]
+            whole = n * b * math.ceil(SHAPE.max_context / bs) * bs
+            note = f"tokens held (peak, blocks of {bs}); the rule in whole blocks: {whole}"
+            add(sp, "KV n*b seqs: tokens", f"c={c} b={b}", held, pr["kv_tokens"], r["load"], note)
+            add(sp, "KV n*b seqs: sequences", f"c={c} b={b}", r["peak_running"], n * b, r["load"], "peak running")
         for r in rec["open"]:
             b = template_b_for_rate(perf, split, r["rate"])
             pr = predict(perf, split, b)
