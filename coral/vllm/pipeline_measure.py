@@ -272,7 +272,7 @@ class Scraper:
     """Polls a server's ``/metrics`` in a thread while a run lasts: the peak KV-cache use and running
     count, and the step and token counters at the start and at the end."""
 
-    def __init__(self, base: str, api_key: str = "", every_s: float = 0.05) -> None:
+    def __init__(self, base: str, api_key: str = "", every_s: float = 0.25) -> None:
         self.base, self.api_key, self.every_s = base, api_key, every_s
         self.peak_kv = 0.0
         self.peak_running = 0.0
@@ -409,12 +409,14 @@ def run_ttft(tg: Target, prompts: Sequence[int], repeat: int, seed: int) -> list
     return rows
 
 
-def run_stall(tg: Target, streams: int, prompt: int, seed: int, lead_s: float = 1.0) -> dict[str, float]:
-    """``streams`` decode streams run; after ``lead_s`` one request with a ``prompt``-token prompt arrives.
+def run_stall(
+    tg: Target, streams: int, prompt: int, seed: int, lead_s: float = 1.0, out_tokens: int = 64
+) -> dict[str, float]:
+    """``streams`` decode streams of ``out_tokens`` run; after ``lead_s`` one request with a ``prompt``-token
+    prompt arrives.
     Baseline: the median gap between the streams' tokens before it arrived. Stall: per stream, the time
     its tokens lost while the prompt was being processed (window minus tokens made in it times the
     baseline gap), the mean over the streams; and the longest single gap in the window."""
-    out_tokens = 400
     with ThreadPoolExecutor(streams + 1) as pool:
         bg = [
             pool.submit(
