@@ -410,7 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = VllmBackend(
             {TINY_MODEL: str(model)}, device="cpu", dtype="float32", enforce_eager=True, max_model_len=MAX_LEN,
             work_dir=str(work / "vllm"), startup_timeout_s=900.0, extra_args=SCHED_ARGS,
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
         )  # fmt: skip
+        # The engine core in a process of its own at every PP: with it in the API server's process (Coral's
+        # CPU default), PP=1 runs HTTP, scheduling and the model in one process pinned to one core, while
+        # PP>1 runs the model in worker processes; the profile would then measure another layout.
         doc: dict[str, Any] = {
             "model": {"name": TINY_MODEL, "layers": info.layers, "digest": info.digest},
             "quick": args.quick, "cores": cores, "sched_args": list(SCHED_ARGS),
