@@ -38,6 +38,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -384,9 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (OSError, ValueError) as e:
                 raise pm.PipelineMeasureError(f"--results {args.results}: cannot read JSON ({e})") from None
             pm.check_results(doc, str(args.results), info)
-            prof = work / "replay-profile.csv"
-            write_table(prof, TINY_MODEL, GPU, 1, int(doc["profile_context"]), [tuple(r) for r in doc["profile_rows"]])
-            perf = perf_from_profile(args.profile or prof)
+            with tempfile.TemporaryDirectory() as tmp:
+                prof = Path(tmp) / "profile.csv"
+                rows_in = [tuple(r) for r in doc["profile_rows"]]
+                write_table(prof, TINY_MODEL, GPU, 1, int(doc["profile_context"]), rows_in)
+                perf = perf_from_profile(args.profile or prof)
             rows = compare(doc, perf)
             print_table(rows, doc)
             summary(rows)

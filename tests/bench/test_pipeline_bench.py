@@ -100,3 +100,18 @@ def test_a_profile_or_measurement_of_another_model_is_refused(
     assert bp.main(["--model", str(model_dir), "--results", str(saved)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"bench pipeline: --results {saved}: measured on model 0123 (4 layers), not on this one")
+
+
+def test_a_saved_run_is_compared_again_without_vllm(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = json.loads((bp.ROOT / "bench" / "results" / "pipeline-quick-inproc.json").read_text())
+    from coral.vllm.pipeline_measure import model_info
+
+    doc["model"]["digest"] = model_info(model_dir).digest
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(doc))
+    assert bp.main(["--model", str(model_dir), "--results", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "TPOT n*t (p90)" in out and "KV n*b seqs: sequences" in out and "prompt stall" in out
+    assert "PP=2 TPOT n*t (p90): 0/3 points hold -> missed" in out
