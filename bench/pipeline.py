@@ -137,6 +137,18 @@ def predict(perf: PerfModel, split: Sequence[int], b: int) -> dict[str, float]:
     }
 
 
+def predict_at(perf: PerfModel, split: Sequence[int], b: float) -> dict[str, float]:
+    """``predict`` at a micro-batch between grid points (linear between the two grid neighbours): the
+    rules at the micro-batch the engine actually formed."""
+    grid = [x for x in BATCH_GRID if x <= 64]
+    b = min(max(b, grid[0]), grid[-1])
+    hi = next(x for x in grid if x >= b)
+    lo = max(x for x in grid if x <= b)
+    a, z = predict(perf, split, lo), predict(perf, split, hi)
+    w = 0.0 if hi == lo else (b - lo) / (hi - lo)
+    return {k: (1 - w) * a[k] + w * z[k] for k in a}
+
+
 def predict_one_batch(perf: PerfModel, split: Sequence[int], c: int) -> float:
     """The alternative the measurement points to when vLLM runs all c sequences as one micro-batch: a token
     takes the path sum of the stages' per-token times at batch c."""
@@ -280,6 +292,11 @@ def compare(doc: dict[str, Any], perf: PerfModel) -> list[dict[str, Any]]:
             note = f"mb={r['micro_batch']:.1f}; one-mb path sum {alt * 1e3:.1f}ms"
             add(sp, "TPOT n*t (p90)", f"c={c} b={b}", r["tpot_p90"], pr["tpot"], r["load"], note)
             add(sp, "TPOT p50 vs n*t", f"c={c} b={b}", r["tpot_p50"], pr["tpot"], r["load"])
+            mb = r["micro_batch"]
+            at = predict_at(perf, split, mb)
+            add(sp, "TPOT n*t at engine mb (p90)", f"c={c} mb={mb:.1f}", r["tpot_p90"], at["tpot"], r["load"],
+                f"path sum {at['tpot_path_sum'] * 1e3:.1f}ms")  # fmt: skip
+            add(sp, "decode tok/s at engine mb", f"c={c} mb={mb:.1f}", r["tok_s"], at["tok_s"], r["load"])
             add(sp, "decode tok/s (g)", f"c={c} b={b}", r["tok_s"], pr["tok_s"], r["load"], f"g={pr['g']:.2f}")
             add(sp, "decode tok/s (g=1)", f"c={c} b={b}", r["tok_s"], pr["tok_s_g1"], r["load"])
             held = r["peak_kv_frac"] * rec["kv"]["num_blocks"] * rec["kv"]["block_size"]
@@ -349,7 +366,12 @@ def summary(rows: list[dict[str, Any]]) -> None:
     print("\ntarget (decode throughput and TPOT p90 within 10% for each PP size):")
     by: dict[tuple[int, str], list[str]] = {}
     for r in rows:
-        if r["rule"] in ("TPOT n*t (p90)", "decode tok/s (g)"):
+        if r["rule"] in (
+            "TPOT n*t (p90)",
+            "decode tok/s (g)",
+            "TPOT n*t at engine mb (p90)",
+            "decode tok/s at engine mb",
+        ):
             pp = len(r["split"].split(","))
             by.setdefault((pp, r["rule"]), []).append(r["verdict"])
     for (pp, rule), vs in sorted(by.items()):
