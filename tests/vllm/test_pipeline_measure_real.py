@@ -19,7 +19,8 @@ SCHED = ("--enable-chunked-prefill", "--max-num-batched-tokens", "128", "--max-n
 
 
 def test_pp2_measurement_is_sane_and_kv_blocks_cover_the_sequences(tiny_model: Path, vllm_dir: Path) -> None:
-    backend = attrs.evolve(cpu_backend(tiny_model, vllm_dir), extra_args=SCHED)
+    # a PP=2 start took 8-10 min on this 2-core machine under a load of 30-40: more than conftest's 400 s
+    backend = attrs.evolve(cpu_backend(tiny_model, vllm_dir), extra_args=SCHED, startup_timeout_s=900.0)
     engines, t0 = start(backend, [1, 3], "ppm")
     head = engines[0]
     try:
