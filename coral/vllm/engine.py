@@ -75,6 +75,8 @@ class VllmBackend:
     scrape_s: float = 1.0
     seed: int = 0
     env: Mapping[str, str] = attrs.field(factory=dict)
+    extra_args: tuple[str, ...] = ()
+    """Further ``vllm serve`` arguments of every server (scheduler settings such as ``--max-num-seqs``)."""
     engine_secret: bytes = attrs.field(factory=lambda: secrets.token_bytes(32), repr=False)
     """Each server's API key is ``engine_key(engine_secret, instance)``; empty: the servers take no key."""
 
@@ -244,6 +246,7 @@ class VllmEngine:
             cache_root=str(work / "cache"),
             kv_transfer=kv,
             seed=b.seed,
+            extra_args=b.extra_args,
             api_key=self.api_key,
         )
         self.stage = stage
