@@ -39,11 +39,13 @@ async def run_up_async(
     serve: Serve | None = None,
     engine_factory: Callable[[str], Any] | None = None,
     until_idle: bool = False,
+    host_table: Any = None,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
     With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
     store), and quitting it stops the mesh. ``serve`` adds the HTTP gateway and the metrics endpoint.
+    ``host_table``: the engines run on the hosts whose ``coral worker`` registered (``actors.hosts``).
     """
     from actors.compose import RunState, run_mesh
     from actors.recovery import provider_state_path
@@ -139,6 +141,7 @@ async def run_up_async(
             unknown_nodes=unknown_nodes,
             on_step=stepped,
             engine_factory=engine_factory,
+            host_table=host_table,
         )
         tg.cancel_scope.cancel()
     out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
