@@ -111,7 +111,7 @@ class HostWorker:
                         host_bus_name(cfg.name, self.incarnation),
                         cfg.endpoints,
                         curve=cfg.curve,
-                        handshake_timeout=cfg.connect_timeout_s,
+                        handshake_timeout=cfg.connect_timeout_s if self.registrations == 0 else cfg.retry_s + 2.0,
                     ) as bus:
                         await self._register(bus)
                         await self._session(bus, stop)
@@ -137,15 +137,20 @@ class HostWorker:
         hello = WorkerHello(
             cfg.name, cfg.region, cfg.node, cfg.gpus, cfg.engine_host, self.incarnation, self._running()
         )
-        try:
-            reply = await bus.request(HOSTS, hello, timeout=cfg.connect_timeout_s)
-        except RequestError:
-            raise CoralError(
-                f"--kernel: the kernel at {cfg.endpoints.router} takes no workers (no host registry: start it with "
-                "`coral up --backend vllm --hosts FILE`)"
-            ) from None
-        except BusError as exc:
-            raise KernelLost(str(exc)) from None
+        deadline = time.monotonic() + cfg.connect_timeout_s
+        while True:
+            try:
+                reply = await bus.request(HOSTS, hello, timeout=cfg.connect_timeout_s)
+                break
+            except RequestError:  # no registry (yet: a kernel spawns it just after its bus is up)
+                if time.monotonic() > deadline:
+                    raise CoralError(
+                        f"--kernel: the kernel at {cfg.endpoints.router} takes no workers (no host registry: start "
+                        "it with `coral up --backend vllm --hosts FILE`)"
+                    ) from None
+                await anyio.sleep(cfg.retry_s)
+            except BusError as exc:
+                raise KernelLost(str(exc)) from None
         if not isinstance(reply, WorkerWelcome) or not reply.ok:
             why = reply.reason if isinstance(reply, WorkerWelcome) else f"unexpected reply {type(reply).__name__}"
             raise CoralError(f"refused by the kernel at {cfg.endpoints.router}: {why}")
