@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import attrs
 import pytest
 
 from actors.hosts import HostRegistry
@@ -105,7 +106,7 @@ async def test_a_template_across_two_workers_gives_transformers_tokens(
     backend = cpu_backend(tiny_model, tmp_path / "vllm")
     from coral.kernel.keys import engine_secret
 
-    backend = __import__("attrs").evolve(backend, engine_secret=engine_secret(keys), cpu_cores=2)
+    backend = attrs.evolve(backend, engine_secret=engine_secret(keys), cpu_cores=2, startup_timeout_s=1500.0)
     procs = [start_worker(n, f"127.0.0.{n[1]}", eps.router, keys, tmp_path, tiny_model) for n in hosts]
     try:
         async with Mesh(endpoints=eps, curve=server_keys(keys)) as mesh:
@@ -122,7 +123,7 @@ async def test_a_template_across_two_workers_gives_transformers_tokens(
             for k, e in enumerate(engines):
                 e.load(StageAssignment("p1", dep, tpl, k, "local", k == 0), 0.0)
             assert engines[0].plan is not None and engines[0].plan.nnodes == 2
-            deadline = time.monotonic() + 900
+            deadline = time.monotonic() + 1500
             while not all(e.loaded(0.0) for e in engines):
                 assert not engines[0].fault, engines[0].fault
                 assert time.monotonic() < deadline, "the two-host pipeline never answered /health"
@@ -165,6 +166,13 @@ def _journal_events(path: Path) -> list[object]:
 def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
     tiny_model: Path, keys: Path, tmp_path: Path
 ) -> None:
+    scenario = tmp_path / "steady.toml"  # tiny-cpu with a steady demand that outlasts the servers' start-up
+    scenario.write_text(
+        SCENARIO.read_text()
+        .replace('catalog = ["../catalog/tiny-cpu.toml"]', f'catalog = ["{CATALOG}"]')
+        .replace("duration_s = 150", "duration_s = 400")
+        .replace('demand = { trace = "tiny-cpu-trace.csv" }', "demand = 0.6\nshape = { mean_in = 128, mean_out = 64 }")
+    )
     hosts_file = tmp_path / "hosts.toml"
     hosts_file.write_text(
         "".join(f'[[host]]\nname = "h{i}"\nregion = "local"\nnode = "cpu-local"\n' for i in (2, 3, 4))
@@ -172,7 +180,7 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
     port = free_port()
     kernel = f"tcp://127.0.0.1:{port}"
     journal = tmp_path / "run.journal"
-    up = [*CLI, "up", "--backend", "vllm", "--scenario", str(SCENARIO), "--store", str(tmp_path / "store.db")]
+    up = [*CLI, "up", "--backend", "vllm", "--scenario", str(scenario), "--store", str(tmp_path / "store.db")]
     up += ["--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(tmp_path / "vllm")]
     up += ["--json", "--bind", kernel, "--keys", str(keys), "--hosts", str(hosts_file), "--until-idle"]
     up += ["--drain", "600s", "--for", "1500s", "--queue-timeout", "900s"]
