@@ -25,6 +25,7 @@ from coral.cli.up_setup import parse_duration
 from coral.errors import CoralError
 from coral.kernel.address import parse_connect
 from coral.kernel.keys import client_keys, engine_secret, keys_dir
+from coral.vllm.fleet import parse_weights
 
 
 def add(sub: Any, parent: argparse.ArgumentParser) -> None:
@@ -59,16 +60,6 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         "--connect-timeout", default="10s", metavar="DURATION", help="wait this long for the kernel (default: 10s)"
     )
     p.set_defaults(func=run_worker)
-
-
-def _weights(items: list[str]) -> dict[str, str]:
-    out = {}
-    for it in items:
-        name, sep, where = it.partition("=")
-        if not sep or not name or not where:
-            raise CoralError(f"--weights: expected MODEL=DIR, got {it!r}")
-        out[name] = where
-    return out
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -106,7 +97,7 @@ def run_worker(args: argparse.Namespace) -> int:
         curve,
         secret,
         args.work_dir.resolve(),
-        _weights(args.weights),
+        parse_weights(args.weights, cat),
         grace_s=parse_duration(args.grace, "--grace"),
         connect_timeout_s=parse_duration(args.connect_timeout, "--connect-timeout"),
     )
