@@ -133,7 +133,11 @@ class HostTable:
         if self.send is None or not self.alive(host):
             return False
         self.orders += 1
-        return self.send(self.hosts[host].bus, msg)
+        if self.send(self.hosts[host].bus, msg):
+            return True
+        # the kernel no longer reaches its worker (gone before the kernel's peer timeout noticed)
+        self.lose(host, f"host worker {host} lost (an order could not be delivered)")
+        return False
 
 
 def _set_arg(argv: tuple[str, ...], flag: str, value: str) -> tuple[str, ...]:

@@ -214,7 +214,7 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
             time.sleep(0.5)
         assert lost_at is not None and serving_at is not None, (tmp_path / "up1.err").read_text()[-3000:]
         events = _journal_events(journal)
-        (loss,) = [m for m in events if isinstance(m, NodeLost)]
+        loss = next(m for m in events if isinstance(m, NodeLost))
         (stats,) = [m for m in events if isinstance(m, RoutingStats)][-1].deployments
         figures.update(
             detect_lost_worker_s=round(lost_at - killed_at, 1),
