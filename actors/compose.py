@@ -516,6 +516,11 @@ async def run_mesh(
                 after_step=stepped,
             )
             await mesh.quiesce()
+            if host_table is not None:  # stop the hosts' servers while the bus still reaches their workers
+                close = getattr(cm.engine_factory, "close", None)
+                if callable(close):
+                    close()
+                await anyio.sleep(0.5)
             mesh.publish(MeshEnd(end, reason), source=MESH_SOURCE)
             await watch.sync()
             st.now = end

@@ -133,8 +133,12 @@ class HostTable:
         if self.send is None or not self.alive(host):
             return False
         self.orders += 1
-        if self.send(self.hosts[host].bus, msg):
-            return True
+        try:
+            if self.send(self.hosts[host].bus, msg):
+                return True
+        except Exception as exc:  # the kernel's bus is closed (the run ended): nothing can reach the host
+            log.warning("order to host %s not sent: %s", host, exc)
+            return False
         # the kernel no longer reaches its worker (gone before the kernel's peer timeout noticed)
         self.lose(host, f"host worker {host} lost (an order could not be delivered)")
         return False
