@@ -30,6 +30,7 @@ from actors.allocator import Allocator
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
 from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ScenarioFeed
+from actors.hosts import HostRegistry, RegisteredHosts
 from actors.inspect import answer as answer_inspection
 from actors.operator import OperatorDesk
 from actors.price import HostsMarket, MarketSource, PriceWatcher, ScenarioMarket
@@ -57,12 +58,14 @@ from coral.messages.control import (
     OPERATOR,
     ROUTER,
 )
+from coral.messages.hosts import HOSTS
 from coral.messages.mesh import MeshEnd, MeshResumed, MeshSetup
 from coral.messages.requests import ArrivalBatch
 from coral.perf import PerfModel
 from coral.scenario import Scenario
 from coral.sim.engine import SimConfig
 from coral.templates import Template
+from coral.vllm.hosted import HostTable
 from solvers.allocation import SolverEffort
 
 __all__ = [
@@ -102,8 +105,10 @@ class CoralMesh:
         provider_state: str | os.PathLike[str] | None = None,
         resume: Recovery | None = None,
         unknown_nodes: str = "release",
+        host_table: HostTable | None = None,
     ) -> None:
         self.setup = setup
+        self.host_table = host_table
         self.resume = resume
         self.unknown_nodes = unknown_nodes
         self.resumed: MeshResumed | None = None
@@ -123,7 +128,10 @@ class CoralMesh:
         self.cloud: CloudProvider
         self.market: MarketSource
         cloud: StaticHosts | SimCloud
-        if setup.cloud.kind == "hosts":
+        if setup.cloud.kind == "hosts" and host_table is not None:  # hosts whose `coral worker` registered
+            cloud = RegisteredHosts(setup.cloud.hosts, host_table, seed=setup.seed, state_file=provider_state)
+            self.market = HostsMarket(scenario, catalog, setup.cloud.hosts)
+        elif setup.cloud.kind == "hosts":
             cloud = StaticHosts(setup.cloud.hosts, seed=setup.seed, state_file=provider_state)
             self.market = HostsMarket(scenario, catalog, setup.cloud.hosts)
         else:
@@ -171,6 +179,10 @@ class CoralMesh:
         sc = self.scenario
         prior = {d.name: d.demand.at(0.0) for d in sc.deployments}
         rs = self.resume
+        if self.host_table is not None and isinstance(self.cloud, RegisteredHosts):
+            self.host_table.send = lambda dest, msg: mesh.send(dest, msg, source=HOSTS)
+            self.host_table.locate = self.cloud.locate
+            await mesh.spawn(HostRegistry(self.host_table, self.catalog, self.cloud.hosts))
         if rs is not None and rs.fleet.demand is not None:
             prior = {**prior, **rs.fleet.demand.demand}
         await mesh.spawn(PriceWatcher(tick_s=t.tick_s))
@@ -442,12 +454,15 @@ async def run_mesh(
     resume: Recovery | None = None,
     unknown_nodes: str = "release",
     engine_factory: Callable[[str], Engine] | None = None,
+    host_table: HostTable | None = None,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
 
     ``provider_state``: the file where the cloud keeps its durable state; with ``resume`` (a crashed
     run's journal, which ``journal`` must name to append to it) the run restores it and goes on.
-    ``engine_factory`` makes the stage workers' engines (default: the simulated engine).
+    ``engine_factory`` makes the stage workers' engines (default: the simulated engine); with
+    ``host_table`` (and a ``hosts`` cloud) the nodes are the hosts whose ``coral worker`` registered with
+    the host registry (``actors.hosts``), which the run spawns.
     """
     cm = CoralMesh(
         setup,
@@ -459,6 +474,7 @@ async def run_mesh(
         resume=resume,
         unknown_nodes=unknown_nodes,
         engine_factory=engine_factory,
+        host_table=host_table,
     )
     st = state if state is not None else RunState()
     t0 = time.perf_counter()
@@ -500,6 +516,11 @@ async def run_mesh(
                 after_step=stepped,
             )
             await mesh.quiesce()
+            if host_table is not None:  # stop the hosts' servers while the bus still reaches their workers
+                close = getattr(cm.engine_factory, "close", None)
+                if callable(close):
+                    close()
+                await anyio.sleep(0.5)
             mesh.publish(MeshEnd(end, reason), source=MESH_SOURCE)
             await watch.sync()
             st.now = end

@@ -29,6 +29,7 @@ VERB_MODULES = (
     "tui_cmd",
     "profile_cmd",
     "keys_cmd",
+    "worker_cmd",
 )
 
 EXIT_PIPE = 141

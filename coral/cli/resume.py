@@ -60,11 +60,27 @@ def run_resumed(
     wall_limit: float | None,
     curve: ServerKeys | None,
     serve: Callable[[], Any] | None = None,
+    vllm: Callable[[Any, Any], Any] | None = None,
+    access: Any = None,
 ) -> int:
-    """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal."""
+    """``coral up --resume``: rebuild the crashed run and run it on, appending to its journal.
+
+    ``vllm`` (``--backend vllm``) makes the engine factory from the scenario and catalog: only a run on
+    ``--hosts`` machines can go on, adopting the servers their ``coral worker`` kept running.
+    """
     rec = open_resume(args)
     setup = rec.setup
     sc, cat, perf = world_of(setup)
+    fleet = None
+    if vllm is not None:
+        if setup.cloud.kind != "hosts":
+            raise CoralError(
+                "--resume: a crashed run on the vllm backend without --hosts cannot be resumed (its servers ran "
+                "in the crashed process's machine and died with it)"
+            )
+        fleet = vllm(sc, cat)
+        if access is not None:
+            access.use_engines(fleet.backend.engine_secret)
     console = Console(stderr=args.json, quiet=args.tui)
     summary = anyio.run(
         functools.partial(
@@ -84,9 +100,13 @@ def run_resumed(
             serve=serve() if serve is not None else None,
             resume=rec,
             unknown_nodes=args.unknown_nodes,
+            engine_factory=fleet,
+            host_table=getattr(fleet, "table", None),
         ),
         backend="asyncio",
     )
+    if fleet is not None:
+        fleet.close()
     console.quiet = False
     if args.json:
         json.dump(summary, sys.stdout, indent=2, default=str)

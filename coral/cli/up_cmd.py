@@ -234,12 +234,17 @@ def run_up(args: argparse.Namespace) -> int:
             bind(*addr, flag).close()  # a taken port fails now, not after the templates are built
     access = apikeys_cmd.up_access(args, gw_addr, metrics_addr, args.keys or default_keys_dir())
     if args.resume is not None:
-        if vllm:
-            raise CoralError("--resume: a crashed run on the vllm backend cannot be resumed (its servers died with it)")
         from coral.cli.resume import run_resumed  # start-up cost: it loads the actors (about 3 s)
 
         return run_resumed(
-            args, endpoints, speed, wall_limit, curve, lambda: serve_from_args(args, gw_addr, metrics_addr, access)
+            args,
+            endpoints,
+            speed,
+            wall_limit,
+            curve,
+            lambda: serve_from_args(args, gw_addr, metrics_addr, access),
+            (lambda sc, cat: vllm_fleet(args, sc, cat, hosted=True)) if vllm else None,
+            access,
         )
     cat = catalog_from(args)
     perf = perf_from(args, cat)
@@ -252,7 +257,7 @@ def run_up(args: argparse.Namespace) -> int:
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         library = library_for(store, sc, perf.version, vllm_only=vllm or args.vllm_only)
     setup = mesh_setup(args, sc, cat, perf, library, warmup=warmup, drain=drain, queue=queue)
-    fleet = vllm_fleet(args, sc, cat) if vllm else None
+    fleet = vllm_fleet(args, sc, cat, hosted=args.hosts is not None) if vllm else None
     if fleet is not None:
         access.use_engines(fleet.backend.engine_secret)
     console = Console(stderr=args.json, quiet=args.tui)
@@ -276,6 +281,7 @@ def run_up(args: argparse.Namespace) -> int:
                 serve=serve,
                 engine_factory=fleet,
                 until_idle=args.until_idle,
+                host_table=getattr(fleet, "table", None),
             ),
             backend="asyncio",
         )

@@ -40,11 +40,13 @@ async def run_up_async(
     serve: Serve | None = None,
     engine_factory: Callable[[str], Any] | None = None,
     until_idle: bool = False,
+    host_table: Any = None,
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
     With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
     store), and quitting it stops the mesh. ``serve`` adds the HTTP gateway and the metrics endpoint.
+    ``host_table``: the engines run on the hosts whose ``coral worker`` registered (``actors.hosts``).
     """
     # Start-up cost: the actors load in about 3 s, and every ``coral`` command imports this module.
     from actors.compose import RunState, run_mesh
@@ -140,6 +142,7 @@ async def run_up_async(
             unknown_nodes=unknown_nodes,
             on_step=stepped,
             engine_factory=engine_factory,
+            host_table=host_table,
         )
         tg.cancel_scope.cancel()
     out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)

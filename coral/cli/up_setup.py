@@ -116,10 +116,14 @@ def mesh_setup(
     return make_setup(sc, cat, perf, library, options, catalog_files=catalog_files(args), profile_files=args.profiles)
 
 
-def vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any) -> Any:
-    """The engine factory of ``--backend vllm``: real vLLM servers on this machine."""
+def vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any, *, hosted: bool = False) -> Any:
+    """The engine factory of ``--backend vllm``: real vLLM servers on this machine, or with ``hosted`` on the
+    ``--hosts`` machines through their ``coral worker`` (``coral.vllm.hosted``), whose servers' API keys
+    derive from the key directory's engine secret (none without keys: loopback only)."""
+    from coral.kernel.keys import engine_secret, keys_dir
     from coral.vllm.engine import VllmBackend
     from coral.vllm.fleet import VllmFleet, detect_device, parse_weights, resolve_weights
+    from coral.vllm.hosted import HostedFleet, HostTable
 
     device = detect_device(args.vllm_device)
     work = (args.vllm_dir or Path.cwd() / ".coral-vllm").resolve()
@@ -134,4 +138,8 @@ def vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any) -> Any:
         work_dir=str(work),
         seed=args.seed,
     )
+    if hosted:
+        d = keys_dir(args.keys)
+        secret = engine_secret(d, create=True) if d is not None else b""
+        return HostedFleet(attrs.evolve(backend, engine_secret=secret), HostTable())
     return VllmFleet(backend)

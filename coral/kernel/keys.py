@@ -7,6 +7,8 @@ A key directory (``coral keys init DIR``; mode 0700) holds, in pyzmq's certifica
     clients/NAME.key        an allowed client's public key (``coral keys add NAME``)
     clients/NAME.key_secret that client's key pair (mode 0600; copy it to the client's machine)
     revoked/NAME.key        a revoked client's public key (``coral keys revoke NAME``), kept for the record
+    engine.secret           the secret that vLLM servers' API keys derive from (mode 0600; the kernel and
+                            every ``coral worker`` host hold it, ``coral.vllm.launch.engine_key``)
 
 A kernel with keys allows exactly the public keys in ``clients/`` (read again at every connection, so a
 revocation refuses the client's next connection without a restart; an already established connection
@@ -31,6 +33,7 @@ from coral.errors import CoralError
 
 ENV_VAR = "CORAL_KEYS"
 SERVER = "server"
+ENGINE_SECRET = "engine.secret"
 CLIENTS = "clients"
 REVOKED = "revoked"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -158,6 +161,7 @@ def init_keys(d: str | os.PathLike[str]) -> Path:
     for sub in (CLIENTS, REVOKED):
         (p / sub).mkdir(mode=0o700, exist_ok=True)
         os.chmod(p / sub, 0o700)
+    engine_secret(p, create=True)
     public, secret = zmq.curve_keypair()
     _write_cert(p / f"{SERVER}.key", public, None)
     _write_cert(p / f"{SERVER}.key_secret", public, secret)
@@ -231,3 +235,20 @@ def client_keys(d: str | os.PathLike[str], name: str) -> ClientKeys:
     public, secret = _load(p / CLIENTS / f"{name}.key_secret", secret=True)
     assert secret is not None
     return ClientKeys(name, server_public, public, secret)
+
+
+def engine_secret(d: str | os.PathLike[str], *, create: bool = False) -> bytes:
+    """The engine secret of a key directory (``engine.secret``, 32 random bytes in hex, mode 0600);
+    ``create``: make it when it is missing (a directory made before it existed)."""
+    p = _require_dir(Path(d)) / ENGINE_SECRET
+    if not p.exists():
+        if not create:
+            raise KeysError(f"{p}: no engine secret (the kernel's host creates it: copy it from there)")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    _check_private(p)
+    try:
+        return bytes.fromhex(p.read_text().strip())
+    except ValueError:
+        raise KeysError(f"{p}: not an engine secret (expected hex digits)") from None

@@ -2,8 +2,9 @@
 
 One module per protocol: ``market`` (quotes, MarketUpdate), ``demand`` (DemandUpdate), ``plan`` (NewPlan),
 ``fleet`` (FleetUpdate and the supervisor/worker protocol), ``requests`` (arrivals, dispatch, outcomes,
-router reports), ``control`` (operator commands and their results), ``inspect`` (what a client asks the mesh: templates,
-scenario, plan previews, clock) and ``mesh`` (run setup and end).
+router reports), ``control`` (operator commands and their results), ``hosts`` (``coral worker`` and the
+kernel's host registry), ``inspect`` (what a client asks the mesh: templates, scenario, plan previews,
+clock) and ``mesh`` (run setup and end).
 Importing this package registers all of them. A client needs only this package and
 ``coral.kernel.BusClient``.
 """
@@ -61,6 +62,16 @@ from coral.messages.fleet import (
     StageLoaded,
     WorkerHeartbeat,
 )
+from coral.messages.hosts import (
+    HOSTS,
+    HostBeat,
+    ServerExited,
+    ServerStarted,
+    StartServer,
+    StopServer,
+    WorkerHello,
+    WorkerWelcome,
+)
 from coral.messages.inspect import (
     ClockInfo,
     ClockRequest,
@@ -114,6 +125,7 @@ __all__ = [
     "DEMAND_MONITOR",
     "FAULT_KINDS",
     "GATEWAY",
+    "HOSTS",
     "INPUT_SOURCES",
     "INPUT_TAGS",
     "INSTANCE_STATES",
@@ -151,6 +163,7 @@ __all__ = [
     "FleetUpdate",
     "ForbidTemplate",
     "Host",
+    "HostBeat",
     "InstanceDrained",
     "InstanceInfo",
     "KillNode",
@@ -182,6 +195,8 @@ __all__ = [
     "ScenarioInfo",
     "ScenarioRequest",
     "ServeInstance",
+    "ServerExited",
+    "ServerStarted",
     "SetAvailability",
     "SetChurn",
     "SetDemand",
@@ -193,11 +208,15 @@ __all__ = [
     "SnapshotRecord",
     "SnapshotRequest",
     "StageLoaded",
+    "StartServer",
+    "StopServer",
     "TemplateEntry",
     "TemplatesReply",
     "TemplatesRequest",
     "WorkItem",
     "WorkerHeartbeat",
+    "WorkerHello",
+    "WorkerWelcome",
     "is_command",
     "owner_of",
 ]

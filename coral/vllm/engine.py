@@ -123,7 +123,7 @@ def _vocab(weights: str) -> int:
         return 32000
 
 
-class _Server:
+class ServerProcess:
     """A vLLM server child process and its log."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], log: Path, cwd: str) -> None:
@@ -196,7 +196,7 @@ class VllmEngine:
         self.endpoint = ""
         self.api_key = ""
         """The key of this instance's server (``Authorization: Bearer``); never log it."""
-        self.server: _Server | None = None
+        self.server: ServerProcess | None = None
         self.fault = ""
         self._ready = False
         self._owner = False
@@ -218,25 +218,23 @@ class VllmEngine:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    def load(self, stage: StageAssignment, now: float) -> float:
-        """Start the server of this node (when the plan gives it one); return ``inf`` (see ``loaded``)."""
-        check_load(self.stage, stage)
+    def launch_options(self, stage: StageAssignment, port: int, master_port: int) -> LaunchOptions:
+        """The launch options of ``stage``'s instance (weights, dtype, caches, its API key) at these ports."""
         tpl = stage.template
         b = self.backend
-        weights = b.weights(tpl.model)
         work = Path(b.work_dir or Path.cwd() / ".coral-vllm").resolve()
         kv = None
         if tpl.mode in ("prefill", "decode"):
             kv = KvTransfer(b.kv_connector, str(work / "kv" / stage.deployment.name)).check()
-        port = free_port(b.host) if stage.head else 1
         self.api_key = engine_key(b.engine_secret, stage.instance) if b.engine_secret else ""
-        opts = LaunchOptions(
-            model_path=weights,
+        self._vocab = _vocab(b.weights(tpl.model))
+        return LaunchOptions(
+            model_path=b.weights(tpl.model),
             served_name=stage.deployment.name,
             device=b.device,
             host=b.host,
             port=port,
-            master_port=free_port(b.host) if stage.head else 29500,
+            master_port=master_port,
             dtype=b.dtype,
             enforce_eager=b.enforce_eager,
             max_model_len=b.max_model_len,
@@ -249,13 +247,22 @@ class VllmEngine:
             extra_args=b.extra_args,
             api_key=self.api_key,
         )
+
+    def load(self, stage: StageAssignment, now: float) -> float:
+        """Start the server of this node (when the plan gives it one); return ``inf`` (see ``loaded``)."""
+        check_load(self.stage, stage)
+        tpl = stage.template
+        b = self.backend
+        work = Path(b.work_dir or Path.cwd() / ".coral-vllm").resolve()
+        port = free_port(b.host) if stage.head else 1
+        opts = self.launch_options(stage, port, free_port(b.host) if stage.head else 29500)
+        kv = opts.kv_transfer
         self.stage = stage
         try:  # every worker of the mesh runs on this machine: all stages of an instance share one host
             self.plan = launch_plan(tpl, [b.host] * len(tpl.stages), opts)
         except VllmLaunchError as e:  # never launch something else: the node reports it as a fault
             self._set_fault(f"launch refused: {e}")
             return math.inf
-        self._vocab = _vocab(weights)
         launch = self.plan.head if stage.head else None
         if launch is None:  # the head node's server runs this stage
             self._ready = True
@@ -266,7 +273,7 @@ class VllmEngine:
         if b.device == "cpu":
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         logf = work / "logs" / f"{stage.instance}-{self.node_id or 'node'}-{os.getpid()}-{port}.log"
-        self.server = _Server(launch.argv, env, logf, str(work))
+        self.server = ServerProcess(launch.argv, env, logf, str(work))
         log.info(
             "%s: started vLLM server pid %d for %s (%s), log %s",
             self.node_id,
@@ -496,4 +503,4 @@ class VllmEngine:
             srv.stop(min(self.backend.stop_timeout_s, 5.0))
 
 
-__all__ = ["VllmBackend", "VllmEngine", "free_port", "prompt_ids"]
+__all__ = ["ServerProcess", "VllmBackend", "VllmEngine", "free_port", "prompt_ids"]
