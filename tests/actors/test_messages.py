@@ -10,6 +10,7 @@ import pytest
 
 import coral.messages as m
 from coral.kernel import REGISTRY, decode, encode
+from coral.messages import hosts
 from coral.plan import DeploymentServing, Plan, PlannedInstances
 
 PLAN = Plan(
@@ -76,13 +77,21 @@ SAMPLES: list[object] = [
     m.Snapshot(4.0, (m.SnapshotRecord("allocator", "ctl.alloc_state", b"\x91\x01"),)),
     m.MeshEnd(10.0, "stopped"),
     m.MeshResumed(40.0, 150, ("i1",), ("n2",), ("n3",), 20, 281),
+    hosts.WorkerHello("h1", "r1", "a", 8, "127.0.0.2", "x1", (hosts.RunningServer("k1", "i1", 0, 7, 8001, 29500),)),
+    hosts.WorkerWelcome("h1", False, "node type 'zz' is not in the catalog"),
+    hosts.StartServer("k1", "i1", "llama", 0, ("--port", "8001"), (("VLLM_CPU_KVCACHE_SPACE", "1"),), 1),
+    hosts.ServerStarted("h1", "k1", True, 7, 8001, 29500),
+    hosts.StopServer("k1", "drained"),
+    hosts.ServerExited("h1", "k1", -9, "killed"),
+    hosts.HostBeat("h1", ()),
 ]
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda x: type(x).__name__)
 def test_every_message_round_trips(msg: object) -> None:
     tag, body = encode(msg)
-    assert tag.decode().split(".")[0] in ("mkt", "dem", "plan", "fleet", "req", "ctl", "slo", "mesh", "inspect", "gw")
+    families = ("mkt", "dem", "plan", "fleet", "req", "ctl", "slo", "mesh", "inspect", "gw", "host")
+    assert tag.decode().split(".")[0] in families
     assert decode(tag, body) == msg
 
 

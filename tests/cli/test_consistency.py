@@ -21,8 +21,8 @@ from coral.vllm.fleet import INSTALL_HINT
 from .conftest import Coral
 
 ROOT = Path(__file__).resolve().parents[2]
-UI_VERBS = {"coral tui"}
-"""Verbs that own the terminal and print no result."""
+UI_VERBS = {"coral tui", "coral worker"}
+"""Verbs that own the terminal (the TUI) or serve until stopped (a host's worker) and print no result."""
 
 
 def leaves() -> dict[str, argparse.ArgumentParser]:

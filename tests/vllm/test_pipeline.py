@@ -64,9 +64,11 @@ def test_uneven_pp2_equals_the_single_stage_tokens_and_a_crash_is_a_fault(tiny_m
             outcomes += head.poll(time.monotonic() - t0)
             time.sleep(0.05)
         assert head.fault.startswith(f"the vLLM server (pid {pid}) exited (killed by signal 9)")
-        assert outcomes == []  # the broken request is not reported failed: the router retries it
-        assert head.poll(time.monotonic() - t0) == []
-        assert head.stop(time.monotonic() - t0) == 1  # abandoned, for the record
+        outcomes += head.poll(time.monotonic() - t0)
+        # The broken request is not reported failed: the router retries it. On a quiet machine the request
+        # can still finish in the moment between the last poll and the kill; then it is reported done.
+        assert [o.kind for o in outcomes] in ([], ["done"]) and all(o.id == rid for o in outcomes)
+        assert head.stop(time.monotonic() - t0) == 1 - len(outcomes)  # abandoned, for the record
     finally:
         for e in engines:
             e.stop(0.0)
