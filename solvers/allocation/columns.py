@@ -178,19 +178,19 @@ def _pools(arrays: dict[str, Any]) -> tuple[IntArray, IntArray, IntArray, IntArr
     pool, or not at all; a prefill column once per pool it may feed (a copy), the highest level first."""
     m, r, mode, pclass, need = (arrays[k] for k in ("m", "r", "mode", "pclass", "need"))
     classes: dict[tuple[int, int], list[float]] = {}
-    for j in np.nonzero(mode == _PRE)[0]:
+    for j in np.nonzero(mode == _PRE)[0].tolist():
         classes.setdefault((int(m[j]), int(r[j])), []).append(float(pclass[j]))
     levels = {g: np.unique(v) for g, v in classes.items()}
     dec_level: dict[int, tuple[int, int, float]] = {}
     used: set[tuple[int, int, float]] = set()
-    for j in np.nonzero(mode == _DEC)[0]:
+    for j in np.nonzero(mode == _DEC)[0].tolist():
         g = (int(m[j]), int(r[j]))
         lv = levels.get(g)
         if lv is None:
             continue
         i = int(np.searchsorted(lv, need[j] * (1.0 - 1e-12), side="left"))
         if i < len(lv):
-            dec_level[int(j)] = (*g, float(lv[i]))
+            dec_level[j] = (*g, float(lv[i]))
             used.add((*g, float(lv[i])))
     keys = sorted(used)
     pid = {k: q for q, k in enumerate(keys)}
