@@ -84,7 +84,9 @@ import numpy as np
 from coral.perf import PerfModel
 from coral.perf.roofline import activation_bytes_per_token
 from coral.workload import MODES, Slo, WorkloadShape
-from solvers.problem import NodeMenu, PlacementProblem
+from solvers.problem import BOTH, FIRST, LAST, NodeMenu, PlacementProblem
+from solvers.reduce import subset_menu
+from solvers.shapes.catalogue import skeletons
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FORMULATION = "options-9"
@@ -229,50 +231,101 @@ def node_menu(
     inflight: int = 1,
     attainment: float = 0.5,
 ) -> NodeMenu:
-    """Every memory-feasible (k, b) option of one node, with its capacity and latencies.
+    """Every memory-feasible option of one node charged for ``inflight`` micro-batches (its role's d):
+    per (k, b), one option per set of model ends it may hold (none, the embedding or the LM head when
+    k < L; both when k = L), each kept when its exact memory fits (see the module docstring).
 
-    ``inflight`` micro-batches of b sequences share the node's KV cache (the number of pipeline stages);
     ``attainment`` is the SLO's quantile at which TTFT counts the prompt length and an aggregated option's
     TPOT its prompt share.
     """
-    ks: list[np.ndarray] = []
-    bs: list[np.ndarray] = []
-    for batch in BATCH_GRID:
-        kmax = perf.max_layers(model, node, batch=batch * inflight, context=shape.max_context)
-        if kmax >= 1:
-            ks.append(np.arange(1, kmax + 1, dtype=np.int64))
-            bs.append(np.full(kmax, batch, dtype=np.int64))
-    if not ks:
+    L = perf.catalog.models[model].num_layers
+    kk = np.tile(np.arange(1, L + 1, dtype=np.int64), len(BATCH_GRID))
+    bb = np.repeat(np.asarray(BATCH_GRID, dtype=np.int64), L)
+    usable = perf.usable_bytes(node)
+    pick: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    mems: list[np.ndarray] = []
+    for code in (0, FIRST, LAST, BOTH):
+        held = (bool(code & FIRST), bool(code & LAST))
+        mem = perf.stage_bytes(model, layers=kk, batch=bb * inflight, context=shape.max_context, node=node, ends=held)
+        ok = (mem <= usable) & ((kk == L) == (code == BOTH))
+        pick.append(np.flatnonzero(ok))
+        ends.append(np.full(int(ok.sum()), code, np.int64))
+        mems.append(mem[ok])
+    idx = np.concatenate(pick)
+    code_all = np.concatenate(ends)
+    order = np.lexsort((code_all, kk[idx], bb[idx]))
+    idx, code_all, mem_all = idx[order], code_all[order], np.concatenate(mems)[order]
+    k, b = kk[idx], bb[idx]
+    d = np.full(k.size, inflight, np.int64)
+    if k.size == 0:
         empty = np.zeros(0)
-        return NodeMenu(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, np.zeros((_metrics(mode), 0)), empty)
-    k = np.concatenate(ks)
-    b = np.concatenate(bs)
-    mem = perf.stage_bytes(model, layers=k, batch=b * inflight, context=shape.max_context, node=node)
+        return NodeMenu(k, b, empty, np.zeros((_metrics(mode), 0)), empty, d, code_all)
     long_in = long_prompt(shape.mean_in, attainment)
     if mode == "prefill":
         pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
         extra = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in) - perf.prefill_s(
             model, node, layers=k, batch=1, prompt=shape.mean_in
         )
-        return NodeMenu(k, b, b * shape.mean_in / pre_b, (2.0 * pre_b + extra)[None, :], mem)
+        return NodeMenu(k, b, b * shape.mean_in / pre_b, (2.0 * pre_b + extra)[None, :], mem_all, d, code_all)
     tau = perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)
     if mode == "decode":
-        return NodeMenu(k, b, b / tau, tau[None, :], mem)
+        return NodeMenu(k, b, b / tau, tau[None, :], mem_all, d, code_all)
     pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in)
     pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
     bubble = np.array([prefill_bubble(inflight, int(x), shape.mean_out) for x in b])
     tail = np.array([prefill_tail(inflight, int(x), shape.mean_out, attainment) for x in b])
     cap = b / (bubble * pre_b + shape.mean_out * tau)
-    return NodeMenu(k, b, cap, np.vstack([tau + tail * pre_b / b, pre1 + tau]), mem)
+    return NodeMenu(k, b, cap, np.vstack([tau + tail * pre_b / b, pre1 + tau]), mem_all, d, code_all)
 
 
-def _pipeline_tpot(menu: NodeMenu, n: int, tpot_s: float, mode: str) -> NodeMenu:
-    """Keep the options whose per-token time, times the n micro-batches in flight, meets the TPOT target
-    (see the module docstring); prefill menus have no TPOT and stay whole."""
-    if mode == "prefill" or n == 1 or menu.size == 0:
+def _pipeline_tpot(menu: NodeMenu, d: int, tpot_s: float, mode: str) -> NodeMenu:
+    """Keep the options whose per-token time, times the d micro-batches in flight through the stage,
+    meets the TPOT target (see the module docstring); prefill menus have no TPOT and stay whole."""
+    if mode == "prefill" or d == 1 or menu.size == 0:
         return menu
-    keep = np.flatnonzero(n * menu.lat[0] <= tpot_s * (1.0 + 1e-12))
-    return NodeMenu(menu.k[keep], menu.b[keep], menu.cap[keep], menu.lat[:, keep], menu.mem[keep])
+    return subset_menu(menu, np.flatnonzero(d * menu.lat[0] <= tpot_s * (1.0 + 1e-12)))
+
+
+@functools.cache
+def depths(n: int) -> tuple[int, ...]:
+    """Every count of micro-batches that a node of a placement of at most ``n`` nodes can have in flight
+    (the summed stage counts of the paths through it, over every connected shape of up to n nodes:
+    1..4 for n = 3, 1..6 for n = 4, up to 18 for n = 6)."""
+    out = {1}
+    for size in range(2, n + 1):
+        for sk in skeletons(size):
+            count = [0] * size
+            for path in sk.paths:
+                for i in path:
+                    count[i] += len(path)
+            out.update(count)
+    return tuple(sorted(out))
+
+
+def role_menu(perf: PerfModel, model: str, node: str, mode: str, slo: Slo, shape: WorkloadShape, n: int) -> NodeMenu:
+    """The menu of one node in a multiset of ``n`` nodes: the options of every role it can have there
+    (``depths(n)`` micro-batches: ``node_menu``, each kept by ``_pipeline_tpot``, and every set of ends)."""
+    parts = [
+        _pipeline_tpot(
+            node_menu(perf, model, node, mode, shape, inflight=d, attainment=slo.attainment), d, slo.tpot_s, mode
+        )
+        for d in depths(n)
+    ]
+    return concat_menus(parts)
+
+
+def concat_menus(parts: Sequence[NodeMenu]) -> NodeMenu:
+    """The options of ``parts``, in order, as one menu."""
+    return NodeMenu(
+        np.concatenate([m.k for m in parts]),
+        np.concatenate([m.b for m in parts]),
+        np.concatenate([m.cap for m in parts]),
+        np.concatenate([m.lat for m in parts], axis=1),
+        np.concatenate([m.mem for m in parts]),
+        np.concatenate([m.d for m in parts]),
+        np.concatenate([m.ends for m in parts]),
+    )
 
 
 def _metrics(mode: str) -> int:
@@ -287,12 +340,7 @@ def build_problem(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     kinds = tuple(sorted(nodes))
     n = len(kinds)
-    menus = tuple(
-        _pipeline_tpot(
-            node_menu(perf, model, nd, mode, shape, inflight=n, attainment=slo.attainment), n, slo.tpot_s, mode
-        )
-        for nd in kinds
-    )
+    menus = tuple(role_menu(perf, model, nd, mode, slo, shape, n) for nd in kinds)
     m = perf.catalog.models[model]
     act = activation_bytes_per_token(m)
     per_unit = {"aggregated": (shape.mean_in + shape.mean_out) * act, "prefill": act, "decode": act}[mode]

@@ -1,5 +1,8 @@
 """Exact placement of up to three nodes: every shape that three nodes allow (replicas, chains, one node
-feeding two, two feeding one) enumerated and solved exactly (see ``exact_small``)."""
+feeding two, two feeding one) enumerated and solved exactly (see ``exact_small``). Each shape fixes
+every node's role (``solvers.problem``): a replica holds 1 micro-batch and both ends; a chain of p nodes
+p micro-batches on each; one node feeding (fed by) two holds the 2 + 2 micro-batches of the two paths
+through it and the embedding (LM head), the two others 2 each and the other end."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import itertools
 import numpy as np
 
 from solvers.chains import Knapsack, best_chain
-from solvers.problem import Edge, PlacementProblem, PlacementResult
+from solvers.problem import BOTH, FIRST, LAST, Edge, PlacementProblem, PlacementResult
 from solvers.rules import evaluate_placement, lat_tol, usable_edges
 
 SMALL_NODES = 3
@@ -45,6 +48,14 @@ class _Small:
         self.k = [np.asarray(m.k) for m in problem.menus]
         self.cap = [np.asarray(m.cap, dtype=np.float64) for m in problem.menus]
         self.lat = [np.asarray(m.lat, dtype=np.float64) for m in problem.menus]
+        self.roles = problem.has_roles
+
+    def kr(self, i: int, depth: int, ends: int) -> np.ndarray:
+        """Node i's layer counts, with every option whose role does not allow ``depth`` micro-batches and
+        the ends ``ends`` (``NodeMenu.allowed``) set to a count that no sum of counts matches."""
+        if not self.roles:
+            return self.k[i]
+        return np.where(self.p.menus[i].allowed(depth, ends), self.k[i], 4 * self.L + 8)
 
     def _has(self, *path: int) -> bool:
         return all(e in self.edges for e in itertools.pairwise(path))
@@ -59,7 +70,7 @@ class _Small:
         if not self._has(n, i, n):
             return None
         lat, lcap = self._links(n, i, n)
-        ok = (self.k[i] == self.L) & np.all(self.lat[i] + lat[:, None] <= self.budget[:, None], axis=0)
+        ok = (self.kr(i, 1, BOTH) == self.L) & np.all(self.lat[i] + lat[:, None] <= self.budget[:, None], axis=0)
         if not ok.any():
             return None
         val = np.where(ok, np.minimum(self.cap[i], lcap), -1.0)
@@ -71,7 +82,7 @@ class _Small:
         if not self._has(n, i, j, n):
             return None
         lat, lcap = self._links(n, i, j, n)
-        pi_, pj = np.nonzero(self.k[i][:, None] + self.k[j][None, :] == self.L)
+        pi_, pj = np.nonzero(self.kr(i, 2, FIRST)[:, None] + self.kr(j, 2, LAST)[None, :] == self.L)
         ok = np.all(self.lat[i][:, pi_] + self.lat[j][:, pj] + lat[:, None] <= self.budget[:, None], axis=0)
         if not ok.any():
             return None
@@ -86,9 +97,10 @@ class _Small:
         if not all(self._has(*pt) for pt in paths):
             return None
         best: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        ka = self.kr(a, 4, FIRST if fork else LAST)  # two paths of two stages cross a
         for x, pt in zip((j, l_), paths, strict=True):
             lat, _ = self._links(*pt)
-            pa, px = np.nonzero(self.k[a][:, None] + self.k[x][None, :] == self.L)
+            pa, px = np.nonzero(ka[:, None] + self.kr(x, 2, LAST if fork else FIRST)[None, :] == self.L)
             ok = np.all(self.lat[a][:, pa] + self.lat[x][:, px] + lat[:, None] <= self.budget[:, None], axis=0)
             pa, px = pa[ok], px[ok]
             lk = (self.lc[a, x], self.lc[x, n]) if fork else (self.lc[n, x], self.lc[x, a])
@@ -111,7 +123,8 @@ class _Small:
         if lcap <= lower:
             return None
         i, j, l_ = order
-        sel = [np.flatnonzero(self.cap[x] > lower) for x in order]
+        role = (self.kr(i, 3, FIRST), self.kr(j, 3, 0), self.kr(l_, 3, LAST))
+        sel = [np.flatnonzero((self.cap[x] > lower) & (kx <= self.L)) for x, kx in zip(order, role, strict=True)]
         if any(x.size == 0 for x in sel):
             return None
         (si, sj, sl) = sel
