@@ -271,7 +271,8 @@ def random_shaped_roles(rng: np.random.Generator, n: int = 3) -> PlacementProble
         k_, d_, e_ = (np.array([r[j] for r in rows], dtype=np.int64) for j in range(3))
         cap = rng.integers(1, 10, size=len(rows)).astype(np.float64)
         lat = np.round(rng.uniform(0.1, 1.0, size=(1, len(rows))) * k_ / L, 2)
-        menus_by_kind.append(NodeMenu(k=k_, b=np.full(len(rows), 4), cap=cap, lat=lat, mem=k_ * d_ * 1.0, d=d_, ends=e_))
+        b = np.full(len(rows), 4)
+        menus_by_kind.append(NodeMenu(k=k_, b=b, cap=cap, lat=lat, mem=k_ * d_ * 1.0, d=d_, ends=e_))
     link_cap = np.full((n + 1, n + 1), np.inf)
     if rng.random() < 0.3:
         link_cap[rng.integers(0, n), rng.integers(0, n + 1)] = 2.0
