@@ -89,7 +89,7 @@ from solvers.reduce import subset_menu
 from solvers.shapes.catalogue import skeletons
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-9"
+FORMULATION = "options-10"
 """Bumped whenever menus or metrics change meaning; part of every template's content key (with
 ``MODE_FORMULATION``: ``formulation``)."""
 MODE_FORMULATION = {"decode": "kv-pair-1"}
