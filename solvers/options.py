@@ -1,16 +1,29 @@
 """Turn (model, node multiset, mode, SLO, workload shape) into a numeric PlacementProblem.
 
-Per node, the option menu is every (k layers, batch b) on the grid ``k = 1..K_b``, ``b in BATCH_GRID``
+Per node, the option menu is every (k layers, batch b, role) on the grid ``k = 1..L``, ``b in BATCH_GRID``
 whose memory fits. ``b`` is the micro-batch a stage steps at once (one b for all the stages of a
-template: see ``solvers.library``). A path of p stages keeps p micro-batches in flight (vLLM's virtual
-engines), so every stage holds the KV cache of p * b sequences; since p is at
-most the number of nodes n, the memory check is ``coral.perf``'s stage memory (k layers' weights, KV for
-n * b sequences at the shape's maximum context, activation workspace on the node's GPUs, and the model's
-ends) <= usable memory: exact for chains through all n nodes, conservative for shorter paths. A menu
-option does not know where its k layers start, so the ends are charged conservatively: both the embedding
-and the LM head when k is every layer, else the larger of the two (a stage of fewer layers holds at most
-one end); exact for one-stage paths, at most one vocabulary matrix too many for a middle stage. For each
-option the perf model gives:
+template: see ``solvers.library``). The role (``solvers.problem``) is what the option is charged for:
+
+- d micro-batches in flight through the stage. A path of p stages keeps p micro-batches in flight
+  (vLLM's batch queue of PP entries, one per virtual engine; a request is in one micro-batch at a
+  time), and each of them passes every stage of the path; a stage that several paths cross holds the
+  micro-batches of all of them, so stage i holds d_i = sum over the paths P through it of |P| (p for
+  every stage of a chain of p; 2 + 2 on the shared node of a fork into two). ``depths(n)`` lists every
+  d_i that a placement of at most n nodes can give (1..4 for n = 3), and the menu holds each.
+- the model's ends: the embedding on the stage holding layer 0, the LM head (and its logits workspace)
+  on the stage holding the last layer: one option per set of ends the stage may hold (none, first or
+  last for k < L; both for k = L).
+
+The placers let node i run option o only where d_i <= d_o and the ends it holds are among o's (a
+one-sided test: charging more is safe, and an option charged for more is never better), so the rule is
+exact for every shape, not only for chains through all n nodes. Memory of an option is ``coral.perf``'s
+stage memory at its exact ends (k layers' weights, KV for d * b sequences at the shape's maximum
+context, the activation workspace on the node's GPUs) <= usable memory. The vLLM measurements of issue
+21 (``just bench pipeline``, vLLM 0.32 on CPU, PP = 2) support the count: every stage held the KV of
+every running sequence of its pipeline (0.75-1.00 of n b in count), so a stage of a shorter path holds
+only its own paths' sequences. vLLM formed fewer and unequal micro-batches at those loads (1.1-4.8
+decode sequences per step with 2-16 in flight), so d * b is what a stage holds at most, the safe side.
+For each option the perf model gives:
 
 - ``tau``: decode step time of the stage at batch b and the mean context;
 - ``pre_1`` / ``pre_b``: prompt time of the stage for one prompt / for b prompts batched together;
@@ -28,22 +41,22 @@ attainment quantile (below);
 decode has TPOT, plus, on the source edge, the KV-cache transfer of the mean prompt spread over the
 decode steps of the request at the attainment quantile (below).
 
-The TPOT of a loaded pipeline: vLLM keeps p micro-batches in flight on a path of p stages, and each of
-them visits the slowest stage once per token, so a token takes p * max_i t_i (t_i: the stage's per-token
-time above), not the sum of the t_i, which holds only while one micro-batch is alone (an unbalanced
-7 + 57-layer split of qwen3-32b was estimated at 87 ms and simulated at 101 ms). The path constraint
-keeps the sum (with the links); in addition every TPOT option must satisfy n * t <= TPOT target, which
-bounds p * max_i t_i for every path (p <= n): exact for chains through all n nodes, conservative for
-shorter paths, as the memory check.
+The TPOT of a loaded pipeline: stage i steps its d_i micro-batches in turn, one step each per round,
+so a micro-batch on path P gets a token every max over i in P of d_i * t_i (t_i: the stage's per-token
+time above; on a chain of p stages p * max_i t_i), not the sum of the t_i, which holds only while one
+micro-batch is alone (an unbalanced 7 + 57-layer split of qwen3-32b was estimated at 87 ms and simulated
+at 101 ms). The path constraint keeps the sum (with the links); in addition an option charged for d
+micro-batches is kept only if d * t <= TPOT target (``_pipeline_tpot``), which with d_i <= d bounds
+max_i d_i t_i on every path: exact for every path length.
 
 Pipeline prefill bubble (g). The micro-batches of a pipeline are not alike: one carries a prompt chunk, the
-others only decode steps. Micro-batch j loops through every stage once per token, so a round of the p
-micro-batches takes at least the heaviest one's loop, sum_i (tau_i + K_max pre_1,i), where K_max is the
-largest prompt count among them, not the mean K (vLLM schedules each micro-batch (virtual engine / batch
+others only decode steps. Micro-batch j loops through every stage once per token, so a round of the d
+micro-batches through a stage takes at least the heaviest one's loop, sum_i (tau_i + K_max pre_1,i),
+where K_max is the largest prompt count among them, not the mean K (vLLM schedules each micro-batch (virtual engine / batch
 queue entry) on its own; the simulator does the same and served 2-stage pipelines at 0.83-0.94 of the
 options-6 capacity). Each micro-batch admits about m = b / out prompts per step (as many as finish), a
-Poisson count, so a stage's prompt work per round is g = E[max of p Poisson(m)] / m times its mean
-(``prefill_bubble``: 1 for one stage, near p for sparse prompts, towards 1 for many): exact for balanced
+Poisson count, so a stage's prompt work per round is g = E[max of d Poisson(m)] / m times its mean, d
+the option's micro-batches (``prefill_bubble``: 1 for d = 1, near d for sparse prompts, towards 1 for many): exact for balanced
 chains, conservative for unbalanced ones (their lighter stages idle anyway).
 
 Tail margins at the SLO's attainment quantile q. TTFT grows with the request's own prompt, so TTFT counts
@@ -56,7 +69,7 @@ TPOT must hold for q of the requests, not on average: a request's TPOT is its me
 = out - 1 steps, and the prompts that land in those steps (or, in a pipeline, the heaviest micro-batch's)
 vary. The shape gives only the mean output, so o' is taken geometric with that mean (the maximum-entropy
 law; it has more short requests than the Azure traces, CV 0.77, so it errs safe), and the prompt count over
-o' steps Poisson(mu o'), mu = E[max] over the p micro-batches (the request's own holds b - 1 others).
+o' steps Poisson(mu o'), mu = E[max] over the option's d micro-batches (the request's own holds b - 1 others).
 ``prefill_tail`` gives x_q: the prompts per step that at most 1 - q of the requests exceed; the aggregated
 TPOT counts ``x_q * pre_b / b`` (0 for b = 1, about 1.1-1.4 times the mean m for one stage). A decode
 template's KV transfer is a fixed delay per request, so it is spread over o'_q steps, the (1 - q) quantile
@@ -152,8 +165,8 @@ def _heaviest_mean(n: int, own: float, other: float) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def prefill_bubble(n: int, batch: int, mean_out: float) -> float:
-    """Factor g >= 1 on a stage's prompt work in a pipeline of n stages with n full micro-batches of
-    ``batch`` (see the module docstring): E[max of n Poisson(m)] / m, m = batch / mean_out; 1 for n = 1."""
+    """Factor g >= 1 on a stage's prompt work with n full micro-batches of ``batch`` in flight through it
+    (its role's d; see the module docstring): E[max of n Poisson(m)] / m, m = batch / mean_out; 1 for n = 1."""
     if n <= 1:
         return 1.0
     m = batch / mean_out
