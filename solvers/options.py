@@ -52,12 +52,13 @@ max_i d_i t_i on every path: exact for every path length.
 Pipeline prefill bubble (g). The micro-batches of a pipeline are not alike: one carries a prompt chunk, the
 others only decode steps. Micro-batch j loops through every stage once per token, so a round of the d
 micro-batches through a stage takes at least the heaviest one's loop, sum_i (tau_i + K_max pre_1,i),
-where K_max is the largest prompt count among them, not the mean K (vLLM schedules each micro-batch (virtual engine / batch
-queue entry) on its own; the simulator does the same and served 2-stage pipelines at 0.83-0.94 of the
-options-6 capacity). Each micro-batch admits about m = b / out prompts per step (as many as finish), a
-Poisson count, so a stage's prompt work per round is g = E[max of d Poisson(m)] / m times its mean, d
-the option's micro-batches (``prefill_bubble``: 1 for d = 1, near d for sparse prompts, towards 1 for many): exact for balanced
-chains, conservative for unbalanced ones (their lighter stages idle anyway).
+where K_max is the largest prompt count among them, not the mean K (vLLM schedules each micro-batch
+(virtual engine / batch queue entry) on its own; the simulator does the same and served 2-stage
+pipelines at 0.83-0.94 of the options-6 capacity). Each micro-batch admits about m = b / out prompts per
+step (as many as finish), a Poisson count, so a stage's prompt work per round is g = E[max of d
+Poisson(m)] / m times its mean, d the option's micro-batches (``prefill_bubble``: 1 for d = 1, near d for
+sparse prompts, towards 1 for many): exact for balanced chains, conservative for unbalanced ones (their
+lighter stages idle anyway).
 
 Tail margins at the SLO's attainment quantile q. TTFT grows with the request's own prompt, so TTFT counts
 the prompt in_q at the quantile 1 - (1 - q) / 2, prompts taken exponential with the shape's mean
