@@ -24,8 +24,9 @@ at six the shape search often runs out of its work budget and the LP/MILP residu
    placement: every connected shape of every sub-multiset that could still beat the best placement
    known is decided exactly at that threshold, and the best partition into components is assembled.
    It proves the optimum unless its deterministic work budget (``shape_budget`` enumerated rows)
-   runs out. The search's tables know no option roles (``solvers.problem``: micro-batches and ends
-   charged per position), so a problem whose menus have roles skips this step and goes to step 6.
+   runs out. Each shape fixes the role of each of its nodes (``solvers.problem``: the micro-batches
+   of its paths through the node, the model ends it holds), and its nodes run only the options that
+   allow it.
    With a ``floor`` (see ``place``) every step stops as soon as it proves that nothing beats it, and
    steps 3-4 are skipped: an incumbent below the floor does not help the search, and on a template
    build's multisets the search without it was faster overall (gemma-3-27b, N_max 6: 40 s instead of
@@ -172,7 +173,7 @@ def place(
         return _lift(red, res, problem, time.perf_counter() - t0)
     inc = dp
     shape_bound = math.inf
-    if shape_budget > 0 and not rp.has_roles:
+    if shape_budget > 0:
         found = shape_search(rp, incumbent=dp, budget=shape_budget, floor=floor, spanning=spanning)
         if found is not None and found.status == "infeasible":
             return attrs.evolve(found, solve_s=time.perf_counter() - t0)

@@ -15,6 +15,7 @@ from solvers.fastplace import place
 from solvers.placement import milp_place
 from solvers.problem import FIRST, LAST, NodeMenu, PlacementInputError, check_problem
 from solvers.rules import evaluate_placement, placement_roles
+from solvers.shapes import exhaustive_shapes, shape_search
 from solvers.small import exact_small
 from tests.solvers.instances import mixed_paths_problem, random_shaped_roles, random_tiny_problem, with_roles
 from tests.solvers.test_placement import _check_placement, _same
@@ -130,3 +131,22 @@ def test_bad_roles_are_rejected() -> None:
     bad = attrs.evolve(p.menus[0], ends=np.array([3, 1, 5]))
     with pytest.raises(PlacementInputError, match=r"menus\[0\]\.ends"):
         check_problem(attrs.evolve(p, menus=(bad, *p.menus[1:])))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shape_search_with_roles_agrees_with_brute_force(seed: int) -> None:
+    """The shape search alone (and its unpruned reference) on menus with roles, n 1..4, including shaped
+    instances where forks, joins and replicas beside chains compete."""
+    rng = np.random.default_rng(8000 + seed)
+    for t in range(16):
+        n = 1 + t % 4
+        if t % 2:
+            p = random_shaped_roles(rng, n=n)
+        else:
+            L = int(rng.integers(2, 7 if n == 4 else 9))
+            p = with_roles(rng, random_tiny_problem(rng, n=n, num_layers=L, max_options=int(rng.integers(1, 5))))
+        ref = brute_force_place(p)
+        for r in (shape_search(p), exhaustive_shapes(p), place(p, shape_budget=10**9)):
+            assert r is not None
+            assert _same(ref, r), (ref, r)
+            _check_placement(p, r)
