@@ -86,7 +86,7 @@ def subset_menu(menu: NodeMenu, keep: np.ndarray, cap: np.ndarray | None = None)
     )
 
 
-def _dominated(
+def dominated(
     k: np.ndarray, cap: np.ndarray, lat: np.ndarray, d: np.ndarray | None = None, ends: np.ndarray | None = None
 ) -> np.ndarray:
     """Options dominated by another with the same k that may run wherever they may (a role charged for at
@@ -172,7 +172,7 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
             cap = np.minimum(np.asarray(menu.cap, dtype=np.float64), ub)
             clipped = bool((cap < menu.cap).any())
             lat = np.asarray(menu.lat, dtype=np.float64)
-            drop = _dominated(np.asarray(menu.k), cap, lat, np.asarray(menu.d), np.asarray(menu.ends))
+            drop = dominated(np.asarray(menu.k), cap, lat, np.asarray(menu.d), np.asarray(menu.ends))
             if clipped or drop.any():
                 changed = changed or bool(drop.any())
                 menus[i] = subset_menu(menu, ~drop, cap)
