@@ -272,7 +272,7 @@ def random_shaped_roles(rng: np.random.Generator, n: int = 3) -> PlacementProble
         cap = rng.integers(1, 10, size=len(rows)).astype(np.float64)
         lat = np.round(rng.uniform(0.1, 1.0, size=(1, len(rows))) * k_ / L, 2)
         b = np.full(len(rows), 4)
-        menus_by_kind.append(NodeMenu(k=k_, b=b, cap=cap, lat=lat, mem=k_ * d_ * 1.0, d=d_, ends=e_))
+        menus_by_kind.append(NodeMenu(k=k_, b=b, cap=cap, lat=lat, mem=(k_ * d_).astype(np.float64), d=d_, ends=e_))
     link_cap = np.full((n + 1, n + 1), np.inf)
     if rng.random() < 0.3:
         link_cap[rng.integers(0, n), rng.integers(0, n + 1)] = 2.0

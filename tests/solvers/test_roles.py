@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from solvers.brute import brute_force_place
-from solvers.chains import pipeline_dp
 from solvers.fastplace import place
 from solvers.placement import milp_place
 from solvers.problem import FIRST, LAST, NodeMenu, PlacementInputError, check_problem
@@ -18,7 +17,7 @@ from solvers.rules import evaluate_placement, placement_roles
 from solvers.shapes import exhaustive_shapes, shape_search
 from solvers.small import exact_small
 from tests.solvers.instances import mixed_paths_problem, random_shaped_roles, random_tiny_problem, with_roles
-from tests.solvers.test_placement import _check_placement, _same
+from tests.solvers.test_placement import _check_placement, _same, agree_with_brute
 
 
 def test_placement_roles_count_every_path() -> None:
@@ -87,13 +86,7 @@ def test_role_instances_agree_with_brute_force(seed: int) -> None:
         statuses.add(ref.status)
         small = exact_small(p)
         assert small is not None
-        for res in (place(p), milp_place(p), milp_place(p, warm_start=False, symmetry=False), small):
-            assert _same(ref, res), (ref, res)
-            _check_placement(p, res)
-        dp = pipeline_dp(p)
-        if dp.status == "feasible":
-            _check_placement(p, dp)
-            assert dp.value <= ref.value * (1 + 1e-9) + 1e-9
+        agree_with_brute(p, ref, small)
     assert statuses == {"optimal", "infeasible"}
 
 
@@ -104,10 +97,7 @@ def test_shaped_role_instances_agree_with_brute_force(seed: int) -> None:
     rng = np.random.default_rng(7000 + seed)
     for _ in range(12):
         p = random_shaped_roles(rng)
-        ref = brute_force_place(p)
-        for res in (place(p), milp_place(p), milp_place(p, warm_start=False, symmetry=False)):
-            assert _same(ref, res), (ref, res)
-            _check_placement(p, res)
+        agree_with_brute(p, brute_force_place(p))
 
 
 @pytest.mark.parametrize("seed", range(2))
