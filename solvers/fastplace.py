@@ -1,7 +1,9 @@
-"""The production placer: exact on the option grid. Milliseconds up to three nodes; at four nodes
-0.02-0.3 s (every real ``core`` multiset measured was proven); at five, seconds (up to about a minute);
-at six the shape search often runs out of its work budget and the LP/MILP residue ends unproven (see
-``bench/placement_paths.py``).
+"""The production placer: exact on the option grid. Measured before menus had option roles: milliseconds
+up to three nodes; at four nodes 0.02-0.3 s (every real ``core`` multiset measured was proven); at five,
+seconds (up to about a minute); at six the shape search often runs out of its work budget and the LP/MILP
+residue ends unproven (see ``bench/placement_paths.py``). With roles the menus are 8-20x longer (every
+count of micro-batches and set of ends): qwen3-32b at three nodes 0.1-0.5 s, at four 0.2-1.7 s (two
+multisets, all proven, load 9-10); five and six nodes not re-measured.
 
 ``place`` runs, in order, stopping at the first step that proves the optimum:
 
