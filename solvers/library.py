@@ -365,7 +365,7 @@ def place_one_batch(
 
 class ProblemCache:
     """``build_problem`` for many multisets of one model, mode, SLO and shape, assembled from cached
-    parts: a node's menu depends only on its type and the multiset's size (the micro-batches in flight),
+    parts: a node's menu depends only on its type and the multiset's size (the micro-batch counts of its roles),
     a link only on the types at its two ends (tests check equality with ``build_problem``). Each part
     is taken from ``build_problem`` on a one- or two-type multiset, so the formulas stay in one place."""
 
