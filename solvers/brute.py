@@ -4,8 +4,10 @@ accepts up to n = 4 and L = 12, where it takes seconds).
 It enumerates, independently of the MILP and the fast method, every layer interval (start, k) per node,
 keeps the interval sets whose ranges chain (each start is 0 or another node's end, each end is L or
 another node's start), then every subset of the compatible edges in which each node has an incoming and
-an outgoing edge, then every option per node with the chosen k. A combination is feasible when every
-source-to-sink path over the chosen edges meets every latency limit (node and link latencies summed).
+an outgoing edge, then every option per node with the chosen k whose role allows its position (it is
+charged for at least the micro-batches through it, the summed stage counts of the paths through it, and
+for the model ends it holds: ``solvers.problem``). A combination is feasible when every source-to-sink
+path over the chosen edges meets every latency limit (node and link latencies summed).
 Its value is the maximum flow with node capacities ``cap`` and edge capacities ``link_cap``, computed by
 augmenting paths on the node-split graph and memoised per (edge set, capacities).
 """
@@ -63,14 +65,23 @@ def brute_force_place(problem: PlacementProblem) -> PlacementResult:
         compat += [(i, j) for i in range(n) for j in range(n) if i != j and ends[i] == starts[j]]
         compat += [(i, n) for i in range(n) if ends[i] == L]
         compat = [(u, v) for u, v in compat if np.isfinite(link_lat[:, u, v]).all()]
-        option_lists = [by_k[i][combo[i][1]] for i in range(n)]
-        node_lat = [
-            [np.asarray(problem.menus[i].lat[:, o], dtype=np.float64) for o in option_lists[i]] for i in range(n)
-        ]
+        all_options = [by_k[i][combo[i][1]] for i in range(n)]
         for mask in range(1, 1 << len(compat)):
             edges = [compat[t] for t in range(len(compat)) if mask >> t & 1]
             if not _covered(edges, n):
                 continue
+            depth, held = _roles(n, L, starts, ends, edges)
+            option_lists = [
+                [
+                    o
+                    for o in all_options[i]
+                    if int(problem.menus[i].d[o]) >= depth[i] and int(problem.menus[i].ends[o]) & held[i] == held[i]
+                ]
+                for i in range(n)
+            ]
+            node_lat = [
+                [np.asarray(problem.menus[i].lat[:, o], dtype=np.float64) for o in option_lists[i]] for i in range(n)
+            ]
             paths = _paths(edges, n)
             path_link = [sum((link_lat[:, u, v] for u, v in _pairs(p, n)), np.zeros(nm)) for p in paths]
             if any(not np.all(pl <= limit + tol) for pl in path_link):
@@ -106,6 +117,18 @@ def brute_force_place(problem: PlacementProblem) -> PlacementResult:
         flows=best[2],
         solve_s=dt,
     )
+
+
+def _roles(n: int, L: int, starts: list[int], ends: list[int], edges: list[Edge]) -> tuple[list[int], list[int]]:
+    """Per node, the micro-batches through it (the summed stage counts of the source-to-sink paths through
+    it, counted path by path here, independently of ``solvers.rules``) and the ends it holds (bit 1: it
+    starts at layer 0; bit 2: it ends at layer L)."""
+    depth = [0] * n
+    for p in _paths(edges, n):
+        for i in p:
+            depth[i] += len(p)
+    held = [(1 if starts[i] == 0 else 0) | (2 if ends[i] == L else 0) for i in range(n)]
+    return depth, held
 
 
 def _chains(starts: list[int], ends: list[int], L: int) -> bool:

@@ -4,7 +4,8 @@ and replicas of them), a first placement and a warm start for the exact placers.
 For a chain, node latencies add up whatever the order, which only decides the link latencies and
 capacities. So a subset U of nodes in order pi is worth min(lc(pi), B_U(T - ll(pi))), where B_U(beta)
 is the largest bottleneck capacity c such that a knapsack over U (one option per node with capacity
->= c, the k summing to L) fits the latency budget beta. B_U comes from bisection over the capacities;
+>= c whose role allows its place in the chain: |U| micro-batches, the embedding on the first node, the LM
+head on the last; the k summing to L) fits the latency budget beta. B_U comes from bisection over the capacities;
 the knapsack is a min-plus convolution per node in numpy (``solvers.minplus``). With one latency
 metric this is exact for the family; with two it minimises each metric and their normalised sum in turn
 (a heuristic: the exact placers that start from it stay exact). A set-partition DP over the subsets
@@ -22,7 +23,7 @@ import attrs
 import numpy as np
 
 from solvers.minplus import minplus
-from solvers.problem import Edge, PlacementProblem, PlacementResult, check_problem
+from solvers.problem import FIRST, LAST, Edge, PlacementProblem, PlacementResult, check_problem
 from solvers.rules import Classes, evaluate_placement, lat_tol, usable_edges
 
 
@@ -75,11 +76,15 @@ class Knapsack:
             k = np.asarray(menu.k)
             order = np.lexsort((s, k))
             self.nodes.append((k[order], s[order], lat[:, order], np.asarray(menu.cap, dtype=np.float64)[order], order))
+        self.roles = problem.has_roles
 
-    def table(self, i: int, c: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """g[k] (scalar), gv[:, k] (latency vector) and option per k, over options with cap >= c."""
+    def table(self, i: int, c: float, role: tuple[int, int] = (1, 0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """g[k] (scalar), gv[:, k] (latency vector) and option per k, over options with cap >= c whose role
+        allows ``role`` (micro-batches through the node, ends it holds)."""
         k, s, lat, cap, order = self.nodes[i]
         mask = cap >= c
+        if self.roles:
+            mask = mask & self.p.menus[i].allowed(*role)[order]
         km = k[mask]
         first = np.flatnonzero(np.r_[True, km[1:] != km[:-1]]) if km.size else np.zeros(0, np.int64)
         g = np.full(self.L + 1, np.inf)
@@ -103,8 +108,10 @@ class Knapsack:
         D[0] = 0.0
         Dv = np.zeros((self.w.shape[0], L + 1))
         steps = []
-        for i in nodes:
-            g, gv, gi = self.table(i, c)
+        last = len(nodes) - 1
+        for pos, i in enumerate(nodes):
+            ends = (FIRST if pos == 0 else 0) | (LAST if pos == last else 0)
+            g, gv, gi = self.table(i, c, (len(nodes), ends))
             D_new, arg = minplus(D, g)
             q = np.arange(L + 1)
             Dv = Dv[:, arg] + gv[:, q - arg]

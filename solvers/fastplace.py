@@ -1,7 +1,9 @@
-"""The production placer: exact on the option grid. Milliseconds up to three nodes; at four nodes
-0.02-0.3 s (every real ``core`` multiset measured was proven); at five, seconds (up to about a minute);
-at six the shape search often runs out of its work budget and the LP/MILP residue ends unproven (see
-``bench/placement_paths.py``).
+"""The production placer: exact on the option grid. Measured before menus had option roles: milliseconds
+up to three nodes; at four nodes 0.02-0.3 s (every real ``core`` multiset measured was proven); at five,
+seconds (up to about a minute); at six the shape search often runs out of its work budget and the LP/MILP
+residue ends unproven (see ``bench/placement_paths.py``). With roles the menus are 8-20x longer (every
+count of micro-batches and set of ends): qwen3-32b at three nodes 0.1-0.5 s, at four 0.2-1.7 s (two
+multisets, all proven, load 9-10); five and six nodes not re-measured.
 
 ``place`` runs, in order, stopping at the first step that proves the optimum:
 
@@ -24,7 +26,9 @@ at six the shape search often runs out of its work budget and the LP/MILP residu
    placement: every connected shape of every sub-multiset that could still beat the best placement
    known is decided exactly at that threshold, and the best partition into components is assembled.
    It proves the optimum unless its deterministic work budget (``shape_budget`` enumerated rows)
-   runs out.
+   runs out. Each shape fixes the role of each of its nodes (``solvers.problem``: the micro-batches
+   of its paths through the node, the model ends it holds), and its nodes run only the options that
+   allow it.
    With a ``floor`` (see ``place``) every step stops as soon as it proves that nothing beats it, and
    steps 3-4 are skipped: an incumbent below the floor does not help the search, and on a template
    build's multisets the search without it was faster overall (gemma-3-27b, N_max 6: 40 s instead of

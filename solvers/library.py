@@ -31,7 +31,9 @@ from coral.workload import Slo, WorkloadShape
 from solvers.combos import limit_less_ends, path_limit
 from solvers.fastplace import PLACER, place
 from solvers.options import build_problem, formulation, prefill_bubble
-from solvers.problem import NodeMenu, PlacementProblem, PlacementResult
+from solvers.problem import ANY_DEPTH, FIRST, LAST, NodeMenu, PlacementProblem, PlacementResult
+from solvers.reduce import subset_menu
+from solvers.rules import placement_roles
 from solvers.small import SMALL_NODES
 
 FLOW_EPS = 1e-9
@@ -79,12 +81,24 @@ def template_from_result(
 ) -> Template:
     """Build the Template that a feasible placement result describes."""
     n = problem.n
+    L = problem.num_layers
     stages = []
+    ends = [int(result.start[i]) + int(problem.menus[i].k[o]) for i, o in enumerate(result.option)]
+    used = [e for e, f in result.flows.items() if f > FLOW_EPS]
+    depth, held = placement_roles(n, L, result.start, ends, used)
     for i, (o, s) in enumerate(zip(result.option, result.start, strict=True)):
         menu = problem.menus[i]
         node = problem.kinds[i]
         k, b = int(menu.k[o]), int(menu.b[o])
         nt = perf.catalog.nodes[node]
+        mem = perf.stage_bytes(
+            model,
+            layers=k,
+            batch=b * max(depth[i], 1),
+            context=shape.max_context,
+            node=node,
+            ends=(bool(held[i] & FIRST), bool(held[i] & LAST)),
+        )
         stages.append(
             Stage(
                 index=i,
@@ -94,7 +108,7 @@ def template_from_result(
                 start=int(s),
                 end=int(s) + k,
                 batch=b,
-                memory_bytes=float(menu.mem[o]),
+                memory_bytes=float(mem),
                 decode_step_s=float(perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)),
                 prefill_s=float(perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)),
             )
@@ -106,7 +120,9 @@ def template_from_result(
     worst = _worst_path_latency(problem, result, n)
     total = float(result.value)
     if mode == "aggregated":
-        pre, dec = _pure_capacities(stages, routes, total, shape)
+        charged = [int(problem.menus[i].d[o]) for i, o in enumerate(result.option)]
+        charged = [n if d >= ANY_DEPTH else d for d in charged]  # a menu without roles: the old rule
+        pre, dec = _pure_capacities(stages, routes, total, shape, charged)
     elif mode == "prefill":
         pre, dec = total, 0.0
     else:
@@ -171,13 +187,14 @@ def kv_min_nic(problem: PlacementProblem, result: PlacementResult, nic: Sequence
 
 
 def _pure_capacities(
-    stages: Sequence[Stage], routes: Sequence[Route], flow: float, shape: WorkloadShape
+    stages: Sequence[Stage], routes: Sequence[Route], flow: float, shape: WorkloadShape, depth: Sequence[int]
 ) -> tuple[float, float]:
     """Prefill-only and decode-only token rates (P, D) of an aggregated template carrying ``flow`` req/s.
 
     The allocator prices a shape (in, out) as 1 / (in / P + out / D) req/s, which must give ``flow`` at
     the reference shape. Each stage spends, per request, ``g * pre_b / b`` on prompts (g: the pipeline
-    prefill bubble of ``solvers.options``) and ``out * tau / b`` on
+    prefill bubble of ``solvers.options`` at the ``depth`` micro-batches its option was charged for) and
+    ``out * tau / b`` on
     decoding; the flow-weighted prefill share s of that time splits the capacity:
     P = flow * in / s and D = flow * out / (1 - s).
     """
@@ -185,8 +202,10 @@ def _pure_capacities(
     for r in routes:
         if r.dst != SINK:
             inflow[r.dst] += r.flow
-    n = len(stages)
-    t_pre = sum(inflow[s.index] * prefill_bubble(n, s.batch, shape.mean_out) * s.prefill_s / s.batch for s in stages)
+    t_pre = sum(
+        inflow[s.index] * prefill_bubble(depth[s.index], s.batch, shape.mean_out) * s.prefill_s / s.batch
+        for s in stages
+    )
     t_dec = sum(inflow[s.index] * shape.mean_out * s.decode_step_s / s.batch for s in stages)
     share = t_pre / (t_pre + t_dec)
     return flow * shape.mean_in / share, flow * shape.mean_out / (1.0 - share)
@@ -219,7 +238,7 @@ def restrict_batch(problem: PlacementProblem, batch: int) -> PlacementProblem | 
         keep = np.flatnonzero(m.b == batch)
         if keep.size == 0:
             return None
-        menus.append(NodeMenu(m.k[keep], m.b[keep], m.cap[keep], m.lat[:, keep], m.mem[keep]))
+        menus.append(subset_menu(m, keep))
     return attrs.evolve(problem, menus=tuple(menus))
 
 
@@ -346,7 +365,7 @@ def place_one_batch(
 
 class ProblemCache:
     """``build_problem`` for many multisets of one model, mode, SLO and shape, assembled from cached
-    parts: a node's menu depends only on its type and the multiset's size (the micro-batches in flight),
+    parts: a node's menu depends only on its type and the multiset's size (the micro-batch counts of its roles),
     a link only on the types at its two ends (tests check equality with ``build_problem``). Each part
     is taken from ``build_problem`` on a one- or two-type multiset, so the formulas stay in one place."""
 

@@ -1,16 +1,29 @@
 """Turn (model, node multiset, mode, SLO, workload shape) into a numeric PlacementProblem.
 
-Per node, the option menu is every (k layers, batch b) on the grid ``k = 1..K_b``, ``b in BATCH_GRID``
+Per node, the option menu is every (k layers, batch b, role) on the grid ``k = 1..L``, ``b in BATCH_GRID``
 whose memory fits. ``b`` is the micro-batch a stage steps at once (one b for all the stages of a
-template: see ``solvers.library``). A path of p stages keeps p micro-batches in flight (vLLM's virtual
-engines), so every stage holds the KV cache of p * b sequences; since p is at
-most the number of nodes n, the memory check is ``coral.perf``'s stage memory (k layers' weights, KV for
-n * b sequences at the shape's maximum context, activation workspace on the node's GPUs, and the model's
-ends) <= usable memory: exact for chains through all n nodes, conservative for shorter paths. A menu
-option does not know where its k layers start, so the ends are charged conservatively: both the embedding
-and the LM head when k is every layer, else the larger of the two (a stage of fewer layers holds at most
-one end); exact for one-stage paths, at most one vocabulary matrix too many for a middle stage. For each
-option the perf model gives:
+template: see ``solvers.library``). The role (``solvers.problem``) is what the option is charged for:
+
+- d micro-batches in flight through the stage. A path of p stages keeps p micro-batches in flight
+  (vLLM's batch queue of PP entries, one per virtual engine; a request is in one micro-batch at a
+  time), and each of them passes every stage of the path; a stage that several paths cross holds the
+  micro-batches of all of them, so stage i holds d_i = sum over the paths P through it of |P| (p for
+  every stage of a chain of p; 2 + 2 on the shared node of a fork into two). ``depths(n)`` lists every
+  d_i that a placement of at most n nodes can give (1..4 for n = 3), and the menu holds each.
+- the model's ends: the embedding on the stage holding layer 0, the LM head (and its logits workspace)
+  on the stage holding the last layer: one option per set of ends the stage may hold (none, first or
+  last for k < L; both for k = L).
+
+The placers let node i run option o only where d_i <= d_o and the ends it holds are among o's (a
+one-sided test: charging more is safe, and an option charged for more is never better), so the rule is
+exact for every shape, not only for chains through all n nodes. Memory of an option is ``coral.perf``'s
+stage memory at its exact ends (k layers' weights, KV for d * b sequences at the shape's maximum
+context, the activation workspace on the node's GPUs) <= usable memory. The vLLM measurements of issue
+21 (``just bench pipeline``, vLLM 0.32 on CPU, PP = 2) support the count: every stage held the KV of
+every running sequence of its pipeline (0.75-1.00 of n b in count), so a stage of a shorter path holds
+only its own paths' sequences. vLLM formed fewer and unequal micro-batches at those loads (1.1-4.8
+decode sequences per step with 2-16 in flight), so d * b is what a stage holds at most, the safe side.
+For each option the perf model gives:
 
 - ``tau``: decode step time of the stage at batch b and the mean context;
 - ``pre_1`` / ``pre_b``: prompt time of the stage for one prompt / for b prompts batched together;
@@ -28,23 +41,24 @@ attainment quantile (below);
 decode has TPOT, plus, on the source edge, the KV-cache transfer of the mean prompt spread over the
 decode steps of the request at the attainment quantile (below).
 
-The TPOT of a loaded pipeline: vLLM keeps p micro-batches in flight on a path of p stages, and each of
-them visits the slowest stage once per token, so a token takes p * max_i t_i (t_i: the stage's per-token
-time above), not the sum of the t_i, which holds only while one micro-batch is alone (an unbalanced
-7 + 57-layer split of qwen3-32b was estimated at 87 ms and simulated at 101 ms). The path constraint
-keeps the sum (with the links); in addition every TPOT option must satisfy n * t <= TPOT target, which
-bounds p * max_i t_i for every path (p <= n): exact for chains through all n nodes, conservative for
-shorter paths, as the memory check.
+The TPOT of a loaded pipeline: stage i steps its d_i micro-batches in turn, one step each per round,
+so a micro-batch on path P gets a token every max over i in P of d_i * t_i (t_i: the stage's per-token
+time above; on a chain of p stages p * max_i t_i), not the sum of the t_i, which holds only while one
+micro-batch is alone (an unbalanced 7 + 57-layer split of qwen3-32b was estimated at 87 ms and simulated
+at 101 ms). The path constraint keeps the sum (with the links); in addition an option charged for d
+micro-batches is kept only if d * t <= TPOT target (``_pipeline_tpot``), which with d_i <= d bounds
+max_i d_i t_i on every path: exact for every path length.
 
 Pipeline prefill bubble (g). The micro-batches of a pipeline are not alike: one carries a prompt chunk, the
-others only decode steps. Micro-batch j loops through every stage once per token, so a round of the p
-micro-batches takes at least the heaviest one's loop, sum_i (tau_i + K_max pre_1,i), where K_max is the
-largest prompt count among them, not the mean K (vLLM schedules each micro-batch (virtual engine / batch
-queue entry) on its own; the simulator does the same and served 2-stage pipelines at 0.83-0.94 of the
-options-6 capacity). Each micro-batch admits about m = b / out prompts per step (as many as finish), a
-Poisson count, so a stage's prompt work per round is g = E[max of p Poisson(m)] / m times its mean
-(``prefill_bubble``: 1 for one stage, near p for sparse prompts, towards 1 for many): exact for balanced
-chains, conservative for unbalanced ones (their lighter stages idle anyway).
+others only decode steps. Micro-batch j loops through every stage once per token, so a round of the d
+micro-batches through a stage takes at least the heaviest one's loop, sum_i (tau_i + K_max pre_1,i),
+where K_max is the largest prompt count among them, not the mean K (vLLM schedules each micro-batch
+(virtual engine / batch queue entry) on its own; the simulator does the same and served 2-stage
+pipelines at 0.83-0.94 of the options-6 capacity). Each micro-batch admits about m = b / out prompts per
+step (as many as finish), a Poisson count, so a stage's prompt work per round is g = E[max of d
+Poisson(m)] / m times its mean, d the option's micro-batches (``prefill_bubble``: 1 for d = 1, near d for
+sparse prompts, towards 1 for many): exact for balanced chains, conservative for unbalanced ones (their
+lighter stages idle anyway).
 
 Tail margins at the SLO's attainment quantile q. TTFT grows with the request's own prompt, so TTFT counts
 the prompt in_q at the quantile 1 - (1 - q) / 2, prompts taken exponential with the shape's mean
@@ -56,7 +70,7 @@ TPOT must hold for q of the requests, not on average: a request's TPOT is its me
 = out - 1 steps, and the prompts that land in those steps (or, in a pipeline, the heaviest micro-batch's)
 vary. The shape gives only the mean output, so o' is taken geometric with that mean (the maximum-entropy
 law; it has more short requests than the Azure traces, CV 0.77, so it errs safe), and the prompt count over
-o' steps Poisson(mu o'), mu = E[max] over the p micro-batches (the request's own holds b - 1 others).
+o' steps Poisson(mu o'), mu = E[max] over the option's d micro-batches (the request's own holds b - 1 others).
 ``prefill_tail`` gives x_q: the prompts per step that at most 1 - q of the requests exceed; the aggregated
 TPOT counts ``x_q * pre_b / b`` (0 for b = 1, about 1.1-1.4 times the mean m for one stage). A decode
 template's KV transfer is a fixed delay per request, so it is spread over o'_q steps, the (1 - q) quantile
@@ -84,10 +98,12 @@ import numpy as np
 from coral.perf import PerfModel
 from coral.perf.roofline import activation_bytes_per_token
 from coral.workload import MODES, Slo, WorkloadShape
-from solvers.problem import NodeMenu, PlacementProblem
+from solvers.problem import BOTH, FIRST, LAST, NodeMenu, PlacementProblem
+from solvers.reduce import subset_menu
+from solvers.shapes.catalogue import skeletons
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-9"
+FORMULATION = "options-10"
 """Bumped whenever menus or metrics change meaning; part of every template's content key (with
 ``MODE_FORMULATION``: ``formulation``)."""
 MODE_FORMULATION = {"decode": "kv-pair-1"}
@@ -150,8 +166,8 @@ def _heaviest_mean(n: int, own: float, other: float) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def prefill_bubble(n: int, batch: int, mean_out: float) -> float:
-    """Factor g >= 1 on a stage's prompt work in a pipeline of n stages with n full micro-batches of
-    ``batch`` (see the module docstring): E[max of n Poisson(m)] / m, m = batch / mean_out; 1 for n = 1."""
+    """Factor g >= 1 on a stage's prompt work with n full micro-batches of ``batch`` in flight through it
+    (its role's d; see the module docstring): E[max of n Poisson(m)] / m, m = batch / mean_out; 1 for n = 1."""
     if n <= 1:
         return 1.0
     m = batch / mean_out
@@ -229,50 +245,101 @@ def node_menu(
     inflight: int = 1,
     attainment: float = 0.5,
 ) -> NodeMenu:
-    """Every memory-feasible (k, b) option of one node, with its capacity and latencies.
+    """Every memory-feasible option of one node charged for ``inflight`` micro-batches (its role's d):
+    per (k, b), one option per set of model ends it may hold (none, the embedding or the LM head when
+    k < L; both when k = L), each kept when its exact memory fits (see the module docstring).
 
-    ``inflight`` micro-batches of b sequences share the node's KV cache (the number of pipeline stages);
     ``attainment`` is the SLO's quantile at which TTFT counts the prompt length and an aggregated option's
     TPOT its prompt share.
     """
-    ks: list[np.ndarray] = []
-    bs: list[np.ndarray] = []
-    for batch in BATCH_GRID:
-        kmax = perf.max_layers(model, node, batch=batch * inflight, context=shape.max_context)
-        if kmax >= 1:
-            ks.append(np.arange(1, kmax + 1, dtype=np.int64))
-            bs.append(np.full(kmax, batch, dtype=np.int64))
-    if not ks:
+    L = perf.catalog.models[model].num_layers
+    kk = np.tile(np.arange(1, L + 1, dtype=np.int64), len(BATCH_GRID))
+    bb = np.repeat(np.asarray(BATCH_GRID, dtype=np.int64), L)
+    usable = perf.usable_bytes(node)
+    pick: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    mems: list[np.ndarray] = []
+    for code in (0, FIRST, LAST, BOTH):
+        held = (bool(code & FIRST), bool(code & LAST))
+        mem = perf.stage_bytes(model, layers=kk, batch=bb * inflight, context=shape.max_context, node=node, ends=held)
+        ok = (mem <= usable) & ((kk == L) == (code == BOTH))
+        pick.append(np.flatnonzero(ok))
+        ends.append(np.full(int(ok.sum()), code, np.int64))
+        mems.append(mem[ok])
+    idx = np.concatenate(pick)
+    code_all = np.concatenate(ends)
+    order = np.lexsort((code_all, kk[idx], bb[idx]))
+    idx, code_all, mem_all = idx[order], code_all[order], np.concatenate(mems)[order]
+    k, b = kk[idx], bb[idx]
+    d = np.full(k.size, inflight, np.int64)
+    if k.size == 0:
         empty = np.zeros(0)
-        return NodeMenu(np.zeros(0, np.int64), np.zeros(0, np.int64), empty, np.zeros((_metrics(mode), 0)), empty)
-    k = np.concatenate(ks)
-    b = np.concatenate(bs)
-    mem = perf.stage_bytes(model, layers=k, batch=b * inflight, context=shape.max_context, node=node)
+        return NodeMenu(k, b, empty, np.zeros((_metrics(mode), 0)), empty, d, code_all)
     long_in = long_prompt(shape.mean_in, attainment)
     if mode == "prefill":
         pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
         extra = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in) - perf.prefill_s(
             model, node, layers=k, batch=1, prompt=shape.mean_in
         )
-        return NodeMenu(k, b, b * shape.mean_in / pre_b, (2.0 * pre_b + extra)[None, :], mem)
+        return NodeMenu(k, b, b * shape.mean_in / pre_b, (2.0 * pre_b + extra)[None, :], mem_all, d, code_all)
     tau = perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)
     if mode == "decode":
-        return NodeMenu(k, b, b / tau, tau[None, :], mem)
+        return NodeMenu(k, b, b / tau, tau[None, :], mem_all, d, code_all)
     pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in)
     pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
     bubble = np.array([prefill_bubble(inflight, int(x), shape.mean_out) for x in b])
     tail = np.array([prefill_tail(inflight, int(x), shape.mean_out, attainment) for x in b])
     cap = b / (bubble * pre_b + shape.mean_out * tau)
-    return NodeMenu(k, b, cap, np.vstack([tau + tail * pre_b / b, pre1 + tau]), mem)
+    return NodeMenu(k, b, cap, np.vstack([tau + tail * pre_b / b, pre1 + tau]), mem_all, d, code_all)
 
 
-def _pipeline_tpot(menu: NodeMenu, n: int, tpot_s: float, mode: str) -> NodeMenu:
-    """Keep the options whose per-token time, times the n micro-batches in flight, meets the TPOT target
-    (see the module docstring); prefill menus have no TPOT and stay whole."""
-    if mode == "prefill" or n == 1 or menu.size == 0:
+def _pipeline_tpot(menu: NodeMenu, d: int, tpot_s: float, mode: str) -> NodeMenu:
+    """Keep the options whose per-token time, times the d micro-batches in flight through the stage,
+    meets the TPOT target (see the module docstring); prefill menus have no TPOT and stay whole."""
+    if mode == "prefill" or d == 1 or menu.size == 0:
         return menu
-    keep = np.flatnonzero(n * menu.lat[0] <= tpot_s * (1.0 + 1e-12))
-    return NodeMenu(menu.k[keep], menu.b[keep], menu.cap[keep], menu.lat[:, keep], menu.mem[keep])
+    return subset_menu(menu, np.flatnonzero(d * menu.lat[0] <= tpot_s * (1.0 + 1e-12)))
+
+
+@functools.cache
+def depths(n: int) -> tuple[int, ...]:
+    """Every count of micro-batches that a node of a placement of at most ``n`` nodes can have in flight
+    (the summed stage counts of the paths through it, over every connected shape of up to n nodes:
+    1..4 for n = 3, 1..6 for n = 4, up to 18 for n = 6)."""
+    out = {1}
+    for size in range(2, n + 1):
+        for sk in skeletons(size):
+            count = [0] * size
+            for path in sk.paths:
+                for i in path:
+                    count[i] += len(path)
+            out.update(count)
+    return tuple(sorted(out))
+
+
+def role_menu(perf: PerfModel, model: str, node: str, mode: str, slo: Slo, shape: WorkloadShape, n: int) -> NodeMenu:
+    """The menu of one node in a multiset of ``n`` nodes: the options of every role it can have there
+    (``depths(n)`` micro-batches: ``node_menu``, each kept by ``_pipeline_tpot``, and every set of ends)."""
+    parts = [
+        _pipeline_tpot(
+            node_menu(perf, model, node, mode, shape, inflight=d, attainment=slo.attainment), d, slo.tpot_s, mode
+        )
+        for d in depths(n)
+    ]
+    return concat_menus(parts)
+
+
+def concat_menus(parts: Sequence[NodeMenu]) -> NodeMenu:
+    """The options of ``parts``, in order, as one menu."""
+    return NodeMenu(
+        np.concatenate([m.k for m in parts]),
+        np.concatenate([m.b for m in parts]),
+        np.concatenate([m.cap for m in parts]),
+        np.concatenate([m.lat for m in parts], axis=1),
+        np.concatenate([m.mem for m in parts]),
+        np.concatenate([m.d for m in parts]),
+        np.concatenate([m.ends for m in parts]),
+    )
 
 
 def _metrics(mode: str) -> int:
@@ -287,12 +354,7 @@ def build_problem(
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     kinds = tuple(sorted(nodes))
     n = len(kinds)
-    menus = tuple(
-        _pipeline_tpot(
-            node_menu(perf, model, nd, mode, shape, inflight=n, attainment=slo.attainment), n, slo.tpot_s, mode
-        )
-        for nd in kinds
-    )
+    menus = tuple(role_menu(perf, model, nd, mode, slo, shape, n) for nd in kinds)
     m = perf.catalog.models[model]
     act = activation_bytes_per_token(m)
     per_unit = {"aggregated": (shape.mean_in + shape.mean_out) * act, "prefill": act, "decode": act}[mode]

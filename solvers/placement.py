@@ -14,7 +14,10 @@ Variables
     e[u,v] in {0,1}     edge (u, v) in E is chosen
     f[u,v] >= 0         flow on edge (u, v), f <= lc[u,v]
     pi[m,i] in [0,T_m]  latency potential of metric m at node i's output
-    with k_i := sum_o k_o z[i,o], lat_i^m := sum_o lat[m,o] z[i,o], F := sum_i f[src,i].
+    y[P] in [0,1]       path P is chosen (only for menus with roles): one per source-to-sink path P over
+                        E that visits each node at most once, with |P| stages and edge set E(P)
+    with k_i := sum_o k_o z[i,o], lat_i^m := sum_o lat[m,o] z[i,o], F := sum_i f[src,i]; an option's role
+    (``solvers.problem``) is d_o (micro-batches charged) and its ends (FIRST_o, LAST_o in {0, 1}).
 
 Objective
     maximise F.
@@ -46,6 +49,16 @@ Constraints
         although the solver study found it neutral): for consecutive interchangeable nodes i < j
         (same kind, same menu, same links), s_i <= s_j and, on a tie, k_i <= k_j:
         k_i - k_j <= L (s_j - s_i). Any placement can be relabelled to satisfy both.
+    (12) ends (menus with roles; a row only where some option lacks the end):
+        s_i + sum_o FIRST_o z[i,o] >= 1                           a node at layer 0 runs a FIRST option
+        s_i + sum_o (k_o - LAST_o) z[i,o] <= L - 1                a node ending at L runs a LAST option
+    (13) micro-batches (menus with roles): the chosen edges are acyclic (ranges rise along them), so the
+        paths of the placement are exactly the P with every edge chosen, and a path of |P| stages keeps
+        |P| micro-batches in flight through each of its nodes:
+        y[P] >= sum_{e in E(P)} e[e] - |E(P)| + 1                 y[P] = 1 when P is chosen
+        sum_o min(d_o, D_i) z[i,o] >= sum_{P through i} |P| y[P]  D_i := sum_{P through i} |P|
+        (divided by D_i). y is only bounded below, so a placement is feasible iff every node's option is
+        charged for at least the summed stage counts of its paths (the rule of ``solvers.rules``).
 
 Numerics: flows are divided by the largest capacity and latencies by T_m, so every coefficient is O(1);
 the big-Ms are the tight ones above. HiGHS runs on one thread with its output off, with presolve in the
@@ -58,6 +71,7 @@ recomputed by an exact max flow, so ``value`` never relies on solver tolerances.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -66,7 +80,7 @@ import highspy
 import numpy as np
 
 from solvers.chains import pipeline_dp
-from solvers.problem import Edge, PlacementProblem, PlacementResult, check_problem
+from solvers.problem import FIRST, LAST, Edge, PlacementProblem, PlacementResult, check_problem
 from solvers.rules import canonical, evaluate_placement, interchangeable, usable_edges
 
 MIP_REL_GAP = 1e-7
@@ -144,7 +158,10 @@ class _Model:
         self.E = self.S + n
         self.Fc = self.E + ne
         self.P = self.Fc + ne
-        self.ncol = self.P + len(self.metrics) * n
+        self.Y = self.P + len(self.metrics) * n
+        self.roles = problem.has_roles
+        self.paths = _simple_paths(n, self.edges) if self.roles else []
+        self.ncol = self.Y + len(self.paths)
         self.symmetry = symmetry
         self.kmin = np.array([int(np.min(m.k)) for m in problem.menus], dtype=np.int64)
         self.U = L - self.kmin
@@ -177,7 +194,7 @@ class _Model:
         upper[self.S : self.S + n] = self.U
         upper[self.E : self.E + ne] = 1.0
         upper[self.Fc : self.Fc + ne] = self.fub
-        upper[self.P :] = 1.0
+        upper[self.P :] = 1.0  # pi and y
         cost = np.zeros(self.ncol)
         src_t = np.array([t for t, (u, _) in enumerate(self.edges) if u == n], dtype=np.int64)
         cost[self.Fc + src_t] = 1.0
@@ -293,9 +310,38 @@ class _Model:
                         -np.inf,
                         0,
                     )
+        if self.roles:
+            self._role_rows(rows, ks)
         lo, hi, starts, idx, val = rows.csr()
         if h.addRows(lo.size, lo, hi, idx.size, starts, idx, val) != highspy.HighsStatus.kOk:
             raise RuntimeError("HiGHS rejected the placement rows")
+
+    def _role_rows(self, rows: _Rows, ks: np.ndarray) -> None:
+        """(12) the ends each node's option is charged for, (13) the micro-batches through it."""
+        p, n, L = self.p, self.n, self.L
+        eidx = {e: t for t, e in enumerate(self.edges)}
+        through: list[list[int]] = [[] for _ in range(n)]
+        for q, path in enumerate(self.paths):
+            pairs = list(itertools.pairwise((n, *path, n)))
+            cols = [self.Y + q, *(self.E + eidx[e] for e in pairs)]
+            rows.add(cols, [1.0] + [-1.0] * len(pairs), 1 - len(pairs), np.inf)
+            for i in path:
+                through[i].append(q)
+        for i in range(n):
+            zi = np.arange(self.zoff[i], self.zoff[i + 1])
+            menu = p.menus[i]
+            first = (np.asarray(menu.ends) & FIRST) > 0
+            last = (np.asarray(menu.ends) & LAST) > 0
+            if not first.all():  # (12a)
+                rows.add([self.S + i, *(self.Z + zi[first])], [1.0] * (1 + int(first.sum())), 1.0, np.inf)
+            if not last.all():  # (12b)
+                rows.add([self.S + i, *(self.Z + zi)], [1.0, *(ks[zi] - last)], -np.inf, L - 1.0)
+            size = np.array([len(self.paths[q]) for q in through[i]], dtype=np.float64)
+            top = float(size.sum())
+            d = np.minimum(np.asarray(menu.d, dtype=np.float64), top)
+            if top > 0 and d.min() < top:  # (13)
+                cols = [*(self.Z + zi), *(self.Y + np.asarray(through[i], dtype=np.int64))]
+                rows.add(cols, [*(d / top), *(-size / top)], 0.0, np.inf)
 
     def solution_vector(
         self, option: Sequence[int], start: Sequence[int], flows: dict[Edge, float]
@@ -317,6 +363,8 @@ class _Model:
             x[self.Z + self.zoff[i] + option[i]] = 1.0
             x[self.W + self.zoff[i] + option[i]] = inflow[i] / self.fscale
             x[self.S + i] = start[i]
+        for q, path in enumerate(self.paths):
+            x[self.Y + q] = float(all(e in flows for e in itertools.pairwise((n, *path, n))))
         ll = np.asarray(p.link_lat, dtype=np.float64)
         for mm, m in enumerate(self.metrics):
             pot = np.zeros(n)
@@ -334,6 +382,25 @@ class _Model:
         start = tuple(round(float(x[self.S + i])) for i in range(self.n))
         edges = [e for t, e in enumerate(self.edges) if x[self.E + t] > 0.5]
         return option, start, edges
+
+
+def _simple_paths(n: int, edges: Sequence[Edge]) -> list[tuple[int, ...]]:
+    """Every source-to-sink path over ``edges`` that visits each node at most once, as its nodes."""
+    succ: dict[int, list[int]] = {}
+    for u, v in edges:
+        succ.setdefault(u, []).append(v)
+    out: list[tuple[int, ...]] = []
+
+    def walk(seq: tuple[int, ...]) -> None:
+        for v in succ.get(seq[-1], []):
+            if v == n:
+                out.append(seq)
+            elif v not in seq:
+                walk((*seq, v))
+
+    for v in succ.get(n, []):
+        walk((v,))
+    return out
 
 
 def lp_reduce(

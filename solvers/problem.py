@@ -7,7 +7,15 @@ limit b) with:
 - ``cap[o]``: the node's capacity in flow units per second when it runs this option;
 - ``lat[m, o]``: its contribution to latency metric m along a path (m = 0 is TPOT for ``decode`` and
   ``aggregated``; TTFT for ``prefill``; m = 1 is TTFT for ``aggregated``);
-- ``mem[o]``: bytes the option occupies (reported, already checked against the node's memory).
+- ``mem[o]``: bytes the option occupies (reported, already checked against the node's memory);
+- its *role*, what that memory and those figures were charged for: ``d[o]``, the micro-batches in flight
+  through the stage, and ``ends[o]``, the model's ends its memory holds (bit ``FIRST``: the embedding, with
+  layer 0; bit ``LAST``: the LM head, with the last layer). A node may run option o only where it holds at
+  most ``d[o]`` micro-batches (the sum, over the source-to-sink paths through it, of their stage counts:
+  a path of p stages keeps p micro-batches in flight) and only the ends of ``ends[o]`` (a node that starts
+  at layer 0 needs ``FIRST``, one that ends at layer L needs ``LAST``). Charging more than a stage holds is
+  safe, so these are one-sided tests. Without roles (``d`` and ``ends`` not given) an option may run
+  anywhere (``ANY_DEPTH``, both ends).
 
 Edges: source -> i, i -> j (i != j) and i -> sink. An edge u -> v adds ``link_lat[m, u, v]`` to metric m
 and carries at most ``link_cap[u, v]`` flow units per second. Row/column ``n`` of these (n x n+1 ... see
@@ -34,6 +42,14 @@ from coral.errors import CoralError
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
+FIRST = 1
+"""``NodeMenu.ends`` bit: the option's memory holds the embedding (the stage may hold layer 0)."""
+LAST = 2
+"""``NodeMenu.ends`` bit: the option's memory holds the LM head (the stage may hold the last layer)."""
+BOTH = FIRST | LAST
+ANY_DEPTH = 1 << 20
+"""``NodeMenu.d`` of an option charged for any number of micro-batches (a menu without roles)."""
+
 
 @attrs.frozen(eq=False)
 class NodeMenu:
@@ -44,11 +60,29 @@ class NodeMenu:
     cap: FloatArray
     lat: FloatArray  # shape (num_metrics, num_options)
     mem: FloatArray
+    d: IntArray = attrs.field(default=None)
+    ends: IntArray = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.k)
-        if not (len(self.b) == len(self.cap) == len(self.mem) == n and self.lat.shape[1:] == (n,)):
+        if self.d is None:
+            object.__setattr__(self, "d", np.full(n, ANY_DEPTH, np.int64))
+        if self.ends is None:
+            object.__setattr__(self, "ends", np.full(n, BOTH, np.int64))
+        if not (
+            len(self.b) == len(self.cap) == len(self.mem) == len(self.d) == len(self.ends) == n
+            and self.lat.shape[1:] == (n,)
+        ):
             raise ValueError("NodeMenu arrays must have one entry per option")
+
+    @property
+    def has_roles(self) -> bool:
+        """Whether some option may not run in every position (see the module docstring)."""
+        return bool(np.any(np.asarray(self.d) < ANY_DEPTH) or np.any(np.asarray(self.ends) != BOTH))
+
+    def allowed(self, depth: int, ends: int) -> np.ndarray:
+        """Mask of the options a node holding ``depth`` micro-batches and the ends ``ends`` may run."""
+        return (np.asarray(self.d) >= depth) & ((np.asarray(self.ends) & ends) == ends)
 
     @property
     def size(self) -> int:
@@ -73,6 +107,11 @@ class PlacementProblem:
     @property
     def num_metrics(self) -> int:
         return int(self.lat_limit.shape[0])
+
+    @property
+    def has_roles(self) -> bool:
+        """Whether some option's role restricts where it may run (``NodeMenu.has_roles``)."""
+        return any(m.has_roles for m in self.menus)
 
 
 Edge = tuple[int, int]
@@ -149,6 +188,11 @@ def check_problem(problem: PlacementProblem) -> None:
             raise PlacementInputError(f"{where}.cap must be finite and >= 0")
         if not np.isfinite(lat).all() or (lat < 0).any():
             raise PlacementInputError(f"{where}.lat must be finite and >= 0")
+        d, ends = np.asarray(menu.d), np.asarray(menu.ends)
+        if d.shape != k.shape or (d.size and (not np.issubdtype(d.dtype, np.integer) or (d < 1).any())):
+            raise PlacementInputError(f"{where}.d must hold one integer >= 1 per option")
+        if ends.shape != k.shape or (ends.size and ((ends < 0) | (ends > BOTH)).any()):
+            raise PlacementInputError(f"{where}.ends must hold one of 0, 1, 2, 3 per option")
     link_lat = np.asarray(problem.link_lat)
     if link_lat.shape != (nm, n + 1, n + 1):
         raise PlacementInputError(f"link_lat must have shape ({nm}, {n + 1}, {n + 1}), got {link_lat.shape}")

@@ -8,7 +8,8 @@
   UB is the least of the layer-work bound sum_i max_o k_o c_o / L (every unit of flow crosses L
   layers) and the capacity out of the source and into the sink;
 - drop an option dominated by another of the same node with the same k: capacity >= and latency
-  <= in every metric (memory does not matter: every option already fits);
+  <= in every metric, and a role that may run wherever its own may (charged for at least as many
+  micro-batches and at least the same ends; memory does not matter otherwise: every option already fits);
 - drop a latency metric that no path can exceed (every node's largest latency plus n + 1 of the
   largest link latencies fits its limit); edges unusable before stay unusable.
 Repeated until nothing changes. A node left without options proves the problem infeasible.
@@ -80,11 +81,20 @@ def subset_menu(menu: NodeMenu, keep: np.ndarray, cap: np.ndarray | None = None)
         cap=(np.asarray(menu.cap, dtype=np.float64) if cap is None else cap)[keep],
         lat=np.asarray(menu.lat, dtype=np.float64)[:, keep],
         mem=np.asarray(menu.mem, dtype=np.float64)[keep],
+        d=np.asarray(menu.d)[keep],
+        ends=np.asarray(menu.ends)[keep],
     )
 
 
-def _dominated(k: np.ndarray, cap: np.ndarray, lat: np.ndarray) -> np.ndarray:
-    """Options dominated by another with the same k (ties: the lower index survives)."""
+def dominated(
+    k: np.ndarray, cap: np.ndarray, lat: np.ndarray, d: np.ndarray | None = None, ends: np.ndarray | None = None
+) -> np.ndarray:
+    """Options dominated by another with the same k that may run wherever they may (a role charged for at
+    least as many micro-batches and at least the same ends; ties: the lower index survives)."""
+    if d is None:
+        d = np.zeros(k.shape[0], np.int64)
+    if ends is None:
+        ends = np.zeros(k.shape[0], np.int64)
     out = np.zeros(k.shape[0], dtype=bool)
     order = np.argsort(k, kind="stable")
     ks = k[order]
@@ -99,7 +109,10 @@ def _dominated(k: np.ndarray, cap: np.ndarray, lat: np.ndarray) -> np.ndarray:
         le = np.all(la[:, None, :] <= la[:, :, None], axis=0)  # y's latency <= x's
         strict = (c[None, :] > c[:, None]) | np.any(la[:, None, :] < la[:, :, None], axis=0)
         tie = grp[None, :] < grp[:, None]
-        dom = ge & le & (strict | tie)
+        dg, eg = d[grp], ends[grp]
+        role = (dg[None, :] >= dg[:, None]) & ((eg[None, :] & eg[:, None]) == eg[:, None])  # y runs where x does
+        strict = strict | (dg[None, :] > dg[:, None]) | (eg[None, :] != eg[:, None])
+        dom = ge & le & role & (strict | tie)
         np.fill_diagonal(dom, False)
         out[grp] = dom.any(axis=1)
     return out
@@ -158,7 +171,8 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
             menu = menus[i]
             cap = np.minimum(np.asarray(menu.cap, dtype=np.float64), ub)
             clipped = bool((cap < menu.cap).any())
-            drop = _dominated(np.asarray(menu.k), cap, np.asarray(menu.lat, dtype=np.float64))
+            lat = np.asarray(menu.lat, dtype=np.float64)
+            drop = dominated(np.asarray(menu.k), cap, lat, np.asarray(menu.d), np.asarray(menu.ends))
             if clipped or drop.any():
                 changed = changed or bool(drop.any())
                 menus[i] = subset_menu(menu, ~drop, cap)

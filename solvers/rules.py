@@ -1,9 +1,10 @@
 """The rules every placement obeys, checked exactly, and the symmetry of interchangeable nodes.
 
 Every placer (the reference MILP, the chain family, the small-case and shape enumerations) filters edges
-with ``usable_edges``, re-checks its answer with ``evaluate_placement`` (ranges, coverage, latency per
-path with the tolerance ``lat_tol``, then an exact maximum flow) and folds interchangeable nodes (same
-kind, menu and links) with ``class_reps`` and ``Classes``.
+with ``usable_edges``, re-checks its answer with ``evaluate_placement`` (ranges, coverage, each node's
+option role against the micro-batches and ends it holds (``placement_roles``), latency per path with the
+tolerance ``lat_tol``, then an exact maximum flow) and folds interchangeable nodes (same kind, menu and
+links) with ``class_reps`` and ``Classes``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import attrs
 import numpy as np
 
 from solvers.brute import max_flow
-from solvers.problem import Edge, PlacementProblem, PlacementResult
+from solvers.problem import FIRST, LAST, Edge, PlacementProblem, PlacementResult
 
 LAT_RTOL = 1e-9
 
@@ -46,6 +47,38 @@ def usable_edges(problem: PlacementProblem) -> list[Edge]:
 def lat_tol(limit: np.ndarray) -> np.ndarray:
     """The slack allowed on each latency limit: LAT_RTOL of the limit (at least of 1 s); 0 where unlimited."""
     return np.asarray(LAT_RTOL * np.where(np.isfinite(limit), np.maximum(limit, 1.0), 0.0))
+
+
+def placement_roles(
+    n: int, L: int, start: Sequence[int], end: Sequence[int], edges: Iterable[Edge]
+) -> tuple[list[int], list[int]]:
+    """Per node of a placement whose ranges chain along ``edges``: the micro-batches in flight through it
+    (the sum, over the source-to-sink paths through it, of their stage counts: a path of p stages keeps p
+    micro-batches in flight, and every one of them passes each of its stages) and the model ends it holds
+    (``FIRST`` when it starts at layer 0, ``LAST`` when it ends at layer L).
+
+    With N_in/S_in the number of paths from the source to node v and their summed stage counts (v
+    included), and N_out/S_out the same from v to the sink, the paths through v count
+    S_in N_out + N_in S_out - N_in N_out stages in all (v is counted in both halves)."""
+    es = list(edges)
+    order = sorted(range(n), key=lambda i: start[i])
+    n_in, s_in = [0] * (n + 1), [0] * (n + 1)
+    n_in[n] = 1
+    for v in order:
+        for u, w in es:
+            if w == v:
+                n_in[v] += n_in[u]
+                s_in[v] += s_in[u] + n_in[u]
+    n_out, s_out = [0] * (n + 1), [0] * (n + 1)
+    n_out[n] = 1
+    for v in reversed(order):
+        for u, w in es:
+            if u == v:
+                n_out[v] += n_out[w]
+                s_out[v] += s_out[w] + n_out[w]
+    depth = [s_in[v] * n_out[v] + n_in[v] * s_out[v] - n_in[v] * n_out[v] for v in range(n)]
+    ends = [(FIRST if start[v] == 0 else 0) | (LAST if end[v] == L else 0) for v in range(n)]
+    return depth, ends
 
 
 def evaluate_placement(
@@ -79,6 +112,12 @@ def evaluate_placement(
             has_in[v] = True
     if not (all(has_in) and all(has_out)):
         return None
+    if problem.has_roles:
+        depth, held = placement_roles(n, L, start, ends, edges)
+        for i in range(n):
+            menu, o = problem.menus[i], option[i]
+            if int(menu.d[o]) < depth[i] or int(menu.ends[o]) & held[i] != held[i]:
+                return None
     limit = np.asarray(problem.lat_limit, dtype=np.float64)
     ll = np.asarray(problem.link_lat, dtype=np.float64)
     if not np.isfinite(np.array([ll[:, u, v] for u, v in edges])).all():
@@ -119,7 +158,7 @@ def interchangeable(problem: PlacementProblem, i: int, j: int) -> bool:
         return False
     a, b = problem.menus[i], problem.menus[j]
     if a is not b:
-        for x, y in ((a.k, b.k), (a.cap, b.cap), (a.lat, b.lat)):
+        for x, y in ((a.k, b.k), (a.cap, b.cap), (a.lat, b.lat), (a.d, b.d), (a.ends, b.ends)):
             if np.shape(x) != np.shape(y) or not np.array_equal(x, y):
                 return False
     n = problem.n

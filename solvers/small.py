@@ -1,5 +1,8 @@
 """Exact placement of up to three nodes: every shape that three nodes allow (replicas, chains, one node
-feeding two, two feeding one) enumerated and solved exactly (see ``exact_small``)."""
+feeding two, two feeding one) enumerated and solved exactly (see ``exact_small``). Each shape fixes
+every node's role (``solvers.problem``): a replica holds 1 micro-batch and both ends; a chain of p nodes
+p micro-batches on each; one node feeding (fed by) two holds the 2 + 2 micro-batches of the two paths
+through it and the embedding (LM head), the two others 2 each and the other end."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import itertools
 import numpy as np
 
 from solvers.chains import Knapsack, best_chain
-from solvers.problem import Edge, PlacementProblem, PlacementResult
+from solvers.problem import BOTH, FIRST, LAST, Edge, PlacementProblem, PlacementResult
+from solvers.reduce import dominated
 from solvers.rules import evaluate_placement, lat_tol, usable_edges
 
 SMALL_NODES = 3
@@ -45,6 +49,23 @@ class _Small:
         self.k = [np.asarray(m.k) for m in problem.menus]
         self.cap = [np.asarray(m.cap, dtype=np.float64) for m in problem.menus]
         self.lat = [np.asarray(m.lat, dtype=np.float64) for m in problem.menus]
+        self.roles = problem.has_roles
+        self._idx: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def idx(self, i: int, depth: int, ends: int) -> np.ndarray:
+        """The options of node i that a role of ``depth`` micro-batches and the ends ``ends`` allows
+        (``NodeMenu.allowed``), less those dominated among them (``solvers.reduce``: same k, capacity >=
+        and latencies <= in another allowed option); every option when the menu has no roles."""
+        key = (i, depth, ends)
+        got = self._idx.get(key)
+        if got is None:
+            if not self.roles:
+                got = np.arange(self.k[i].size)
+            else:
+                sub = np.flatnonzero(self.p.menus[i].allowed(depth, ends))
+                got = sub[~dominated(self.k[i][sub], self.cap[i][sub], self.lat[i][:, sub])]
+            self._idx[key] = got
+        return got
 
     def _has(self, *path: int) -> bool:
         return all(e in self.edges for e in itertools.pairwise(path))
@@ -59,19 +80,22 @@ class _Small:
         if not self._has(n, i, n):
             return None
         lat, lcap = self._links(n, i, n)
-        ok = (self.k[i] == self.L) & np.all(self.lat[i] + lat[:, None] <= self.budget[:, None], axis=0)
+        sub = self.idx(i, 1, BOTH)
+        ok = (self.k[i][sub] == self.L) & np.all(self.lat[i][:, sub] + lat[:, None] <= self.budget[:, None], axis=0)
         if not ok.any():
             return None
-        val = np.where(ok, np.minimum(self.cap[i], lcap), -1.0)
+        val = np.where(ok, np.minimum(self.cap[i][sub], lcap), -1.0)
         o = int(np.argmax(val))
-        return float(val[o]), o
+        return float(val[o]), int(sub[o])
 
     def chain2(self, i: int, j: int) -> tuple[float, int, int] | None:
         n = self.n
         if not self._has(n, i, j, n):
             return None
         lat, lcap = self._links(n, i, j, n)
-        pi_, pj = np.nonzero(self.k[i][:, None] + self.k[j][None, :] == self.L)
+        si, sj = self.idx(i, 2, FIRST), self.idx(j, 2, LAST)
+        pi_, pj = np.nonzero(self.k[i][si][:, None] + self.k[j][sj][None, :] == self.L)
+        pi_, pj = si[pi_], sj[pj]
         ok = np.all(self.lat[i][:, pi_] + self.lat[j][:, pj] + lat[:, None] <= self.budget[:, None], axis=0)
         if not ok.any():
             return None
@@ -86,9 +110,12 @@ class _Small:
         if not all(self._has(*pt) for pt in paths):
             return None
         best: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        sa = self.idx(a, 4, FIRST if fork else LAST)  # two paths of two stages cross a
         for x, pt in zip((j, l_), paths, strict=True):
             lat, _ = self._links(*pt)
-            pa, px = np.nonzero(self.k[a][:, None] + self.k[x][None, :] == self.L)
+            sx = self.idx(x, 2, LAST if fork else FIRST)
+            pa, px = np.nonzero(self.k[a][sa][:, None] + self.k[x][sx][None, :] == self.L)
+            pa, px = sa[pa], sx[px]
             ok = np.all(self.lat[a][:, pa] + self.lat[x][:, px] + lat[:, None] <= self.budget[:, None], axis=0)
             pa, px = pa[ok], px[ok]
             lk = (self.lc[a, x], self.lc[x, n]) if fork else (self.lc[n, x], self.lc[x, a])
@@ -111,7 +138,8 @@ class _Small:
         if lcap <= lower:
             return None
         i, j, l_ = order
-        sel = [np.flatnonzero(self.cap[x] > lower) for x in order]
+        role = (self.idx(i, 3, FIRST), self.idx(j, 3, 0), self.idx(l_, 3, LAST))
+        sel = [s[self.cap[x][s] > lower] for x, s in zip(order, role, strict=True)]
         if any(x.size == 0 for x in sel):
             return None
         (si, sj, sl) = sel

@@ -20,7 +20,7 @@ Model (honest, simple, one event per micro-batch per stage rather than one per t
   on a stage is the perf model's decode step (batch, mean context) plus its prefill time for the chunk
   (time-shared, as the template capacities assume). The sequence whose prefill completes emits its
   first token at the end of that iteration; each later iteration emits one token per decoding sequence.
-- **KV cache** per stage, in tokens (``PerfModel.kv_capacity_tokens`` of its layers). A sequence
+- **KV cache** per stage, in tokens (what fits beside its layers and the model ends it holds). A sequence
   reserves its prompt (plus any tokens it regenerates) on admission and one token per decode step.
   Admission waits while a stage of the path is full. When the decode step cannot grow, the most recently
   admitted sequence of the micro-batch is preempted and recomputed later (vLLM's recompute policy). A

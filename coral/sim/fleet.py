@@ -79,7 +79,12 @@ class Fleet(Batching):
         inst.stages = []
         for j, s in enumerate(tpl.stages):
             tab = self._table(tpl.model, s.node, s.tp, s.layers, batch_of[j])
-            cap = self.perf.kv_capacity_tokens(tpl.model, s.node, layers=s.layers, tp=s.tp)
+            ends = (s.start == 0, s.end == m.num_layers)  # exact ends, as the placers charge them
+            base = float(
+                self.perf.stage_bytes(tpl.model, layers=s.layers, batch=1, context=0, node=s.node, tp=s.tp, ends=ends)
+            )
+            free = self.perf.usable_bytes(s.node, s.tp) - base
+            cap = max(0, int(free // (s.layers * m.kv_bytes_per_token_layer)))
             inst.stages.append(StageRT(tab, cap))
         act = m.hidden * m.dtype_bytes
         for idxs, f in paths:

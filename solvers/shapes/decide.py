@@ -1,10 +1,15 @@
 """Deciding one labelled shape at a flow threshold F, exactly (``Labelled.decide``): boundaries placed
 one at a time by the row enumeration (``enumerate_rows``, cut by ``_last_cut_ok``), runs of cut nodes
 contracted into min-plus tables or Pareto fronts, free nodes given their least-latency option that meets
-their cuts; and the screening of many labellings of one family in one enumeration (``screen``)."""
+their cuts; and the screening of many labellings of one family in one enumeration (``screen``). With
+option roles (``solvers.problem``) every shape node uses only the options its role allows
+(``shape_roles``: the micro-batches of the shape's paths through it and the ends it holds), which the
+shape fixes; the label-free tests before the decision (``family``) use every option, which only makes
+them weaker, never wrong."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -12,10 +17,11 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from solvers.problem import Edge
+from solvers.problem import FIRST, LAST, Edge
+from solvers.shapes.catalogue import Skeleton
 from solvers.shapes.family import Family
 from solvers.shapes.layout import Step, row_plan
-from solvers.shapes.tables import ElementAt, Tables
+from solvers.shapes.tables import ElementAt, Role, Tables
 
 
 @attrs.frozen
@@ -194,6 +200,20 @@ def _last_cut_ok(
     return top
 
 
+@functools.cache
+def shape_roles(sk: Skeleton) -> tuple[Role, ...]:
+    """Per node of the shape, its role (``solvers.problem``): the micro-batches through it, the summed
+    stage counts of the shape's paths through it, and the ends it holds (layer 0 where its interval
+    starts at boundary 0, the last layer where it ends at boundary m)."""
+    depth = [0] * sk.s
+    for path in sk.paths:
+        for x in path:
+            depth[x] += len(path)
+    return tuple(
+        (depth[x], (FIRST if sk.iv[x][0] == 0 else 0) | (LAST if sk.iv[x][1] == sk.m else 0)) for x in range(sk.s)
+    )
+
+
 class Labelled:
     """One shape with a problem node on each of its nodes (see ``decide``)."""
 
@@ -215,19 +235,20 @@ class Labelled:
         self.cut_es = fam.cut_es[row]
         self.cut_emax = fam.cut_emax[row]
         self.edges_sk = list(sh.edges)
+        self.roles: tuple[Role | None, ...] = shape_roles(sh.sk) if tb.roles else (None,) * s
 
     def _segment_front(self, seg: tuple[int, ...], F: float) -> tuple[np.ndarray, list[tuple[np.ndarray, int, int]]]:
         """Per total length K, the Pareto front of latency vectors of the chain ``seg`` when every
         capacity is >= F: (metrics, L + 1, A), inf where padded; and per added node its back-pointers
         (L + 1, A) into the flattened (K', a, b) candidates with the widths A and B."""
         tb = self.tb
-        key = (tuple(self.nodes[x] for x in seg), F, tuple(sorted(self.nodes)))
+        key = (tuple(self.nodes[x] for x in seg), F, tuple(sorted(self.nodes)), tuple(self.roles[x] for x in seg))
         if key in tb.fronts:
             return tb.fronts[key]
         work = self._work
         L, nm = tb.L, tb.nm
         first = self.nodes[seg[0]]
-        lat0, _ = _collapsed(tb, first, F, work.get(first), self._comp)
+        lat0, _ = _collapsed(tb, first, F, work.get(first), self._comp, self.roles[seg[0]])
         front = np.where(lat0 <= tb.budget[:, None, None], lat0, np.inf)
         front = np.where(np.all(np.isfinite(front), axis=0)[None], front, np.inf)
         backs: list[tuple[np.ndarray, int, int]] = []
@@ -238,7 +259,7 @@ class Labelled:
         for j in range(1, len(seg)):
             node = self.nodes[seg[j]]
             pu, pv = self.pedge[(seg[j - 1], seg[j])]
-            opts, _ = _collapsed(tb, node, F, work.get(node), self._comp)
+            opts, _ = _collapsed(tb, node, F, work.get(node), self._comp, self.roles[seg[j]])
             A, B = front.shape[2], opts.shape[2]
             cand = (
                 front[:, None, :, :, None] + opts[:, dd][:, :, :, None, :] + tb.ll[:, pu, pv][:, None, None, None, None]
@@ -257,7 +278,7 @@ class Labelled:
         tb = self.tb
         e = self.elements[q]
         seg = q < len(self.segments)
-        key = (tuple(self.nodes[x] for x in e), self.need[q], F, self._comp)
+        key = (tuple(self.nodes[x] for x in e), self.need[q], F, self._comp, tuple(self.roles[x] for x in e))
         got = tb.elements.get(key)
         if got is not None:
             return got
@@ -268,7 +289,7 @@ class Labelled:
             ok = np.all(np.isfinite(lat), axis=0)
         else:
             i = self.nodes[e[0]]
-            ok = tb.useful(i, F)
+            ok = tb.useful(i, F, self.roles[e[0]])
             if self.need[q] and F > 0:
                 ok = ok & (tb.cap[i] >= F)
             if work:
@@ -445,7 +466,10 @@ class Labelled:
         for q, e in enumerate(self.elements):
             pos = int(Bk[self.elem_iv[q][0]])
             if q < len(self.segments):
-                F_slots = [_collapsed(tb, self.nodes[x], F, self._work.get(self.nodes[x]), self._comp)[1] for x in e]
+                F_slots = [
+                    _collapsed(tb, self.nodes[x], F, self._work.get(self.nodes[x]), self._comp, self.roles[x])[1]
+                    for x in e
+                ]
                 K, idx = int(kr[q]), int(slot[q])
                 parts: list[tuple[int, int]] = []
                 for j in range(len(e) - 1, 0, -1):
@@ -492,25 +516,27 @@ def screen(fam: Family, rows: Sequence[int], F: float, budget: Budget) -> list[t
 
 
 def _collapsed(
-    tb: Tables, i: int, F: float, extra: np.ndarray | None = None, comp: int = 0
+    tb: Tables, i: int, F: float, extra: np.ndarray | None = None, comp: int = 0, role: Role | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The options of node i with capacity >= F whose latencies no other such option beats (and that
-    ``extra`` allows), compacted per k: latencies (metrics, L + 1, B), inf where padded, and their
-    slots (L + 1, B), -1 padded. Cached when ``extra`` is the ``work_mask`` of the nodes ``comp`` at F
-    (or None, with ``comp`` 0)."""
-    key = (i, F, comp if extra is not None else -1)
+    ``extra`` and ``role`` allow: ``Tables.useful``), compacted per k: latencies (metrics, L + 1, B), inf
+    where padded, and their slots (L + 1, B), -1 padded. Cached when ``extra`` is the ``work_mask`` of
+    the nodes ``comp`` at F (or None, with ``comp`` 0)."""
+    key = (i, F, comp if extra is not None else -1, role)
     got = tb.collapsed.get(key)
     if got is not None:
         return got
-    out = _collapse(tb, i, F, extra)
+    out = _collapse(tb, i, F, extra, role)
     if len(tb.collapsed) > 4096:
         tb.collapsed.clear()
     tb.collapsed[key] = out
     return out
 
 
-def _collapse(tb: Tables, i: int, F: float, extra: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    okm = tb.useful(i, F) & (tb.cap[i] >= F)
+def _collapse(
+    tb: Tables, i: int, F: float, extra: np.ndarray | None, role: Role | None
+) -> tuple[np.ndarray, np.ndarray]:
+    okm = tb.useful(i, F, role) & (tb.cap[i] >= F)
     if extra is not None:
         okm = okm & extra
     width = max(1, int(okm.sum(axis=1).max()))

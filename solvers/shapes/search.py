@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from solvers.bounds import work_fixed_point
-from solvers.problem import Edge, PlacementProblem, PlacementResult
+from solvers.problem import ANY_DEPTH, BOTH, Edge, PlacementProblem, PlacementResult
 from solvers.rules import Classes, evaluate_placement
 from solvers.shapes.catalogue import Skeleton, class_labels, full_shape, skeletons, variants
 from solvers.shapes.decide import Budget, Labelled, Prep, TooBig, Witness, screen
@@ -40,8 +40,9 @@ class EdgeRelaxation:
 
     Shapes that share their intervals differ only in their edges, and each has a subset of the edges of
     the *full* shape with those intervals. Adding edges never lowers a maximum flow, never adds a cut
-    node, and never makes an option unusable but through latency. So if the full shape with every
-    latency set to zero (the same problem otherwise) has no placement of flow >= F for a labelling, no
+    node, and never makes an option unusable but through latency and option roles (more paths put more
+    micro-batches through a node). So if the full shape with every latency set to zero and every role
+    dropped (the same problem otherwise) has no placement of flow >= F for a labelling, no
     shape with those intervals has one for it. The test is the full shape's ``Family.candidates`` and
     ``screen`` (a boundary vector), without its decision: with every latency zero, a boundary
     vector that meets every cut nearly always has options to match (1,939 of 1,939 on 150 gemma-3-27b
@@ -51,7 +52,15 @@ class EdgeRelaxation:
     always safe)."""
 
     def __init__(self, problem: PlacementProblem, cl: Classes) -> None:
-        free = tuple(attrs.evolve(m, lat=np.zeros_like(np.asarray(m.lat, dtype=np.float64))) for m in problem.menus)
+        free = tuple(  # every latency zero; no roles either: more edges put more micro-batches through a node
+            attrs.evolve(
+                m,
+                lat=np.zeros_like(np.asarray(m.lat, dtype=np.float64)),
+                d=np.full(m.size, ANY_DEPTH, np.int64),
+                ends=np.full(m.size, BOTH, np.int64),
+            )
+            for m in problem.menus
+        )
         self.tb = Tables(attrs.evolve(problem, menus=free, link_lat=np.zeros_like(problem.link_lat)))
         self.cl = cl
         self.cls = np.zeros(problem.n, np.int64)

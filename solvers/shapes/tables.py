@@ -12,6 +12,9 @@ import numpy as np
 from solvers.problem import PlacementProblem
 from solvers.rules import LAT_RTOL
 
+Role = tuple[int, int]
+"""(micro-batches through a shape node, the model ends it holds): ``NodeMenu.allowed``'s arguments."""
+
 
 class Tables:
     """Per node: the options of each k, sorted by capacity (then latency), in padded arrays.
@@ -58,35 +61,53 @@ class Tables:
             self.lat.append(T)
             self.opt.append(opt)
             self.ordered.append(ordered)
+        self.roles = problem.has_roles
+        self._role: dict[tuple[int, Role], np.ndarray] = {}
         self.maxcap = np.array([float(c.max()) for c in self.cap])
         self.gmin = [t.min(axis=2) for t in self.lat]
-        self._useful: dict[tuple[int, float], np.ndarray] = {}
+        self._useful: dict[tuple[int, float, Role | None], np.ndarray] = {}
         self._cover_at: dict[tuple[int, int, float, int], np.ndarray] = {}
         self._work_mask: dict[tuple[int, float], dict[int, np.ndarray] | None] = {}
         self._cover_work: dict[tuple[int, float, int], np.ndarray | None] = {}
         self._work_best: dict[tuple[int, float], np.ndarray] = {}
-        self.collapsed: dict[tuple[int, float, int], tuple[np.ndarray, np.ndarray]] = {}
-        self.elements: dict[tuple[tuple[int, ...], bool, float, int], ElementAt] = {}
+        self.collapsed: dict[tuple[int, float, int, Role | None], tuple[np.ndarray, np.ndarray]] = {}
+        self.elements: dict[tuple[tuple[int, ...], bool, float, int, tuple[Role | None, ...]], ElementAt] = {}
         self._cover_tab: np.ndarray | None = None
         self._cover_full: np.ndarray | None = None
         self._slack: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._fit: tuple[np.ndarray, np.ndarray] | None = None
         self.fronts: dict[
-            tuple[tuple[int, ...], float, tuple[int, ...]], tuple[np.ndarray, list[tuple[np.ndarray, int, int]]]
+            tuple[tuple[int, ...], float, tuple[int, ...], tuple[Role | None, ...]],
+            tuple[np.ndarray, list[tuple[np.ndarray, int, int]]],
         ] = {}
 
-    def useful(self, i: int, F: float) -> np.ndarray:
+    def role_mask(self, i: int, role: Role) -> np.ndarray:
+        """(L + 1, W) mask of the options of node i that a shape node of role ``role`` (micro-batches
+        through it, ends it holds: ``NodeMenu.allowed``) may run (cached)."""
+        key = (i, role)
+        got = self._role.get(key)
+        if got is None:
+            opt = self.opt[i]
+            allowed = self.p.menus[i].allowed(*role)
+            got = (opt >= 0) & allowed[np.maximum(opt, 0)]
+            self._role[key] = got
+        return got
+
+    def useful(self, i: int, F: float, role: Role | None = None) -> np.ndarray:
         """(L + 1, W) mask of the options of node i worth enumerating at threshold F: every option with
         capacity < F, and among those with capacity >= F only the ones whose latencies no other such
-        option beats (the first one when the node is ordered)."""
-        key = (i, F)
+        option beats (the first one when the node is ordered); with ``role``, among the options that role
+        allows only (``role_mask``: an option beaten only by options the role forbids stays)."""
+        key = (i, F, role)
         if key in self._useful:
             return self._useful[key]
         C, T, opt = self.cap[i], self.lat[i], self.opt[i]
-        big = C >= F
+        have = (opt >= 0) if role is None else self.role_mask(i, role)
+        big = (C >= F) & have
         if self.ordered[i]:
-            firstbig = big & ~np.concatenate([np.zeros((C.shape[0], 1), bool), big[:, :-1]], axis=1)
-            out = (opt >= 0) & (~big | firstbig)
+            seen: np.ndarray = np.cumsum(big, axis=1) - big  # options of capacity >= F before this one
+            firstbig = big & (seen == 0)
+            out = have & (~big | firstbig)
         else:
             le = np.all(T[:, :, None, :] <= T[:, :, :, None], axis=0)  # [k, x, y]: y <= x
             eq = np.all(T[:, :, None, :] == T[:, :, :, None], axis=0)
@@ -94,7 +115,7 @@ class Tables:
             earlier = np.arange(w)[None, :] < np.arange(w)[:, None]  # [x, y]: y before x
             beats = big[:, None, :] & big[:, :, None] & le & (~eq | earlier[None])
             beats &= ~np.eye(w, dtype=bool)[None]
-            out = (opt >= 0) & ~beats.any(axis=2)
+            out = have & ~beats.any(axis=2)
         if len(self._useful) > 4096:
             self._useful.clear()
         self._useful[key] = out

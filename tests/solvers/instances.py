@@ -9,6 +9,7 @@ to binding.
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
 from solvers.problem import NodeMenu, PlacementProblem
@@ -181,4 +182,105 @@ def random_mid_problem(rng: np.random.Generator, *, n: int, num_layers: int, num
         link_lat=link_lat,
         link_cap=link_cap,
         lat_limit=limit,
+    )
+
+
+def with_roles(rng: np.random.Generator, problem: PlacementProblem, *, variants: int = 2) -> PlacementProblem:
+    """``problem`` with option roles (``solvers.problem``): each option becomes up to ``variants`` options,
+    each charged for a random count of micro-batches (``solvers.options.depths`` of the node count) and a
+    random set of model ends (both when it holds every layer), its capacity lower and latency higher the
+    more micro-batches it is charged for (as the perf model's menus). Nodes of one kind keep one menu."""
+    L, n = int(problem.num_layers), problem.n
+    depths = (1, 2, 3, 4) if n <= 3 else (1, 2, 3, 4, 5, 6)
+    done: dict[int, NodeMenu] = {}
+    menus = []
+    for m in problem.menus:
+        if id(m) not in done:
+            rows: list[tuple[int, int, int]] = []
+            for o in range(m.size):
+                for d in rng.choice(depths, size=min(variants, len(depths)), replace=False):
+                    e = 3 if int(m.k[o]) >= L else int(rng.choice([0, 1, 2, 3]))
+                    rows.append((o, int(d), e))
+            o_, d_, e_ = (np.array([r[j] for r in rows], dtype=np.int64) for j in range(3))
+            slow = 1.0 + 0.15 * (d_ - 1)
+            done[id(m)] = NodeMenu(
+                k=m.k[o_], b=m.b[o_], cap=m.cap[o_] / slow, lat=m.lat[:, o_] * slow, mem=m.mem[o_] * d_, d=d_, ends=e_
+            )
+        menus.append(done[id(m)])
+    return attrs.evolve(problem, menus=tuple(menus))
+
+
+def mixed_paths_problem() -> PlacementProblem:
+    """Paths of different lengths in one multiset: L = 4 on three nodes.
+
+    Node 0 ("big") holds all 4 layers alone (1 micro-batch) at capacity 6, or 2 layers charged for 2 or
+    4 micro-batches at capacity 5 or 4; nodes 1 and 2 ("small") hold 2 layers, at capacity 3 for 2
+    micro-batches and 1 for 3; only the big node has an option with the LM head and 2 layers... none: a
+    2-layer big option holds the embedding only. The best placement charged by its own paths is the big
+    replica (1 micro-batch, 6) beside the two smalls as a chain (2 micro-batches each, 3): 9; the fork
+    big -> {small, small} puts 2 + 2 micro-batches through the big node: min(4, 3 + 3) = 4. Charged for the
+    multiset's n = 3 micro-batches on every node (the old rule), only the options charged for at least 3
+    would count: the fork at min(4, 1 + 1) = 2.
+    """
+    big = NodeMenu(
+        k=np.array([4, 2, 2]),
+        b=np.array([4, 4, 4]),
+        cap=np.array([6.0, 5.0, 4.0]),
+        lat=np.array([[1.0, 0.5, 0.6]]),
+        mem=np.array([4.0, 4.0, 8.0]),
+        d=np.array([1, 2, 4]),
+        ends=np.array([3, 1, 1]),
+    )
+    small = NodeMenu(
+        k=np.array([2, 2, 2, 2]),
+        b=np.array([4, 4, 4, 4]),
+        cap=np.array([3.0, 3.0, 1.0, 1.0]),
+        lat=np.array([[0.5, 0.5, 0.7, 0.7]]),
+        mem=np.array([2.0, 2.0, 3.0, 3.0]),
+        d=np.array([2, 2, 3, 3]),
+        ends=np.array([1, 2, 1, 2]),
+    )
+    n = 3
+    return PlacementProblem(
+        num_layers=4,
+        kinds=("big", "small", "small"),
+        menus=(big, small, small),
+        link_lat=np.full((1, n + 1, n + 1), 0.01),
+        link_cap=np.full((n + 1, n + 1), np.inf),
+        lat_limit=np.array([2.0]),
+    )
+
+
+def random_shaped_roles(rng: np.random.Generator, n: int = 3) -> PlacementProblem:
+    """A tiny problem with roles whose nodes hold L, L / 2 or L / 3 layers: replicas,
+    chains of two and three, forks and joins all compete, so optima mix paths of different lengths and put
+    2 + 2 micro-batches through one node (L in 4, 6). Each (k, depth, ends) option exists with probability 0.7 (as if
+    memory decided), with random capacity and latency; nodes of one kind share their menu."""
+    L = int(rng.choice([4, 6]))
+    kinds = sorted(int(x) for x in rng.integers(0, 2, size=n))
+    menus_by_kind = []
+    for _ in range(2):
+        rows = []
+        for k in sorted({L, L // 2, L // 3}):
+            for d in (1, 2, 3, 4):
+                for e in (3,) if k == L else (0, 1, 2):
+                    if rng.random() < 0.7:
+                        rows.append((k, d, e))
+        if not rows:
+            rows.append((L, 1, 3))
+        k_, d_, e_ = (np.array([r[j] for r in rows], dtype=np.int64) for j in range(3))
+        cap = rng.integers(1, 10, size=len(rows)).astype(np.float64)
+        lat = np.round(rng.uniform(0.1, 1.0, size=(1, len(rows))) * k_ / L, 2)
+        b = np.full(len(rows), 4)
+        menus_by_kind.append(NodeMenu(k=k_, b=b, cap=cap, lat=lat, mem=(k_ * d_).astype(np.float64), d=d_, ends=e_))
+    link_cap = np.full((n + 1, n + 1), np.inf)
+    if rng.random() < 0.3:
+        link_cap[rng.integers(0, n), rng.integers(0, n + 1)] = 2.0
+    return PlacementProblem(
+        num_layers=L,
+        kinds=tuple(f"kind{x}" for x in kinds),
+        menus=tuple(menus_by_kind[x] for x in kinds),
+        link_lat=np.full((1, n + 1, n + 1), 0.01),
+        link_cap=link_cap,
+        lat_limit=np.array([float(rng.uniform(0.6, 1.5))]),
     )
