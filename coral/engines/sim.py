@@ -248,6 +248,13 @@ class SimEngine:
         """The head engine's instance model (None on other nodes)."""
         return self._model
 
+    def next_event_at(self) -> float | None:
+        """The engine time of its next event (a request entering, a stage finishing), None when idle."""
+        m = self._model
+        if m is None or self._stopped or not m.heap:
+            return None
+        return float(m.heap[0][0])
+
     def progress(self) -> dict[int, tuple[int, float]]:
         """Per request in flight on this (head) engine: (tokens generated so far, first-token time or -1)."""
         m = self._model

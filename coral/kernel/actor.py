@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -187,9 +188,86 @@ class ActorContext:
             raise ActorError(f"actor {self.name!r}: timers can only be set while the actor runs")
         tg.start_soon(self._rt.timer, period, fn, first)
 
+    def alarm(self, fn: Callable[[float], Awaitable[None]]) -> Alarm:
+        """A one-shot timer that calls ``fn(t)`` at the time ``t`` it is set to (``Alarm.set``; the earliest
+        wins); it belongs to the current incarnation, as ``every``'s timers do."""
+        tg = self._rt.timers
+        if tg is None:
+            raise ActorError(f"actor {self.name!r}: timers can only be set while the actor runs")
+        alarm = Alarm(self._rt, fn)
+        tg.start_soon(alarm.run)
+        return alarm
+
     def request_shutdown(self, reason: str = "") -> None:
         """Ask the mesh to shut down."""
         self._rt.request_shutdown(reason)
+
+
+class Alarm:
+    """A re-armable one-shot timer on the kernel clock (``ActorContext.alarm``).
+
+    ``set(t)`` arms it for ``t`` unless it is already armed earlier; it fires once, calling ``fn(t)``, and
+    is then unarmed until set again (``fn`` may set it). Setting it earlier while it sleeps towards a later
+    time interrupts that sleep; the actor counts as busy until the alarm sleeps towards the new time, so
+    that a virtual clock (which moves only once every actor is idle) sees the new deadline first.
+    """
+
+    def __init__(self, runtime: ActorRuntime, fn: Callable[[float], Awaitable[None]]) -> None:
+        self._rt = runtime
+        self._fn = fn
+        self.at = math.inf
+        self._sleep: anyio.CancelScope | None = None
+        self._rearm = anyio.Event()
+        self._pending = False
+
+    def set(self, t: float) -> None:
+        """Fire at ``t`` (or earlier, if already armed earlier)."""
+        if not t < self.at:
+            return
+        self.at = t
+        if self._sleep is not None and not self._pending:
+            self._pending = True
+            self._rt.busy += 1
+            self._sleep.cancel()
+        self._rearm.set()
+
+    def _settled(self) -> None:
+        if self._pending:
+            self._pending = False
+            self._rt.busy -= 1
+            self._rt.changed()
+
+    async def run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            self._settled()
+
+    async def _loop(self) -> None:
+        rt = self._rt
+        while True:
+            target = self.at
+            self._settled()  # before the sleep below registers its deadline (synchronously)
+            with anyio.CancelScope() as scope:
+                self._sleep = scope
+                if target == math.inf:
+                    self._rearm = anyio.Event()
+                    await self._rearm.wait()
+                else:
+                    await rt.clock.sleep_until(target)
+            self._sleep = None
+            if scope.cancelled_caught or target == math.inf or self.at != target:
+                continue
+            self.at = math.inf
+            rt._enter()
+            t0 = time.perf_counter()
+            try:
+                with anyio.CancelScope(shield=True):  # shutdown waits for a running firing to finish
+                    await self._fn(target)
+            finally:
+                rt.counters.timers += 1
+                rt.counters.busy_s += time.perf_counter() - t0
+                rt._exit()
 
 
 @attrs.define
