@@ -264,6 +264,9 @@ class Alarm:
             try:
                 with anyio.CancelScope(shield=True):  # shutdown waits for a running firing to finish
                     await self._fn(target)
+            except Exception:
+                rt.hold()
+                raise
             finally:
                 rt.counters.timers += 1
                 rt.counters.busy_s += time.perf_counter() - t0
@@ -333,6 +336,7 @@ class ActorRuntime:
         self.counters = ActorCounters()
         self.busy = 1  # starting counts as busy until the first on_start returns
         self.asleep = 0
+        self.held = 0
         self.timers: anyio.abc.TaskGroup | None = None
         self.scope = anyio.CancelScope()
         self._bus: BusClient | None = None
@@ -360,6 +364,12 @@ class ActorRuntime:
     def woke(self) -> None:
         self._activity()
 
+    def hold(self) -> None:
+        """A timer crashed: stay busy until the crash is handled (the actor task learns of it only once
+        the timers' task group cancelled it; without this a virtual clock could move on first)."""
+        self.held += 1
+        self.busy += 1
+
     def _exit(self) -> None:
         self.busy -= 1
         self.changed()
@@ -373,6 +383,9 @@ class ActorRuntime:
             try:
                 with anyio.CancelScope(shield=True):  # shutdown waits for a running tick to finish
                     await fn()
+            except Exception:
+                self.hold()
+                raise
             finally:
                 self.counters.timers += 1
                 self.counters.busy_s += time.perf_counter() - t0
@@ -433,6 +446,8 @@ class ActorRuntime:
                     timers.cancel_scope.cancel()
             except Exception as exc:
                 self.timers = None
+                self.busy -= self.held
+                self.held = 0
                 if not self.supervisor.crashed(self.name, exc, self.policy):
                     handle.state = ActorState.GAVE_UP
                     if not started:
