@@ -260,7 +260,12 @@ class SimEngine:
         m = self._model
         if m is None:
             return {}
-        return {item.id: (req.gen, req.first_t) for req, item in m.items.items()}
+        live: dict[Req, int] = {}  # a decoding sequence's count is kept lazily: its micro-batch's steps tell
+        for p in m.inst.paths:
+            for mb in p.mbs:
+                for req in mb.dec:
+                    live[req] = req.g_join + (mb.step - req.s_join)
+        return {item.id: (live.get(req, req.gen), req.first_t) for req, item in m.items.items()}
 
     def _head(self, what: str) -> _InstanceModel:
         if self._model is None:
