@@ -1,4 +1,4 @@
-"""Gateway benchmark: the latency the gateway adds per request, and the requests/s one gateway process serves.
+"""Gateway proxy benchmark: the latency the gateway adds per proxied request, and the req/s of one gateway.
 
 Three processes: an instance's HTTP server (``coral.gateway.upstream.PlaceholderServer``: answers at once
 with placeholder text, standing for a simulated instance that serves HTTP), one gateway process (as
