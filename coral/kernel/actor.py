@@ -259,18 +259,7 @@ class Alarm:
             if scope.cancelled_caught or target == math.inf or self.at != target:
                 continue
             self.at = math.inf
-            rt._enter()
-            t0 = time.perf_counter()
-            try:
-                with anyio.CancelScope(shield=True):  # shutdown waits for a running firing to finish
-                    await self._fn(target)
-            except Exception:
-                rt.hold()
-                raise
-            finally:
-                rt.counters.timers += 1
-                rt.counters.busy_s += time.perf_counter() - t0
-                rt._exit()
+            await rt.fire(self._fn, target)
 
 
 @attrs.define
@@ -378,19 +367,24 @@ class ActorRuntime:
         t = self.clock.now() + period if first is None else first
         while True:
             await self.clock.sleep_until(t)
-            self._enter()
-            t0 = time.perf_counter()
-            try:
-                with anyio.CancelScope(shield=True):  # shutdown waits for a running tick to finish
-                    await fn()
-            except Exception:
-                self.hold()
-                raise
-            finally:
-                self.counters.timers += 1
-                self.counters.busy_s += time.perf_counter() - t0
-                self._exit()
+            await self.fire(fn)
             t += period
+
+    async def fire(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run a timer's ``fn(*args)`` as busy time, shielded (shutdown waits for it to finish); a crash
+        holds the actor busy until it is handled (``hold``)."""
+        self._enter()
+        t0 = time.perf_counter()
+        try:
+            with anyio.CancelScope(shield=True):
+                await fn(*args)
+        except Exception:
+            self.hold()
+            raise
+        finally:
+            self.counters.timers += 1
+            self.counters.busy_s += time.perf_counter() - t0
+            self._exit()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[ActorHandle] = anyio.TASK_STATUS_IGNORED) -> None:
         """The actor task; ``task_status.started`` fires once the first ``on_start`` returned."""
