@@ -6,14 +6,17 @@ traffic, paced at ``--speed``, recording a journal), and this client (aiohttp, s
 1. Singles: ``--singles`` streamed requests one at a time on the idle mesh (``--tokens`` each).
 2. Burst: ``--burst`` requests, at most ``--concurrency`` in flight.
 
-For each request the engine's own times come from the journal: its admission (the router's
-``req.dispatch``: the time the engine may start it) and the time of each token (the router's
-``req.result`` progress and completion, which carry the engine's times). The client times each request
-from its send. The added latency of token k is (client time of token k after the send) - (engine time of
-token k after admission) / speed: everything but the engine (HTTP, the gateway, the bus hops, the
-driver's pacing). Reported per phase: p50 / p99 of the added time to the first token (TTFT) and per token
-(every token after the first), and the engine's own TTFT. Targets: added p50 <= 20 ms, p99 <= 100 ms;
-the burst's client TTFT p50 at most the engine's TTFT p50 + 20 ms.
+For each request the simulated fleet's own times come from the journal: its entry into the mesh (the
+gateway's ``req.arrivals``, at the paced time of its arrival), the time of each token (the router's
+``req.result`` progress and completion, which carry the engine's times), and its dispatch (the router's
+``req.dispatch``: the router's wait for a free instance before it, a queue that the simulated fleet
+models in front of its engines, is reported apart). The client times each request from its send. The
+added latency of token k is (client time of token k after the send) - (simulated time of token k after
+the entry) / speed: what is not the simulated fleet's (HTTP, the gateway, the delivery into the mesh, the
+driver's pacing, falling behind the wall clock). Reported per phase: p50 / p99 of the added time to the
+first token (TTFT) and per token (every token after the first), the simulated TTFT and the router's wait.
+Targets: added p50 <= 20 ms, p99 <= 100 ms; the burst's client TTFT p50 at most the simulated TTFT p50
++ 20 ms.
 
 The machine is shared: the load average is printed with the figures. Run
 ``python bench/gateway.py [--json] [--speed 1] [--singles 30] [--burst 2000] [--concurrency 64]``
@@ -152,17 +155,23 @@ async def client(url: str, singles: int, burst: int, concurrency: int, tokens: i
     return out
 
 
-def engine_times(journal: Path) -> tuple[dict[int, float], dict[int, list[float]]]:
-    """Per gateway request: its admission time, and the engine time of each of its tokens."""
+def engine_times(journal: Path) -> tuple[dict[int, float], dict[int, float], dict[int, list[float]]]:
+    """Per gateway request: its entry into the mesh, its dispatch, and the engine time of each token."""
     from coral.gateway import GATEWAY_ID_BASE
     from coral.kernel import read_journal
-    from coral.messages import Dispatch, RequestResults
+    from coral.messages import ArrivalBatch, Dispatch, RequestResults
 
+    entered: dict[int, float] = {}
     admitted: dict[int, float] = {}
     marks: dict[int, list[tuple[float, int]]] = {}
     first: dict[int, float] = {}
     for r in read_journal(journal):
-        if r.tag == "req.dispatch":
+        if r.tag == "req.arrivals" and r.source == "gateway":
+            batch = r.decode()
+            assert isinstance(batch, ArrivalBatch)
+            for spec in batch.requests:
+                entered.setdefault(spec.id, spec.t)
+        elif r.tag == "req.dispatch":
             msg = r.decode()
             assert isinstance(msg, Dispatch)
             for item in msg.items:
@@ -183,7 +192,7 @@ def engine_times(journal: Path) -> tuple[dict[int, float], dict[int, list[float]
             while len(ts) < k:
                 ts.append(first[rid] if not ts and rid in first else t)
         times[rid] = ts
-    return admitted, times
+    return entered, admitted, times
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -191,27 +200,36 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
-def summarize(reqs: list[dict[str, Any]], admitted: dict[int, float], times: dict[int, list[float]], speed: float):
-    ttft_added, tok_added, engine_ttft, client_ttft = [], [], [], []
+def summarize(
+    reqs: list[dict[str, Any]],
+    entered: dict[int, float],
+    admitted: dict[int, float],
+    times: dict[int, list[float]],
+    speed: float,
+) -> dict[str, float]:
+    ttft_added, tok_added, sim_ttft, client_ttft, waited = [], [], [], [], []
     failed = 0
     for q in reqs:
         rid = q["rid"]
-        if q["status"] != 200 or rid not in admitted or rid not in times or not q["marks"]:
+        if q["status"] != 200 or rid not in entered or rid not in times or not q["marks"]:
             failed += 1
             continue
-        a, ts = admitted[rid], times[rid]
+        e, ts = entered[rid], times[rid]
         prev = 0
         for wall, k in q["marks"]:
             for j in range(prev, min(k, len(ts))):
-                added = (wall - q["t0"]) - (ts[j] - a) / speed
+                added = (wall - q["t0"]) - (ts[j] - e) / speed
                 (ttft_added if j == 0 else tok_added).append(added * 1e3)
             prev = k
-        engine_ttft.append((ts[0] - a) / speed * 1e3)
+        sim_ttft.append((ts[0] - e) / speed * 1e3)
         client_ttft.append((q["marks"][0][0] - q["t0"]) * 1e3)
+        waited.append((admitted.get(rid, e) - e) / speed * 1e3)
     return {
         "requests": len(reqs),
         "failed_or_unmatched": failed,
-        "engine_ttft_p50_ms": pct(engine_ttft, 0.5),
+        "simulated_ttft_p50_ms": pct(sim_ttft, 0.5),
+        "router_wait_p50_ms": pct(waited, 0.5),
+        "router_wait_p99_ms": pct(waited, 0.99),
         "client_ttft_p50_ms": pct(client_ttft, 0.5),
         "client_ttft_p99_ms": pct(client_ttft, 0.99),
         "added_ttft_p50_ms": pct(ttft_added, 0.5),
@@ -268,14 +286,14 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        admitted, times = engine_times(journal)
+        entered, admitted, times = engine_times(journal)
     load1 = os.getloadavg()
     out = {
         "speed": args.speed,
         "tokens": args.tokens,
         "concurrency": args.concurrency,
-        "singles": summarize(got["singles"], admitted, times, args.speed),
-        "burst": summarize(got["burst"], admitted, times, args.speed),
+        "singles": summarize(got["singles"], entered, admitted, times, args.speed),
+        "burst": summarize(got["burst"], entered, admitted, times, args.speed),
         "cpus": os.cpu_count(),
         "loadavg_before": list(load0),
         "loadavg_after": list(load1),
@@ -295,8 +313,9 @@ def main() -> None:
         assert isinstance(r, dict)
         print(f"  {name}: {what} ({r['failed_or_unmatched']} failed or unmatched)")
         print(
-            f"    engine TTFT p50 {r['engine_ttft_p50_ms']:.1f} ms; client TTFT p50 {r['client_ttft_p50_ms']:.1f} ms,"
-            f" p99 {r['client_ttft_p99_ms']:.1f} ms"
+            f"    simulated TTFT p50 {r['simulated_ttft_p50_ms']:.1f} ms (the router's wait in it p50 "
+            f"{r['router_wait_p50_ms']:.1f} ms, p99 {r['router_wait_p99_ms']:.1f} ms); "
+            f"client TTFT p50 {r['client_ttft_p50_ms']:.1f} ms, p99 {r['client_ttft_p99_ms']:.1f} ms"
         )
         ok = "meets" if r["added_ttft_p50_ms"] <= 20 and r["added_ttft_p99_ms"] <= 100 else "MISSES"
         print(
@@ -310,8 +329,8 @@ def main() -> None:
         )
     b = out["burst"]
     assert isinstance(b, dict)
-    ok = "meets" if b["client_ttft_p50_ms"] <= b["engine_ttft_p50_ms"] + 20 else "MISSES"
-    print(f"  burst client TTFT p50 <= engine TTFT p50 + 20 ms: {ok}")
+    ok = "meets" if b["client_ttft_p50_ms"] <= b["simulated_ttft_p50_ms"] + 20 else "MISSES"
+    print(f"  burst client TTFT p50 <= simulated TTFT p50 + 20 ms: {ok}")
 
 
 if __name__ == "__main__":
