@@ -24,7 +24,9 @@ one (vLLM serves the gateway over HTTP itself) reports none. Other requests' out
 wake or tick: their times are the engine's exact times either way.
 
 Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
-handoff (prefill head -> router -> decode head, one tick per hop) is admitted at its exact time.
+handoff (reported by the prefill head at its next wake or tick, at most a tick late, then router -> decode
+head, a hop each) is admitted at its exact time. A streamed request's tokens on a decode instance thus
+reach the gateway that much late.
 """
 
 from __future__ import annotations
