@@ -4,9 +4,13 @@
 (which spawns a stage worker per node as the cloud delivers nodes). ``drive`` moves the mesh's virtual
 clock from tick to tick and delivers each external input at its time after every actor went idle; with
 ``pace`` it keeps the virtual clock at most ``pace`` times faster than the wall clock (``coral up``), and
-forwards commands that reached the ``operator`` gateway at those quiet points. Because every decision
-depends only on the inputs and their kernel times (see ``actors.base``), a run recorded to a journal
-replays exactly (``actors.replay``); a live run is the same computation, paced.
+forwards commands that reached the ``operator`` gateway at those quiet points. Paced, it also stops at
+every deadline between ticks (a prompt actor's wake, ``actors.base``) at its own wall time, and an input
+that arrives in wall time (the mesh's doorbell: an HTTP request at the gateway) makes it step at once to
+the paced time of that arrival, where ``on_step`` delivers it: nothing waits for the next tick. Unpaced,
+the clock still stops at each of those deadlines inside ``VirtualClock.advance_to``: the same decisions.
+Because every decision depends only on the inputs and their kernel times (see ``actors.base``), a run
+recorded to a journal replays exactly (``actors.replay``); a live run is the same computation, paced.
 
 ``run_mesh`` is the whole run: the kernel (``Mesh`` with a ``VirtualClock``), the actors, an optional
 journal, a watcher that keeps the latest plan, fleet and traffic reports (``actors.watch.RunState``),
@@ -47,6 +51,7 @@ from coral.errors import CoralError
 from coral.kernel import (
     ActorState,
     Endpoints,
+    Envelope,
     Fsync,
     Mesh,
     RestartPolicy,
@@ -365,18 +370,17 @@ async def drive(
         if fa is not None and now < fa < nxt:
             nxt = fa
         if pace is not None:
+            wake = clock.next_deadline()  # an actor's wake between ticks: step there at its wall time
+            if wake is not None and now < wake < nxt:
+                nxt = wake
             due = wall0 + (nxt - v0) / pace
             while (left := due - time.monotonic()) > 0 and not (stop is not None and stop.is_set()):
-                env = None
-                with anyio.move_on_after(left):
-                    if gateway is not None:
-                        env = await gateway.bus.receive()
-                    elif stop is not None:
-                        await stop.wait()
-                    else:
-                        await anyio.sleep(left)
+                env, rang = await _wait_input(mesh, left, gateway, stop)
                 if gateway is not None and env is not None:
                     await gateway.handle(mesh, env)
+                if rang:  # an input arrived in wall time: it enters the mesh now, at the paced time
+                    nxt = min(nxt, max(now, v0 + (time.monotonic() - wall0) * pace))
+                    break
             if stop is not None and stop.is_set():
                 continue
         if gateway is not None:
@@ -392,6 +396,41 @@ async def drive(
             if res is not None:
                 await res
             await mesh.quiesce()
+
+
+async def _wait_input(
+    mesh: Mesh, timeout: float, desk: OperatorDesk | None, stop: anyio.Event | None
+) -> tuple[Envelope | None, bool]:
+    """Wait at most ``timeout`` wall seconds for the first of: a message to the operator desk (returned),
+    the mesh's doorbell (True), ``stop``."""
+    env: Envelope | None = None
+    rang = False
+    with anyio.move_on_after(timeout):
+        async with anyio.create_task_group() as tg:
+
+            async def receive() -> None:
+                nonlocal env
+                assert desk is not None
+                env = await desk.bus.receive()
+                tg.cancel_scope.cancel()
+
+            async def bell() -> None:
+                nonlocal rang
+                await mesh.rung()
+                rang = True
+                tg.cancel_scope.cancel()
+
+            async def stopped() -> None:
+                assert stop is not None
+                await stop.wait()
+                tg.cancel_scope.cancel()
+
+            if desk is not None:
+                tg.start_soon(receive)
+            if stop is not None:
+                tg.start_soon(stopped)
+            tg.start_soon(bell)
+    return env, rang
 
 
 async def _step(mesh: Mesh, clock: VirtualClock, feed: Feed, t: float) -> None:

@@ -27,10 +27,13 @@ the demand monitor), ``req.stats`` (totals, SLO attainment and latency quantiles
 ``req.latency`` (the window's TTFT and TPOT samples). A completion meets the SLO when its TTFT and its TPOT
 (time per output token after the first) are within the deployment's targets.
 
+Delivery is prompt (``actors.base``): the router applies its messages within ``HOP_S`` of their arrival
+and places what waits at once (``on_wake``), not at the next tick; its reports keep the tick.
+
 The HTTP gateway's requests (an arrival batch with ``reply``) are routed the same way; their instances
-report token progress, and the router relays progress and outcomes to the gateway (``req.result``) at the
-end of its tick. Requests the gateway proxied to an instance's own HTTP endpoint (``req.proxied``) are
-only counted as arrivals, for the demand monitor.
+report token progress as the engine makes it, and the router relays progress and outcomes to the gateway
+(``req.result``) at the end of the instant in which it applied them. Requests the gateway proxied to an
+instance's own HTTP endpoint (``req.proxied``) are only counted as arrivals, for the demand monitor.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ def _inst_order(i: InstanceInfo) -> tuple[int, str]:
 
 class Router(TickActor):
     """Routes requests to instances (see the module docstring)."""
+
+    prompt = True
 
     def __init__(self, name: str = ROUTER, *, timing: MeshTiming, deployments: Sequence[Deployment], seed: int) -> None:
         super().__init__(name, tick_s=timing.tick_s, subscribe=["fleet.update", "slo.changed"])
@@ -257,6 +262,14 @@ class Router(TickActor):
             await self._report(now, final=True)
         elif self.ticks % self.report_every == 0:
             await self._report(now)
+        await self._reply(now)
+
+    async def on_wake(self, now: float) -> None:
+        if self.todo:
+            await self._route(now)
+        await self._reply(now)
+
+    async def _reply(self, now: float) -> None:
         replies, self.replies = self.replies, {}
         for origin in sorted(replies):
             await self.ctx.send(origin, RequestResults(now, tuple(replies[origin])))

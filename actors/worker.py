@@ -3,8 +3,8 @@
 The supervisor tells it which stage to load (``LoadStage``); it reports ``StageLoaded`` at the first tick
 the engine is ready, heartbeats every ``heartbeat_s`` (with a real engine, it also publishes its server's metrics as
 ``EngineStats``) and, on the instance's head node, runs the engine:
-takes the router's work (``Dispatch``), polls the engine at every tick and sends the outcomes to the
-router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
+takes the router's work (``Dispatch``), polls the engine at every tick and wake and sends the outcomes to
+the router. A drain hands the unstarted requests back to the router and reports ``InstanceDrained`` when the
 engine is empty; a release stops the engine and ends the worker (through ``on_exit``, so that the mesh
 stops it between ticks rather than while it synchronises). ``KillNode`` (the simulated cloud's
 fault) ends it at once, without a word: its node is dead (a real engine's server is killed with it); with
@@ -12,20 +12,28 @@ cause ``hang`` it wedges instead: connected but silent, until its node is termin
 breaks by itself (``engine.fault``: a real server died) is reported to the supervisor as ``EngineFault``
 and ends the worker; the supervisor loses the node at once.
 
+Delivery is prompt (``actors.base``): the worker applies its messages within ``HOP_S`` of their arrival,
+and then runs its engine up to that instant and sends what finished (``on_wake``); the rest of its work
+(load checks, heartbeats) keeps the tick.
+
 Progress: for work items with ``progress`` (the HTTP gateway's requests), the head worker reports the
-tokens generated so far at each tick where they grew (``progress`` outcomes), so that the gateway can
-stream them at the simulated times. It reads them from the simulated engine's instance model; an engine
-without one (vLLM serves the gateway over HTTP itself) reports none.
+tokens generated so far whenever they grow (``progress`` outcomes), at the engine's times: while such a
+request is in flight it asks to be woken at the engine's next event (``next_event_at``), so each token
+leaves at its simulated time. It reads them from the simulated engine's instance model; an engine without
+one (vLLM serves the gateway over HTTP itself) reports none. Other requests' outcomes leave at the next
+wake or tick: their times are the engine's exact times either way.
 
 Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
-handoff (prefill head -> router -> decode head, one tick per hop) is admitted at its exact time.
+handoff (reported by the prefill head at its next wake or tick, at most a tick late, then router -> decode
+head, a hop each) is admitted at its exact time. A streamed request's tokens on a decode instance thus
+reach the gateway that much late.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from actors.base import TickActor
+from actors.base import TickActor, next_instant
 from coral.engines import Engine, StageAssignment
 from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SUPERVISOR
@@ -54,6 +62,8 @@ def worker_name(node_id: str) -> str:
 
 class StageWorker(TickActor):
     """A node's agent (see the module docstring)."""
+
+    prompt = True
 
     def __init__(
         self,
@@ -163,12 +173,7 @@ class StageWorker(TickActor):
             self.loaded_sent = True
             endpoint = getattr(self.engine, "endpoint", "")
             await self.ctx.send(self.supervisor, StageLoaded(self.node_id, self.instance, now, endpoint))
-        if self.head and self.state in ("serving", "draining"):
-            out = self.engine.poll(self.engine_now(now))
-            if self.watched:
-                out = self._progress(now, out)
-            if out:
-                await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
+        await self._serve(now)
         if self.state == "draining" and not self.drained_sent and self.engine.drained:
             self.drained_sent = True
             await self.ctx.send(self.supervisor, InstanceDrained(self.instance, self.node_id, now))
@@ -179,6 +184,27 @@ class StageWorker(TickActor):
             got = stats() if callable(stats) else None
             if got:
                 await self.ctx.publish(EngineStats(self.node_id, self.instance, now, *got))
+
+    async def on_wake(self, now: float) -> None:
+        if self.state not in ("hung", "dead", "released"):
+            await self._serve(now)
+
+    async def _serve(self, now: float) -> None:
+        """Run the head engine up to ``now`` and send what finished; while a request's tokens are watched,
+        ask to be woken at the engine's next event."""
+        if not (self.head and self.state in ("serving", "draining")):
+            return
+        out = self.engine.poll(self.engine_now(now))
+        if self.watched:
+            out = self._progress(now, out)
+        if out:
+            await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
+        nxt = getattr(self.engine, "next_event_at", None)  # an engine that knows when it acts next
+        if self.watched and callable(nxt):
+            t = nxt()
+            if t is not None:
+                at = t + self.lag
+                self.wake_at(at if at > now else next_instant(now))
 
     def _progress(self, now: float, out: list[Outcome]) -> list[Outcome]:
         """``out`` with a ``progress`` outcome (before it) for each watched request whose tokens grew."""

@@ -18,7 +18,8 @@ A stage worker owns one engine. The protocol is small:
 An engine that serves HTTP itself (vLLM's OpenAI server) also has an ``endpoint`` attribute, its base URL;
 the worker reports it with ``StageLoaded`` and the fleet publishes it, so that a gateway can reach it.
 An engine that knows the tokens of requests still in flight has ``progress() -> {id: (tokens, t_first)}``
-(the simulated one): the worker relays it so that the gateway streams simulated tokens as they come.
+(the simulated one): the worker relays it so that the gateway streams simulated tokens as they come, and
+wakes at the engine's ``next_event_at()`` (the engine time of its next event, None when idle) to do so.
 
 ``SimEngine`` (``coral.engines.sim``) runs the fleet simulator's timing model for one instance; ``VllmEngine``
 (``coral.vllm.engine``) implements the same protocol over real vLLM processes.

@@ -248,12 +248,24 @@ class SimEngine:
         """The head engine's instance model (None on other nodes)."""
         return self._model
 
+    def next_event_at(self) -> float | None:
+        """The engine time of its next event (a request entering, a stage finishing), None when idle."""
+        m = self._model
+        if m is None or self._stopped or not m.heap:
+            return None
+        return float(m.heap[0][0])
+
     def progress(self) -> dict[int, tuple[int, float]]:
         """Per request in flight on this (head) engine: (tokens generated so far, first-token time or -1)."""
         m = self._model
         if m is None:
             return {}
-        return {item.id: (req.gen, req.first_t) for req, item in m.items.items()}
+        live: dict[Req, int] = {}  # a decoding sequence's count is kept lazily: its micro-batch's steps tell
+        for p in m.inst.paths:
+            for mb in p.mbs:
+                for req in mb.dec:
+                    live[req] = req.g_join + (mb.step - req.s_join)
+        return {item.id: (live.get(req, req.gen), req.first_t) for req, item in m.items.items()}
 
     def _head(self, what: str) -> _InstanceModel:
         if self._model is None:

@@ -16,9 +16,10 @@ instances and their plan weights (capacity in req/s). It picks one by weight wit
   another instance. Such arrivals are counted for the demand monitor through the router
   (``req.proxied``), so the demand estimate sees them as it sees the router's own;
 - a simulated instance (no endpoint): the request enters the mesh as an arrival of the router (delivered
-  at the mesh's next quiet point, like the input feed's; the router places it by its own draw), and the
-  simulated engine's timing decides when its tokens come: a plain request is answered at its completion,
-  a streamed one gets its tokens as the head worker reports them (each tick). The text is placeholder
+  at the mesh's next quiet point, like the input feed's, which a paced run makes at once: the request
+  rings the mesh's doorbell; the router places it by its own draw), and the simulated engine's timing
+  decides when its tokens come: a plain request is answered at its completion, a streamed one gets each
+  token as the head worker reports it, at the engine's time of that token. The text is placeholder
   words seeded by the request id; usage counts the requested output and the estimated prompt (see
   ``coral.gateway.openai``). Timing follows the run's pace (``coral up --speed``): at 60x a simulated
   second is 1/60 s of wall time.

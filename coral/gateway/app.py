@@ -95,6 +95,8 @@ class Gateway:
         self.prefilled = 0
         self.responses: dict[tuple[str, int], int] = {}
         self.auth = auth
+        self.on_pending: Callable[[], None] | None = None
+        """Called when a simulated request starts waiting for ``take_inputs`` (``MeshLink``: the doorbell)."""
 
     # -- the bus side -------------------------------------------------------------------------------
 
@@ -339,6 +341,8 @@ class Gateway:
         tx, rx = anyio.create_memory_object_stream[Outcome](math.inf)
         self.waiters[rid] = tx
         self.pending.append((rid, req.model, req.prompt_tokens, out))
+        if self.on_pending is not None:
+            self.on_pending()
         finish = "length" if req.max_tokens is not None else "stop"
         created = int(time.time())
         sent = -1  # tokens streamed; -1: headers not sent yet

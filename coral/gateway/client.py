@@ -3,7 +3,7 @@
 Small on purpose: the gateway only POSTs a JSON body to a known engine server (``http://host:port``) and
 passes the response back as it arrives (chunked bodies decoded, so the ASGI server re-frames them). One
 write per request, responses parsed in C: with aiohttp's general client instead, the gateway process
-spent about twice the CPU per proxied request (``just bench gateway``: 0.30 against 0.13-0.18 ms).
+spent about twice the CPU per proxied request (``just bench gateway-proxy``: 0.30 against 0.13-0.18 ms).
 A request that fails before the response's first byte raises ``UpstreamError`` with
 ``before_first_byte`` set, so the caller may retry it elsewhere; a pooled connection that the server
 closed while idle is replaced by a fresh one first, transparently.

@@ -11,7 +11,8 @@ from coral.messages.requests import GATEWAY, RequestResults
 
 class MeshLink:
     """Feeds a ``Gateway`` from the bus (``fleet.update``, the router's ``req.result``) and delivers its
-    requests to the router at the mesh's quiet points (``step``), as the input feed delivers arrivals."""
+    requests to the router at the mesh's quiet points (``step``), as the input feed delivers arrivals; a
+    new request rings the mesh's doorbell, so that a paced driver steps to its arrival time at once."""
 
     def __init__(self, gateway: Gateway, mesh: Mesh, bus: BusClient) -> None:
         self.gateway = gateway
@@ -23,6 +24,7 @@ class MeshLink:
         """Attach ``gateway`` to ``mesh`` under the bus name ``gateway``."""
         bus = await mesh.client(GATEWAY, subscribe=["fleet.update"], inbox_size=1 << 16)
         gateway.linked = True
+        gateway.on_pending = mesh.ring
         return cls(gateway, mesh, bus)
 
     async def run(self) -> None:

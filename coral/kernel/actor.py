@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -187,9 +188,78 @@ class ActorContext:
             raise ActorError(f"actor {self.name!r}: timers can only be set while the actor runs")
         tg.start_soon(self._rt.timer, period, fn, first)
 
+    def alarm(self, fn: Callable[[float], Awaitable[None]]) -> Alarm:
+        """A one-shot timer that calls ``fn(t)`` at the time ``t`` it is set to (``Alarm.set``; the earliest
+        wins); it belongs to the current incarnation, as ``every``'s timers do."""
+        tg = self._rt.timers
+        if tg is None:
+            raise ActorError(f"actor {self.name!r}: timers can only be set while the actor runs")
+        alarm = Alarm(self._rt, fn)
+        tg.start_soon(alarm.run)
+        return alarm
+
     def request_shutdown(self, reason: str = "") -> None:
         """Ask the mesh to shut down."""
         self._rt.request_shutdown(reason)
+
+
+class Alarm:
+    """A re-armable one-shot timer on the kernel clock (``ActorContext.alarm``).
+
+    ``set(t)`` arms it for ``t`` unless it is already armed earlier; it fires once, calling ``fn(t)``, and
+    is then unarmed until set again (``fn`` may set it). Setting it earlier while it sleeps towards a later
+    time interrupts that sleep; the actor counts as busy until the alarm sleeps towards the new time, so
+    that a virtual clock (which moves only once every actor is idle) sees the new deadline first.
+    """
+
+    def __init__(self, runtime: ActorRuntime, fn: Callable[[float], Awaitable[None]]) -> None:
+        self._rt = runtime
+        self._fn = fn
+        self.at = math.inf
+        self._sleep: anyio.CancelScope | None = None
+        self._rearm = anyio.Event()
+        self._pending = False
+
+    def set(self, t: float) -> None:
+        """Fire at ``t`` (or earlier, if already armed earlier)."""
+        if not t < self.at:
+            return
+        self.at = t
+        if self._sleep is not None and not self._pending:
+            self._pending = True
+            self._rt.busy += 1
+            self._sleep.cancel()
+        self._rearm.set()
+
+    def _settled(self) -> None:
+        if self._pending:
+            self._pending = False
+            self._rt.busy -= 1
+            self._rt.changed()
+
+    async def run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            self._settled()
+
+    async def _loop(self) -> None:
+        rt = self._rt
+        while True:
+            target = self.at
+            self._settled()  # before the sleep below registers its deadline (synchronously)
+            with anyio.CancelScope() as scope:
+                self._sleep = scope
+                if target == math.inf:
+                    self._rearm = anyio.Event()
+                    await self._rearm.wait()
+                else:
+                    await rt.clock.sleep_until(target)
+            self._sleep = None
+            if scope.cancelled_caught or target == math.inf or self.at != target:
+                continue
+            self.at = math.inf
+            await rt.fire(self._fn, target)
 
 
 @attrs.define
@@ -255,6 +325,7 @@ class ActorRuntime:
         self.counters = ActorCounters()
         self.busy = 1  # starting counts as busy until the first on_start returns
         self.asleep = 0
+        self.held = 0
         self.timers: anyio.abc.TaskGroup | None = None
         self.scope = anyio.CancelScope()
         self._bus: BusClient | None = None
@@ -282,6 +353,12 @@ class ActorRuntime:
     def woke(self) -> None:
         self._activity()
 
+    def hold(self) -> None:
+        """A timer crashed: stay busy until the crash is handled (the actor task learns of it only once
+        the timers' task group cancelled it; without this a virtual clock could move on first)."""
+        self.held += 1
+        self.busy += 1
+
     def _exit(self) -> None:
         self.busy -= 1
         self.changed()
@@ -290,16 +367,24 @@ class ActorRuntime:
         t = self.clock.now() + period if first is None else first
         while True:
             await self.clock.sleep_until(t)
-            self._enter()
-            t0 = time.perf_counter()
-            try:
-                with anyio.CancelScope(shield=True):  # shutdown waits for a running tick to finish
-                    await fn()
-            finally:
-                self.counters.timers += 1
-                self.counters.busy_s += time.perf_counter() - t0
-                self._exit()
+            await self.fire(fn)
             t += period
+
+    async def fire(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run a timer's ``fn(*args)`` as busy time, shielded (shutdown waits for it to finish); a crash
+        holds the actor busy until it is handled (``hold``)."""
+        self._enter()
+        t0 = time.perf_counter()
+        try:
+            with anyio.CancelScope(shield=True):
+                await fn(*args)
+        except Exception:
+            self.hold()
+            raise
+        finally:
+            self.counters.timers += 1
+            self.counters.busy_s += time.perf_counter() - t0
+            self._exit()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[ActorHandle] = anyio.TASK_STATUS_IGNORED) -> None:
         """The actor task; ``task_status.started`` fires once the first ``on_start`` returned."""
@@ -355,6 +440,8 @@ class ActorRuntime:
                     timers.cancel_scope.cancel()
             except Exception as exc:
                 self.timers = None
+                self.busy -= self.held
+                self.held = 0
                 if not self.supervisor.crashed(self.name, exc, self.policy):
                     handle.state = ActorState.GAVE_UP
                     if not started:

@@ -30,6 +30,7 @@ import contextlib
 import errno
 import itertools
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -426,7 +427,7 @@ class Broker:
                 del self._peers[ident]
                 self.publish(PeerLost(peer.name, round(now - peer.last_seen, 3)))
             self._report_drops(now)
-            for report in self._refusals.due(now):
+            for report in self._refusals.due(time.monotonic()):  # as _refuse: also called outside the loop
                 self.publish(report)
 
     async def _zap_loop(self, zap: zmq.asyncio.Socket) -> None:
@@ -489,7 +490,7 @@ class Broker:
 
     def _refuse(self, address: str, mechanism: str, key: str, reason: str) -> None:
         self.refused += 1
-        report = self._refusals.add(anyio.current_time(), peer_host(address), mechanism, key, reason)
+        report = self._refusals.add(time.monotonic(), peer_host(address), mechanism, key, reason)
         if report is not None:
             self.publish(report)
 

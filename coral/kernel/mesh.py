@@ -10,6 +10,10 @@
         await mesh.advance_to(60.0)    # virtual clock: wake timers in order, quiescing after each
         await mesh.inject(msg, dest="allocator", at=90.0)  # one external input, fully handled on return
 
+External inputs that arrive in wall time (an HTTP request at the gateway) ``ring`` the mesh's doorbell;
+a driver that paces a virtual clock against the wall clock waits on it (``rung``) as well as on its next
+deadline, so that such an input enters the mesh when it arrives, not at the driver's next step.
+
 Everything the mesh starts (broker, actors, clients) runs in the mesh's own task group, so nothing holds a
 task group across a caller's ``yield``. Leaving the ``async with`` block shuts down gracefully (see
 ``request_shutdown``); an exception in the block cancels everything instead.
@@ -105,6 +109,7 @@ class Mesh:
         self._broker_stop = anyio.Event()
         self._shutdown = anyio.Event()
         self._changed = anyio.Event()
+        self._bell = anyio.Event()
         self._watching = False
         self._activity = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -305,6 +310,15 @@ class Mesh:
         elif not self.send(dest, msg, source=source):
             raise MeshError(f"inject: {type(msg).__name__} could not be delivered to {dest!r}")
         await self.quiesce()
+
+    def ring(self) -> None:
+        """Say that an external input waits to be delivered (see the module docstring)."""
+        self._bell.set()
+
+    async def rung(self) -> None:
+        """Wait until ``ring`` was called (since the last ``rung`` returned)."""
+        await self._bell.wait()
+        self._bell = anyio.Event()
 
     # -- idleness ------------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ sends, publishes or replies recorded, with no kernel, bus or sockets."""
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,17 @@ class FakeBus:
         self.receiving = False
 
 
+class FakeAlarm:
+    """Stands in for ``coral.kernel.Alarm``: fires ``fn(t)`` at the earliest time it was set to."""
+
+    def __init__(self, fn: Callable[[float], Awaitable[None]]) -> None:
+        self.fn = fn
+        self.at = math.inf
+
+    def set(self, t: float) -> None:
+        self.at = min(self.at, t)
+
+
 class FakeContext:
     """Stands in for ``coral.kernel.ActorContext``; ``attach`` gives it to an actor."""
 
@@ -31,6 +43,7 @@ class FakeContext:
         self.published: list[object] = []
         self.replies: list[tuple[Envelope, object]] = []
         self._timers: list[tuple[float, int, float, Callable[[], Awaitable[None]]]] = []
+        self._alarms: list[FakeAlarm] = []
         self._n = 0
 
     def now(self) -> float:
@@ -52,11 +65,26 @@ class FakeContext:
         self._n += 1
         heapq.heappush(self._timers, (self.t + period if first is None else first, self._n, period, fn))
 
+    def alarm(self, fn: Callable[[float], Awaitable[None]]) -> FakeAlarm:
+        alarm = FakeAlarm(fn)
+        self._alarms.append(alarm)
+        return alarm
+
     async def run_until(self, t: float) -> None:
-        """Move the clock to ``t``, firing every timer due on the way, in time order."""
-        while self._timers and self._timers[0][0] <= t:
-            at, n, period, fn = heapq.heappop(self._timers)
+        """Move the clock to ``t``, firing every timer and alarm due on the way, in time order."""
+        while True:
+            at_timer = self._timers[0][0] if self._timers else math.inf
+            alarm = min(self._alarms, key=lambda a: a.at, default=None)
+            at_alarm = alarm.at if alarm is not None else math.inf
+            at = min(at_timer, at_alarm)
+            if at > t:
+                break
             self.t = at
+            if alarm is not None and at_alarm <= at_timer:
+                alarm.at = math.inf
+                await alarm.fn(at)
+                continue
+            _, n, period, fn = heapq.heappop(self._timers)
             await fn()
             heapq.heappush(self._timers, (at + period, n, period, fn))
         self.t = t

@@ -72,7 +72,7 @@ async def test_requests_go_to_serving_instances_in_proportion_to_their_weight(sc
     assert 0.7 < len(got["w-i2"]) / 3000 < 1.3 and 0.7 < len(got["w-i1"]) / 1000 < 1.3
     for dest, msg in ctx.sent:
         assert isinstance(msg, Dispatch) and msg.instance == dest.removeprefix("w-")
-        assert all(item.attempt == 0 and item.avail == 1.0 for item in msg.items)
+        assert all(item.attempt == 0 and item.avail == 0.25 for item in msg.items)  # dispatched at 1/1024 s
 
 
 async def test_the_draw_depends_on_the_seed_and_the_request_only(scenario: Scenario) -> None:
@@ -92,9 +92,9 @@ async def test_the_draw_depends_on_the_seed_and_the_request_only(scenario: Scena
 async def test_a_request_with_nowhere_to_go_waits_then_fails(scenario: Scenario) -> None:
     r, ctx = await _router(scenario, queue_timeout_s=3.0)
     await r.handle(envelope(_arrivals(range(1), reply=True), source="gateway"))
-    await ctx.run_until(4.0)
+    await ctx.run_until(3.0)
     assert r.stats[DEP].failed == 0 and r.stats[DEP].arrivals == 1
-    await ctx.run_until(5.0)  # queued at the tick at 1 s, more than 3 s ago
+    await ctx.run_until(4.0)  # queued at its wake 1/1024 s after it came, more than 3 s ago
     assert r.stats[DEP].failed_by == {"no_capacity": 1}
     results = [m for d, m in ctx.sent if d == "gateway"]
     assert [(o.id, o.kind, o.reason) for m in results for o in m.outcomes] == [(0, "failed", "no_capacity")]

@@ -1,0 +1,73 @@
+"""The demand monitor's change test: a constant Poisson stream does not re-plan; a step does, as fast as the
+relative thresholds alone would."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from actors.demand import DemandMonitor
+from coral.messages.demand import DemandUpdate
+from coral.messages.mesh import DemandTuning
+from coral.messages.requests import ArrivalCounts
+
+from .fake import attach, envelope
+
+REPORT_S = 5.0
+
+
+def relative_only(old: float, new: float, t: DemandTuning) -> bool:
+    """The thresholds without the change test (the monitor's rule before it)."""
+    rise = new > old and new - old > max(t.up * old, t.floor)
+    return rise or (old > new and old - new > max(t.down * old, t.floor))
+
+
+async def run(rates: list[float], seed: int) -> tuple[list[int], list[int], float]:
+    """Feed the monitor seeded Poisson counts, one report every 5 s at ``rates[k]`` for report k; return
+    the reports after which it published an update (the initial one left out), those after which the
+    relative thresholds alone would have, and its last published demand."""
+    tuning = DemandTuning()
+    mon = DemandMonitor(tick_s=1.0, deployments=["d"], prior={"d": rates[0]}, tuning=tuning, start=0.0)
+    ctx = await attach(mon)
+    rng = np.random.default_rng(seed)
+    shadow = rates[0]
+    new_rule: list[int] = []
+    old_rule: list[int] = []
+    for k, rate in enumerate(rates):
+        at = (k + 1) * REPORT_S
+        await mon.handle(envelope(ArrivalCounts(at, at - REPORT_S, {"d": int(rng.poisson(rate * REPORT_S))})))
+        await ctx.run_until(at + REPORT_S - 0.5)  # applied at the tick after it came
+        _, published = ctx.take()
+        updates = [m for m in published if isinstance(m, DemandUpdate)]
+        if updates and updates[0].reason != "initial":
+            new_rule.append(k)
+        v = mon.estimator.estimate()["d"]
+        if relative_only(shadow, v, tuning):
+            shadow = v
+            old_rule.append(k)
+    assert mon.published is not None
+    return new_rule, old_rule, mon.published["d"]
+
+
+@pytest.mark.parametrize("rate", [0.5, 2.0, 6.0, 12.0])
+async def test_a_constant_poisson_stream_does_not_re_plan(rate: float) -> None:
+    for seed in range(3):
+        new_rule, old_rule, _ = await run([rate] * 720, seed)  # an hour
+        assert new_rule == []
+        if rate <= 6.0:
+            assert old_rule  # the noise the test removes: the thresholds alone re-planned
+
+
+@pytest.mark.parametrize(("before", "after", "later"), [(6.0, 12.0, 0), (2.0, 10.0, 0), (2.0, 6.0, 1), (12.0, 3.0, 1)])
+async def test_a_step_re_plans_as_fast_as_the_thresholds_alone(before: float, after: float, later: int) -> None:
+    """A large rise is seen at the same report as the thresholds alone see it; a smaller one or a fall
+    (which the estimate's peak hold makes wait a minute either way) at most ``later`` reports after."""
+    step = 120  # reports: the step at t = 600 s
+    for seed in range(5):
+        new_rule, old_rule, last = await run([before] * step + [after] * 120, seed)
+        first_old = min((k for k in old_rule if k >= step), default=math.inf)
+        assert new_rule and new_rule[0] >= step
+        assert new_rule[0] <= first_old + later, (seed, new_rule[0], first_old)
+        assert math.isclose(last, after, rel_tol=0.35)
