@@ -66,20 +66,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(
-    tiny_model: Path, vllm_dir: Path, tmp_path: Path
-) -> None:
+def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_model: Path, tmp_path: Path) -> None:
     gateway = f"http://127.0.0.1:{_free_port()}"
     via_gateway: list[int] | None = None
     cmd = [
         sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())",
         "up", "--backend", "vllm", "--scenario", str(SCENARIO), "--store", str(tmp_path / "store.db"),
-        "--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(vllm_dir),
+        "--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(tmp_path / "vllm"),
         "--json", "--bind", "inproc", "--until-idle", "--drain", "300s", "--for", "420s",
         "--record", str(tmp_path / "run.journal"), "--gateway", gateway.removeprefix("http://"),
     ]  # fmt: skip
-    # --vllm-dir: the session's, whose cache (vLLM's model-info cache) the earlier servers filled, as a user's
-    # second run has it; a cold cache costs each run a child that imports vLLM (17.6 s of CPU at load 10)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
     # a server is killed only once its worker has had two heartbeats to publish its metrics
