@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     load1 = os.getloadavg()
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = ru.utime + ru.stime
+    cpu = ru.ru_utime + ru.ru_stime
     fig = {
         "recipe": recipe,
         "exit": rc,
