@@ -46,6 +46,7 @@ def test_solves_stream_replay_and_shut_down() -> None:
     assert threading.active_count() == threads  # no thread left behind
 
 
+@pytest.mark.slow  # 13.7 s in the full run at load 2-5 (two solves of up to 5 s of a 400-template problem)
 def test_a_result_taken_at_the_hard_deadline_replays_and_the_child_lives_on() -> None:
     """At a tiny deadline the child's solve may end after the owner's hard deadline: the owner then takes
     the last progress, whose effort replays it, and the next request waits for the late solve to end."""

@@ -1,74 +1,111 @@
-"""A 2-stage template with an uneven layer split (1 + 3 layers) runs as one vLLM server with PP=2, gives the
-single-stage instance's tokens, and a crash of its server is a fault that loses nothing silently."""
+"""A 2-stage template with an uneven layer split (1 + 3 layers) runs as one vLLM server with PP=2, shared by
+the tests of this module: the pipeline measurement on it gives sane figures and vLLM's KV blocks cover the
+sequences that ran; it gives the single-stage instance's tokens; and a crash of its server is a fault that
+loses nothing silently (last in the module: it kills the server)."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from coral.messages.requests import WorkItem
 from coral.vllm import client
+from coral.vllm import pipeline_measure as pm
+from coral.vllm.engine import VllmEngine
 from tests.vllm.conftest import N_TOKENS, PROMPTS, cpu_backend, reference_tokens, start
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
+SCHED = ("--enable-chunked-prefill", "--max-num-batched-tokens", "128", "--max-num-seqs", "64")
+"""The scheduler settings of ``just bench pipeline``, which the measurement test runs under."""
 
-def test_uneven_pp2_equals_the_single_stage_tokens_and_a_crash_is_a_fault(tiny_model: Path, vllm_dir: Path) -> None:
-    engines, t0 = start(cpu_backend(tiny_model, vllm_dir), [1, 3], "pp")
+
+@pytest.fixture(scope="module")
+def pp2(tiny_model: Path, vllm_dir: Path) -> Iterator[tuple[list[VllmEngine], float]]:
+    """The PP=2 instance (split 1,3) with the bench's scheduler settings: its engines (head first) and the
+    wall time its clock started at."""
+    # a PP=2 start took 8-10 min on this 2-core machine under a load of 30-40: more than conftest's 400 s
+    backend = attrs.evolve(cpu_backend(tiny_model, vllm_dir), extra_args=SCHED, startup_timeout_s=900.0)
+    engines, t0 = start(backend, [1, 3], "pp")
+    yield engines, t0
+    for e in engines:
+        e.stop(time.monotonic() - t0)
+
+
+def test_pp2_measurement_is_sane_and_kv_blocks_cover_the_sequences(pp2: tuple[list[VllmEngine], float]) -> None:
+    head = pp2[0][0]
+    assert not head.fault, head.fault  # the crash test below kills this server: it runs last
+    tg = pm.Target(head.endpoint, "tiny", head.api_key, 1024, 1024)
+    text = pm.Scraper(tg.endpoint, tg.api_key).text()
+    block, blocks = pm.cache_config(text)
+    row = pm.run_closed(tg, 4, 2, 64, 16, seed=5)
+    assert row["requests"] == 8
+    assert row["tpot_p50"] > 0 and row["ttft_p50"] > 0 and row["tok_s"] > 0
+    assert row["steps"] > 0 and 0 < row["micro_batch"] <= 4
+    need = max(p + o for p, o in pm.workload(5, 8, 64, 16, 1024))
+    assert blocks * block >= 4 * need  # the pool holds the 4 concurrent sequences
+    assert row["peak_kv_frac"] * blocks > 0 and row["peak_kv_frac"] <= 1
+    ttft = pm.run_ttft(tg, [16, 256], 1, seed=1)
+    assert all(math.isfinite(r["ttft_p50"]) and r["ttft_p50"] > 0 for r in ttft)
+
+
+def test_uneven_pp2_equals_the_single_stage_tokens_and_a_crash_is_a_fault(
+    pp2: tuple[list[VllmEngine], float], tiny_model: Path
+) -> None:
+    engines, t0 = pp2
     head, other = engines
-    try:
-        plan = head.plan
-        assert plan is not None and plan.pipeline_parallel == 2 and plan.layer_partition == (1, 3)
-        assert head.server is not None and other.server is None  # one server runs both stages
-        assert other.endpoint == "" and head.endpoint
-        got = []
-        for p in PROMPTS:
-            r = client.post_json(
-                head.endpoint,
-                "/v1/completions",
-                client.completion_body("tiny", p, N_TOKENS, stream=False),
-                api_key=head.api_key,
-            )
-            got.append([int(t) for t in r["choices"][0]["token_ids"]])
-        # the single-stage instance gives transformers' tokens (test_single); PP=2 must give the same
-        assert got == reference_tokens(tiny_model, PROMPTS, N_TOKENS)
+    plan = head.plan
+    assert plan is not None and plan.pipeline_parallel == 2 and plan.layer_partition == (1, 3)
+    assert head.server is not None and other.server is None  # one server runs both stages
+    assert other.endpoint == "" and head.endpoint
+    got = []
+    for p in PROMPTS:
+        r = client.post_json(
+            head.endpoint,
+            "/v1/completions",
+            client.completion_body("tiny", p, N_TOKENS, stream=False),
+            api_key=head.api_key,
+        )
+        got.append([int(t) for t in r["choices"][0]["token_ids"]])
+    # the single-stage instance gives transformers' tokens (test_single); PP=2 must give the same
+    assert got == reference_tokens(tiny_model, PROMPTS, N_TOKENS)
 
-        # a long request in flight, then the server dies (as soon as it generates: on an idle machine the
-        # tiny model can finish 1,000 tokens between two scrapes, so no scrape is waited for). A request
-        # that ended before the kill (the poll just before it reports it) is replaced by another one.
-        for rid in range(1, 6):
-            head.scrape_now()
-            before = head.server_metrics().get("vllm:generation_tokens_total", 0.0)
-            now = time.monotonic() - t0
-            head.submit([WorkItem(rid, "tiny", now, now, 16, 1000)], now)
-            assert head.poll(now) == []
-            deadline = time.monotonic() + 60
-            while head.server_metrics().get("vllm:generation_tokens_total", 0.0) <= before:
-                assert time.monotonic() < deadline, "the long request never started"
-                head.scrape_now()
-                time.sleep(0.01)
-            if head.poll(time.monotonic() - t0) == []:
-                break
-        else:
-            pytest.fail("each of 5 long requests ended before the server could be killed")
-        assert head.metrics().in_flight == 1
-        pid = head.server.pid
-        os.killpg(pid, signal.SIGKILL)
-        outcomes = []
+    # a long request in flight, then the server dies (as soon as it generates: on an idle machine the
+    # tiny model can finish 1,000 tokens between two scrapes, so no scrape is waited for). A request
+    # that ended before the kill (the poll just before it reports it) is replaced by another one.
+    for rid in range(1, 6):
+        head.scrape_now()
+        before = head.server_metrics().get("vllm:generation_tokens_total", 0.0)
+        now = time.monotonic() - t0
+        head.submit([WorkItem(rid, "tiny", now, now, 16, 1000)], now)
+        assert head.poll(now) == []
         deadline = time.monotonic() + 60
-        while not head.fault and time.monotonic() < deadline:
-            outcomes += head.poll(time.monotonic() - t0)
-            time.sleep(0.05)
-        assert head.fault.startswith(f"the vLLM server (pid {pid}) exited (killed by signal 9)")
+        while head.server_metrics().get("vllm:generation_tokens_total", 0.0) <= before:
+            assert time.monotonic() < deadline, "the long request never started"
+            head.scrape_now()
+            time.sleep(0.01)
+        if head.poll(time.monotonic() - t0) == []:
+            break
+    else:
+        pytest.fail("each of 5 long requests ended before the server could be killed")
+    assert head.metrics().in_flight == 1
+    pid = head.server.pid
+    os.killpg(pid, signal.SIGKILL)
+    outcomes = []
+    deadline = time.monotonic() + 60
+    while not head.fault and time.monotonic() < deadline:
         outcomes += head.poll(time.monotonic() - t0)
-        # The broken request is not reported failed: the router retries it. On a quiet machine the request
-        # can still finish in the moment between the last poll and the kill; then it is reported done.
-        assert [o.kind for o in outcomes] in ([], ["done"]) and all(o.id == rid for o in outcomes)
-        assert head.stop(time.monotonic() - t0) == 1 - len(outcomes)  # abandoned, for the record
-    finally:
-        for e in engines:
-            e.stop(0.0)
+        time.sleep(0.05)
+    assert head.fault.startswith(f"the vLLM server (pid {pid}) exited (killed by signal 9)")
+    outcomes += head.poll(time.monotonic() - t0)
+    # The broken request is not reported failed: the router retries it. On a quiet machine the request
+    # can still finish in the moment between the last poll and the kill; then it is reported done.
+    assert [o.kind for o in outcomes] in ([], ["done"]) and all(o.id == rid for o in outcomes)
+    assert head.stop(time.monotonic() - t0) == 1 - len(outcomes)  # abandoned, for the record
