@@ -47,7 +47,7 @@ from coral.kernel import Mesh  # noqa: E402
 from coral.messages.plan import NewPlan  # noqa: E402
 from coral.perf import PerfModel  # noqa: E402
 from coral.scenario import load_scenario  # noqa: E402
-from coral.sim import simulate  # noqa: E402
+from coral.sim import SimConfig, simulate  # noqa: E402
 from coral.store import TemplateStore, default_store_path  # noqa: E402
 
 
@@ -173,7 +173,9 @@ def main() -> None:
         with TemplateStore(Path(store), readonly=True) as st:
             plan_fn, templates = make_planner("coral", sc, cat, perf, st)
         dur = args.duration if args.duration is not None else sc.duration_s
-        sim = simulate(sc, templates, perf, plan_fn, seed=args.seed, duration_s=dur).to_json()
+        sim = simulate(
+            sc, templates, perf, plan_fn, seed=args.seed, duration_s=dur, config=SimConfig.for_cloud(setup.cloud)
+        ).to_json()
         rows = {}
         for name, m in mesh_summary["deployments"].items():
             s = sim["per_model"][name]

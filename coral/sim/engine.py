@@ -37,7 +37,8 @@ Model (honest, simple, one event per micro-batch per stage rather than one per t
   sliding means. The peak, not the mean: the Azure conversation trace bursts to 1.3-1.4x its 5-minute mean
   for minutes at a time, and the planner's queueing headroom is sized for Poisson arrivals at the planned
   rate, not for a burst on top. New instances are
-  ready after the slowest stage's ``load_s`` plus ``startup_s`` (the t=0 fleet is warm unless
+  ready after ``provision_s`` (the nodes), then the slowest stage's ``load_s`` plus ``startup_s`` (the
+  engine), as in the mesh's simulated cloud (``SimConfig``; the t=0 fleet is warm unless
   ``warm_start`` is off); starts beyond a node type's availability wait until nodes free.
   Removed instances are made before they are broken, as the mesh's supervisor does: a removed serving
   instance keeps serving (retiring) until every instance the plan wants for its deployment serves (at

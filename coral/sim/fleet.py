@@ -64,7 +64,7 @@ class Fleet(Batching):
             self._ready(inst, t)
         else:
             load = max(self.perf.load_s(tpl.model, s.node, s.layers) for s in tpl.stages)
-            self._push(t + load + self.cfg.startup_s, K_READY, inst)
+            self._push(t + self.cfg.provision_s + load + self.cfg.startup_s, K_READY, inst)
         return True
 
     def _build(self, inst: Inst) -> None:

@@ -14,6 +14,7 @@ import attrs
 import numpy as np
 
 from coral.errors import CoralError
+from coral.messages.mesh import CloudSetup
 from coral.perf import PerfModel
 from coral.plan import Plan, PlanRequest
 from coral.scenario import Deployment, Scenario
@@ -35,15 +36,24 @@ class SimError(CoralError):
     """The simulation cannot run: bad arguments, or the planner returned an unusable plan."""
 
 
+_CLOUD = attrs.fields(CloudSetup)
+
+
 @attrs.frozen
 class SimConfig:
     """Simulator knobs. Lengths for deployments without a trace: ``length_dist`` around the deployment's
-    shape means with CVs ``cv_in``/``cv_out``."""
+    shape means with CVs ``cv_in``/``cv_out``.
+
+    A new instance's nodes are ready ``provision_s`` after the start, and its engine ``startup_s`` plus
+    the slowest stage's weight load after that: the delays of the mesh's simulated cloud and engines,
+    whose defaults (``coral.messages.mesh.CloudSetup``) these share; ``for_cloud`` copies a run's.
+    """
 
     token_budget: int = 2048
     queue_limit: int = 100_000
     queue_timeout_s: float = 60.0
-    startup_s: float = 60.0
+    provision_s: float = _CLOUD.provision_s.default
+    startup_s: float = _CLOUD.startup_s.default
     warm_start: bool = True
     drain_limit_s: float = 600.0
     length_dist: str = "lognormal"
@@ -55,9 +65,14 @@ class SimConfig:
             raise SimError(f"token_budget must be at least 1, got {self.token_budget}")
         if self.queue_limit < 0:
             raise SimError(f"queue_limit must not be negative, got {self.queue_limit}")
-        for name in ("queue_timeout_s", "startup_s", "drain_limit_s"):
+        for name in ("queue_timeout_s", "provision_s", "startup_s", "drain_limit_s"):
             if not getattr(self, name) >= 0:
                 raise SimError(f"{name} must not be negative, got {getattr(self, name)}")
+
+    @classmethod
+    def for_cloud(cls, cloud: CloudSetup, **knobs: Any) -> SimConfig:
+        """The knobs (``knobs`` as given) with the provisioning and start-up delays of a mesh's cloud."""
+        return cls(provision_s=cloud.provision_s, startup_s=cloud.startup_s, **knobs)
 
 
 class Req:
