@@ -76,6 +76,10 @@ def plan_cost(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def shows(text: str) -> Callable[[str], bool]:
+    return lambda s: text in s
+
+
 def wait(pred: Callable[[str], bool], timeout: float) -> tuple[float | None, str]:
     """Poll the pane until ``pred`` holds; return (the time it first held, or None, and the pane)."""
     end = time.monotonic() + timeout
@@ -144,7 +148,7 @@ def main() -> None:
                         keys("Tab")
                         time.sleep(0.3)
                     keys(value, literal=True)
-                    wait(lambda s, v=value: v in s, 5.0)
+                    wait(shows(value), 5.0)
                 wait(lambda s: pick == 0 or "templates:" in s, 5.0)
                 for _ in range(pick):  # Tab to the template list: Enter chooses the highlighted (first) one
                     keys("Tab")
