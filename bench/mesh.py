@@ -174,7 +174,13 @@ def main() -> None:
             plan_fn, templates = make_planner("coral", sc, cat, perf, st)
         dur = args.duration if args.duration is not None else sc.duration_s
         sim = simulate(
-            sc, templates, perf, plan_fn, seed=args.seed, duration_s=dur, config=SimConfig.for_cloud(setup.cloud)
+            sc,
+            templates,
+            perf,
+            plan_fn,
+            seed=args.seed,
+            duration_s=dur,
+            config=SimConfig.for_cloud(setup.cloud, monitor=setup.demand),
         ).to_json()
         rows = {}
         for name, m in mesh_summary["deployments"].items():

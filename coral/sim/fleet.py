@@ -250,7 +250,10 @@ class Fleet(Batching):
         return out
 
     def _replan(self, t: float, trigger: str, first: bool = False) -> None:
-        demand = {d.name: float(self.rate_fns[d.idx](t)) for d in self.deps}
+        if self.mon_demand is not None:
+            demand = dict(self.mon_demand)
+        else:
+            demand = {d.name: float(self.rate_fns[d.idx](t)) for d in self.deps}
         live = self._live_counts()
         self.pending = {}
         req = PlanRequest(

@@ -53,7 +53,7 @@ async def test_mesh_and_simulator_agree_on_attainment_and_throughput(
     setup = world.setup("agree", opts, sc)
     with TemplateStore(world.store, readonly=True) as store:
         plan_fn, templates = make_planner("coral", sc, world.catalog, world.perf, store)
-    cfg = SimConfig.for_cloud(setup.cloud, warm_start=warm)
+    cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand, warm_start=warm)
     sim = simulate(sc, templates, world.perf, plan_fn, seed=7, config=cfg).to_json()
     res = await world.run("agree", scenario=sc, options=opts)
     mesh = summarize(setup, res.state, res.end, res.reason, res.wall_s, None)
