@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from coral.messages.mesh import CloudSetup
+from coral.messages.mesh import CloudSetup, DemandTuning
 from coral.perf import PerfModel
 from coral.plan import Plan, PlanRequest
 from coral.scenario import FaultEvent, MarketChange
@@ -269,6 +269,26 @@ def test_demand_series_steps_trigger_replans(perf: PerfModel) -> None:
     assert planner.requests[1].demand["chat"] == 12.0
     assert res.replans == 2
     assert res.plan_changes == [0.0, 150.0]
+
+
+def test_with_the_monitor_a_step_is_planned_for_as_the_mesh_estimates_it(perf: PerfModel) -> None:
+    """With SimConfig.monitor the plans follow the mesh's demand estimate of the simulated arrivals: the
+    step at 150 s is seen after it, as the 20 s mean rises (several plans on the way up, each for the
+    estimate then, not the scenario's 12 req/s), and the estimate ends near 12."""
+    tpl = single(perf, M, "g6e.xlarge", 64)
+    sc = h.scenario([h.deployment(rps=[(0.0, 2.0), (150.0, 12.0)])], duration_s=400, replan_interval_s=1000)
+    planner = GreedyPlanner({tpl.id: tpl}, {"chat": [(tpl.id, h.REGION)]})
+    tuning = DemandTuning()
+    simulate(sc, {tpl.id: tpl}, perf, planner, config=SimConfig(monitor=tuning, queue_timeout_s=1e6))
+    first, *rest = planner.requests
+    assert (first.at, first.trigger, first.demand["chat"]) == (0.0, "initial", 2.0)
+    ups = [r for r in rest if r.at > 150.0]
+    assert ups and all(r.trigger == "demand" for r in rest)
+    assert 150.0 < ups[0].at < 150.0 + tuning.avg_s and ups[0].demand["chat"] < 12.0
+    assert len(ups) >= 3 and [r.demand["chat"] for r in ups[:3]] == sorted(r.demand["chat"] for r in ups[:3])
+    assert ups[-1].demand["chat"] == pytest.approx(12.0, rel=0.3)
+    with pytest.raises(state.SimError, match="monitor"):
+        SimConfig(monitor=DemandTuning(avg_s=0.0))
 
 
 def test_template_paths_decomposes_branching_flow(perf: PerfModel) -> None:
