@@ -7,11 +7,16 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
 - ``--speed max`` (the default): as fast as possible; reported: wall seconds, CPU seconds of this
   process, simulated seconds per wall second (target: the default hour in at most 60 s wall);
 - ``--speed N``: paced at N simulated seconds per wall second; reported: how far the clock fell behind
-  the pace at its worst (target at 60: never more than 5 s behind);
+  the pace at its worst, when, and at each sixth of the run (target at 60: never more than 5 s behind);
+- the plans with their triggers and times, the start-up time, and the slowest steps of the clock with
+  the actors busy in each (a plan stops the clock for its solve);
+- plans are solved under the scenario's deadline, as ``coral up`` does; ``--no-deadline`` solves each to
+  completion (the deterministic run, in the mesh and in ``--compare``'s simulator);
 - per actor (workers summed as ``worker-*``): messages handled, timer calls (ticks) and the wall time
   spent in them, the share of the run's wall time, and the bus totals (routed, published);
 - ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``);
-- ``--compare``: also runs ``coral simulate`` on the same scenario, seed and planner, and prints each
+- ``--compare``: also runs the simulator on the same scenario, seed and planner, with the mesh's
+  provisioning and loading delays and its demand monitor (``SimConfig.for_cloud``), and prints each
   deployment's SLO attainment and share of requests served in both (target: within 1 point).
 
 The machine's load average is printed with the figures: they depend on it. Run
@@ -49,6 +54,7 @@ from coral.perf import PerfModel  # noqa: E402
 from coral.scenario import load_scenario  # noqa: E402
 from coral.sim import SimConfig, simulate  # noqa: E402
 from coral.store import TemplateStore, default_store_path  # noqa: E402
+from solvers.allocation import SolverEffort, solve_allocation  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -169,9 +175,15 @@ def main() -> None:
             last.clear()
             last.update(now)
 
+    def solve(prob: Any, **kw: Any) -> Any:
+        """The simulator's solves: to completion with --no-deadline, as the mesh's (else under the deadline)."""
+        if args.no_deadline:
+            kw["effort"] = SolverEffort()
+        return solve_allocation(prob, **kw)
+
     def compare(mesh_summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
         with TemplateStore(Path(store), readonly=True) as st:
-            plan_fn, templates = make_planner("coral", sc, cat, perf, st)
+            plan_fn, templates = make_planner("coral", sc, cat, perf, st, solve=solve)
         dur = args.duration if args.duration is not None else sc.duration_s
         sim = simulate(
             sc,
