@@ -7,11 +7,16 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
 - ``--speed max`` (the default): as fast as possible; reported: wall seconds, CPU seconds of this
   process, simulated seconds per wall second (target: the default hour in at most 60 s wall);
 - ``--speed N``: paced at N simulated seconds per wall second; reported: how far the clock fell behind
-  the pace at its worst (target at 60: never more than 5 s behind);
+  the pace at its worst, when, and at each sixth of the run (target at 60: never more than 5 s behind);
+- the plans with their triggers and times, the start-up time, and the slowest steps of the clock with
+  the actors busy in each (a plan stops the clock for its solve);
+- plans are solved under the scenario's deadline, as ``coral up`` does; ``--no-deadline`` solves each to
+  completion (the deterministic run, in the mesh and in ``--compare``'s simulator);
 - per actor (workers summed as ``worker-*``): messages handled, timer calls (ticks) and the wall time
   spent in them, the share of the run's wall time, and the bus totals (routed, published);
 - ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``);
-- ``--compare``: also runs ``coral simulate`` on the same scenario, seed and planner, and prints each
+- ``--compare``: also runs the simulator on the same scenario, seed and planner, with the mesh's
+  provisioning and loading delays and its demand monitor (``SimConfig.for_cloud``), and prints each
   deployment's SLO attainment and share of requests served in both (target: within 1 point).
 
 The machine's load average is printed with the figures: they depend on it. Run
@@ -23,16 +28,33 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import json
 import math
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import anyio  # noqa: E402
+
+from actors.compose import CoralMesh, RunOptions, library_for, make_setup, run_mesh  # noqa: E402
+from actors.watch import RunState  # noqa: E402
+from coral.catalog import load_catalog  # noqa: E402
+from coral.cli.planning import make_planner  # noqa: E402
+from coral.cli.up_status import summarize  # noqa: E402
+from coral.kernel import Mesh  # noqa: E402
+from coral.messages.plan import NewPlan  # noqa: E402
+from coral.perf import PerfModel  # noqa: E402
+from coral.scenario import load_scenario  # noqa: E402
+from coral.sim import SimConfig, simulate  # noqa: E402
+from coral.store import TemplateStore, default_store_path  # noqa: E402
+from solvers.allocation import SolverEffort, solve_allocation  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -41,6 +63,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--store", type=Path, default=None, help="template store (default: the user data dir)")
     p.add_argument("--speed", default="max", help="'max' or simulated seconds per wall second (default: max)")
     p.add_argument("--duration", type=float, default=None, help="simulated seconds (default: the scenario's)")
+    p.add_argument(
+        "--no-deadline",
+        action="store_true",
+        help="solve every plan to completion, as `coral up --no-deadline` (default: under the scenario's deadline)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default: 0)")
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
     p.add_argument("--compare", action="store_true", help="also run `coral simulate` and compare attainment")
@@ -48,20 +75,65 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+class PlanLog(RunState):
+    """The run's watcher state, plus each plan's simulated time and trigger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[float, str]] = []
+
+    def update(self, env: Any) -> None:
+        super().update(env)
+        if isinstance(env.msg, NewPlan):
+            self.log.append((env.msg.plan.at, env.msg.plan.trigger))
+
+
+def worst(trace: list[tuple[float, float, float]], speed: float | None) -> dict[str, float]:
+    """The step at which the clock was furthest behind the pace (the first, at max speed)."""
+    if not trace:
+        return {"t": math.nan, "wall_s": math.nan, "behind_s": 0.0}
+    wall, t, lag = max(trace, key=lambda r: r[2]) if speed is not None else trace[0]
+    return {"t": t, "wall_s": round(wall, 2), "behind_s": round(lag, 2)}
+
+
+def grouped_busy(mesh: Any) -> dict[str, float]:
+    """Busy wall seconds so far per actor, the workers summed as ``worker-*``."""
+    out: dict[str, float] = {}
+    for name, c in mesh.counters().items():
+        key = "worker-*" if name.startswith("worker-") else name
+        out[key] = out.get(key, 0.0) + c.busy_s
+    return out
+
+
+def slowest(trace: list[tuple[float, float, float]], busy: list[dict[str, float]], n: int = 8) -> list[dict[str, Any]]:
+    """The ``n`` steps that took the most wall time (the first from the clock's start), slowest first,
+    each with the actors that were busy in it."""
+    steps = [(trace[0][0], trace[0][1], 0)] if trace else []
+    steps += [(b[0] - a[0], b[1], i + 1) for i, (a, b) in enumerate(itertools.pairwise(trace))]
+    steps.sort(key=lambda r: -r[0])
+    return [
+        {
+            "step_wall_s": round(d, 3),
+            "t": t,
+            "busy": {k: round(v, 3) for k, v in sorted(busy[i].items(), key=lambda kv: -kv[1])[:3]},
+        }
+        for d, t, i in steps[:n]
+    ]
+
+
+def behind_at(trace: list[tuple[float, float, float]], duration_s: float, parts: int = 6) -> list[list[float]]:
+    """How far behind the pace (simulated s) the clock was at each ``duration_s / parts`` of the run."""
+    out = []
+    for k in range(parts + 1):
+        at = k * duration_s / parts
+        row = next((r for r in trace if r[1] >= at), trace[-1] if trace else None)
+        if row is not None:
+            out.append([round(row[1]), round(row[2], 1)])
+    return out
+
+
 def main() -> None:
     args = parse()
-    import anyio
-
-    from actors.compose import CoralMesh, RunOptions, library_for, make_setup, run_mesh
-    from actors.watch import RunState
-    from coral.catalog import load_catalog
-    from coral.cli.planning import make_planner
-    from coral.cli.up_status import summarize
-    from coral.kernel import Mesh
-    from coral.perf import PerfModel
-    from coral.scenario import load_scenario
-    from coral.sim import simulate
-    from coral.store import TemplateStore, default_store_path
 
     speed = None if args.speed == "max" else float(args.speed)
     if speed is not None and not (math.isfinite(speed) and speed > 0):
@@ -76,25 +148,52 @@ def main() -> None:
         lib = library_for(st, sc)
     if not any(lib.values()):
         raise SystemExit(f"--store: {store} holds no templates for scenario {sc.name!r}")
-    setup = make_setup(sc, cat, perf, lib, RunOptions(seed=args.seed, deterministic=True, duration_s=args.duration))
-    state = RunState()
+    setup = make_setup(
+        sc, cat, perf, lib, RunOptions(seed=args.seed, deterministic=args.no_deadline, duration_s=args.duration)
+    )
+    state = PlanLog()
     meshes: list[Mesh] = []
     behind = [0.0]
+    trace: list[tuple[float, float, float]] = []  # (wall s since start, simulated t, s behind the pace)
+    busy: list[dict[str, float]] = []  # per step: the actors' busy wall seconds in it (workers summed)
+    last: dict[str, float] = {}
     t0: list[float] = []
 
     async def on_start(mesh: Mesh, _cm: CoralMesh) -> None:
         meshes.append(mesh)
         t0.extend((time.monotonic(), mesh.clock.now()))
+        started.append(t0[0] - started[0])
 
     def on_step(t: float) -> None:
-        if speed is not None and t0:
-            behind[0] = max(behind[0], (time.monotonic() - t0[0]) * speed - (t - t0[1]))
+        if t0:
+            wall = time.monotonic() - t0[0]
+            lag = wall * speed - (t - t0[1]) if speed is not None else 0.0
+            behind[0] = max(behind[0], lag)
+            trace.append((wall, t, lag))
+            now = grouped_busy(meshes[0])
+            busy.append({k: v - last.get(k, 0.0) for k, v in now.items() if v - last.get(k, 0.0) > 1e-3})
+            last.clear()
+            last.update(now)
+
+    def solve(prob: Any, **kw: Any) -> Any:
+        """The simulator's solves: to completion with --no-deadline, as the mesh's (else under the deadline)."""
+        if args.no_deadline:
+            kw["effort"] = SolverEffort()
+        return solve_allocation(prob, **kw)
 
     def compare(mesh_summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
         with TemplateStore(Path(store), readonly=True) as st:
-            plan_fn, templates = make_planner("coral", sc, cat, perf, st)
+            plan_fn, templates = make_planner("coral", sc, cat, perf, st, solve=solve)
         dur = args.duration if args.duration is not None else sc.duration_s
-        sim = simulate(sc, templates, perf, plan_fn, seed=args.seed, duration_s=dur).to_json()
+        sim = simulate(
+            sc,
+            templates,
+            perf,
+            plan_fn,
+            seed=args.seed,
+            duration_s=dur,
+            config=SimConfig.for_cloud(setup.cloud, monitor=setup.demand),
+        ).to_json()
         rows = {}
         for name, m in mesh_summary["deployments"].items():
             s = sim["per_model"][name]
@@ -108,6 +207,7 @@ def main() -> None:
             }
         return rows
 
+    started = [time.monotonic()]
     load0 = os.getloadavg()
     cpu0 = time.process_time()
     prof = cProfile.Profile() if args.profile is not None else None
@@ -139,8 +239,16 @@ def main() -> None:
         "cpu_s": round(cpu, 2),
         "x_real_time": round(simulated / res.wall_s, 1),
         "max_behind_s": round(behind[0], 2) if speed is not None else None,
+        "start_s": round(started[-1], 2),
+        "first_step_s": round(trace[0][0], 2) if trace else None,
+        "worst": worst(trace, speed),
+        "slowest_steps": slowest(trace, busy),
+        "behind_at": behind_at(trace, sc.duration_s) if speed is not None else None,
         "load_before": [round(x, 2) for x in load0],
         "load_after": [round(x, 2) for x in os.getloadavg()],
+        "plans": len(state.log),
+        "plan_times": [round(t) for t, _ in state.log],
+        "plan_triggers": dict(Counter(trigger for _, trigger in state.log).most_common()),
         "bus": {"routed": mesh.broker.stats.routed, "published": mesh.broker.stats.published},
         "actors": {k: {**v, "busy_s": round(v["busy_s"], 3)} for k, v in sorted(per.items())},
     }
@@ -154,8 +262,22 @@ def main() -> None:
         f"  {simulated:.0f} simulated s in {res.wall_s:.1f} s wall ({out['x_real_time']}x real time), "
         f"{cpu:.1f} s CPU; bus: {out['bus']['routed']} routed, {out['bus']['published']} published"
     )
+    print(f"  {out['plans']} plans, by trigger: {out['plan_triggers']}; at simulated t: {out['plan_times']}")
+    print(
+        f"  start-up: {out['start_s']:.2f} s wall to the actors' start, then {out['first_step_s']:.2f} s to the "
+        "clock's first step"
+    )
     if speed is not None:
-        print(f"  at most {behind[0]:.2f} s behind the pace")
+        w = out["worst"]
+        print(
+            f"  at most {behind[0]:.2f} simulated s ({behind[0] / speed:.2f} s wall) behind the pace, "
+            f"at simulated t={w['t']:.0f} ({w['wall_s']:.1f} s into the run)"
+        )
+        print("  behind the pace (simulated t: s): " + ", ".join(f"{t}: {b}" for t, b in out["behind_at"]))
+    print("  slowest steps (wall s, ending at simulated t, busiest actors in it):")
+    for r in out["slowest_steps"]:
+        who = ", ".join(f"{k} {v:.2f} s" for k, v in r["busy"].items())
+        print(f"    {r['step_wall_s']:.2f} s at t={r['t']:.0f}: {who}")
     for d, c in out.get("compare", {}).items():
         print(
             f"  {d:<10} attainment mesh {c['mesh_attainment']:.4f} simulate {c['sim_attainment']:.4f} "

@@ -37,7 +37,8 @@ Model (honest, simple, one event per micro-batch per stage rather than one per t
   sliding means. The peak, not the mean: the Azure conversation trace bursts to 1.3-1.4x its 5-minute mean
   for minutes at a time, and the planner's queueing headroom is sized for Poisson arrivals at the planned
   rate, not for a burst on top. New instances are
-  ready after the slowest stage's ``load_s`` plus ``startup_s`` (the t=0 fleet is warm unless
+  ready after ``provision_s`` (the nodes), then the slowest stage's ``load_s`` plus ``startup_s`` (the
+  engine), as in the mesh's simulated cloud (``SimConfig``; the t=0 fleet is warm unless
   ``warm_start`` is off); starts beyond a node type's availability wait until nodes free.
   Removed instances are made before they are broken, as the mesh's supervisor does: a removed serving
   instance keeps serving (retiring) until every instance the plan wants for its deployment serves (at
@@ -60,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coral.demand import DemandEstimator, moved
 from coral.perf import PerfModel
 from coral.scenario import Scenario
 from coral.sim.arrivals import (
@@ -77,6 +79,7 @@ from coral.sim.state import (
     K_FAULT,
     K_HANDOFF,
     K_MARKET,
+    K_MONITOR,
     K_READY,
     K_REPLAN,
     K_STAGE,
@@ -209,6 +212,13 @@ class _Sim(Fleet):
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
+        tuning = self.cfg.monitor
+        if tuning is not None:
+            prior = {d.name: float(self.rate_fns[d.idx](0.0)) for d in self.deps}
+            self.monitor = DemandEstimator([d.name for d in self.deps], prior, tuning, 0.0)
+            self.mon_counts = [0] * len(self.deps)
+            self.mon_demand = self.monitor.estimate()
+            self._push(min(self.cfg.monitor_tick_s, self.duration), K_MONITOR, 0.0)
         self._replan(0.0, "initial", first=True)
         k = 1
         ri = self.sc.planner.replan_interval_s
@@ -218,7 +228,7 @@ class _Sim(Fleet):
         for ch in self.sc.market:
             if 0 < ch.at < self.duration:
                 self._push(ch.at, K_MARKET, ch)
-        if self.series_deps:
+        if self.series_deps and self.monitor is None:
             steps = sorted({p[0] for d in self.series_deps for p in d.d.demand.series if 0 < p[0] < self.duration})
             for at in steps:
                 self._push(at, K_REPLAN, "demand")
@@ -258,6 +268,8 @@ class _Sim(Fleet):
                 self._market(obj, t)
             elif kind == K_FAULT:
                 self._fault(obj, t)
+            elif kind == K_MONITOR:
+                self._monitor(obj, t)
             if self.open_sources == 0 and self.active == 0 and t >= self.duration:
                 break
         end = max(t, self.duration)
@@ -304,8 +316,22 @@ class _Sim(Fleet):
             if inst.state != DEAD:
                 self._release(inst, end)
 
+    def _monitor(self, since: float, t: float) -> None:
+        """The demand monitor's tick: observe the arrivals since the last, re-plan when the estimate moved."""
+        assert self.monitor is not None and self.mon_demand is not None and self.cfg.monitor is not None
+        self.monitor.observe(since, t, {d.name: self.mon_counts[d.idx] for d in self.deps})
+        self.mon_counts = [0] * len(self.deps)
+        est = self.monitor.estimate()
+        if moved(self.mon_demand, est, self.cfg.monitor, self.monitor):
+            self.mon_demand = est
+            self._replan(t, "demand")
+        if t < self.duration:
+            self._push(min(t + self.cfg.monitor_tick_s, self.duration), K_MONITOR, t)
+
     def _arrive(self, a: tuple[float, int, int, int], t: float) -> None:
         dep = self.deps[a[1]]
+        if self.monitor is not None:
+            self.mon_counts[dep.idx] += 1
         req = Req(dep, t, a[2], a[3] if a[3] > 0 else 1)
         st = dep.stats
         st.requests += 1

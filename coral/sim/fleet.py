@@ -64,7 +64,7 @@ class Fleet(Batching):
             self._ready(inst, t)
         else:
             load = max(self.perf.load_s(tpl.model, s.node, s.layers) for s in tpl.stages)
-            self._push(t + load + self.cfg.startup_s, K_READY, inst)
+            self._push(t + self.cfg.provision_s + load + self.cfg.startup_s, K_READY, inst)
         return True
 
     def _build(self, inst: Inst) -> None:
@@ -255,7 +255,10 @@ class Fleet(Batching):
         return out
 
     def _replan(self, t: float, trigger: str, first: bool = False) -> None:
-        demand = {d.name: float(self.rate_fns[d.idx](t)) for d in self.deps}
+        if self.mon_demand is not None:
+            demand = dict(self.mon_demand)
+        else:
+            demand = {d.name: float(self.rate_fns[d.idx](t)) for d in self.deps}
         live = self._live_counts()
         self.pending = {}
         req = PlanRequest(

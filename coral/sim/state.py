@@ -13,7 +13,9 @@ from typing import Any
 import attrs
 import numpy as np
 
+from coral.demand import DemandEstimator
 from coral.errors import CoralError
+from coral.messages.mesh import CloudSetup, DemandTuning, MeshTiming
 from coral.perf import PerfModel
 from coral.plan import Plan, PlanRequest
 from coral.scenario import Deployment, Scenario
@@ -25,7 +27,7 @@ from coral.sim.tables import StageTable
 from coral.templates import SINK, SOURCE, Template
 
 LOADING, SERVING, DRAINING, DEAD = 0, 1, 2, 3
-K_STAGE, K_ARRIVAL, K_HANDOFF, K_READY, K_TICK, K_REPLAN, K_MARKET, K_FAULT = range(8)
+K_STAGE, K_ARRIVAL, K_HANDOFF, K_READY, K_TICK, K_REPLAN, K_MARKET, K_FAULT, K_MONITOR = range(9)
 
 PlanFn = Callable[[PlanRequest], Plan]
 _EMPTY: deque[Req] = deque()
@@ -35,15 +37,30 @@ class SimError(CoralError):
     """The simulation cannot run: bad arguments, or the planner returned an unusable plan."""
 
 
+_CLOUD = CloudSetup()
+
+
 @attrs.frozen
 class SimConfig:
     """Simulator knobs. Lengths for deployments without a trace: ``length_dist`` around the deployment's
-    shape means with CVs ``cv_in``/``cv_out``."""
+    shape means with CVs ``cv_in``/``cv_out``.
+
+    A new instance's nodes are ready ``provision_s`` after the start, and its engine ``startup_s`` plus
+    the slowest stage's weight load after that: the delays of the mesh's simulated cloud and engines,
+    whose defaults (``coral.messages.mesh.CloudSetup``) these share; ``for_cloud`` copies a run's.
+
+    ``monitor``: plan for the demand that the mesh's demand monitor would estimate from the simulated
+    arrivals (``coral.demand``, observed every ``monitor_tick_s``), re-planning when it moves, instead of
+    the scenario's demand at the moment (the default).
+    """
 
     token_budget: int = 2048
     queue_limit: int = 100_000
     queue_timeout_s: float = 60.0
-    startup_s: float = 60.0
+    provision_s: float = _CLOUD.provision_s
+    startup_s: float = _CLOUD.startup_s
+    monitor: DemandTuning | None = None
+    monitor_tick_s: float = MeshTiming().tick_s
     warm_start: bool = True
     drain_limit_s: float = 600.0
     length_dist: str = "lognormal"
@@ -55,9 +72,21 @@ class SimConfig:
             raise SimError(f"token_budget must be at least 1, got {self.token_budget}")
         if self.queue_limit < 0:
             raise SimError(f"queue_limit must not be negative, got {self.queue_limit}")
-        for name in ("queue_timeout_s", "startup_s", "drain_limit_s"):
+        if not self.monitor_tick_s > 0:
+            raise SimError(f"monitor_tick_s must be positive, got {self.monitor_tick_s}")
+        if self.monitor is not None:
+            try:
+                self.monitor.check()
+            except CoralError as exc:
+                raise SimError(f"monitor: {exc}") from exc
+        for name in ("queue_timeout_s", "provision_s", "startup_s", "drain_limit_s"):
             if not getattr(self, name) >= 0:
                 raise SimError(f"{name} must not be negative, got {getattr(self, name)}")
+
+    @classmethod
+    def for_cloud(cls, cloud: CloudSetup, **knobs: Any) -> SimConfig:
+        """The knobs (``knobs`` as given) with the provisioning and start-up delays of a mesh's cloud."""
+        return cls(provision_s=cloud.provision_s, startup_s=cloud.startup_s, **knobs)
 
 
 class Req:
@@ -390,6 +419,11 @@ class SimState:
         self.preemptions = 0
         self.events = 0
         self.plan_seq = 0
+        self.monitor: DemandEstimator | None = None
+        """The mesh's demand estimator over the simulated arrivals (``SimConfig.monitor``), if used."""
+        self.mon_counts: list[int] = []
+        self.mon_demand: dict[str, float] | None = None
+        """The demand last published by the monitor: what every plan is made for, when it is used."""
         self.series: list[tuple[Any, ...]] = []
         self.skipped = 0
         self.rate_fns: list[Callable[[float], float]] = []

@@ -6,7 +6,7 @@ import pytest
 
 from actors.base import first_tick
 from actors.cloud import CloudError, SimCloud, StaticHosts
-from actors.demand import DemandEstimator
+from coral.demand import DemandEstimator
 from actors.feed import ScenarioFeed, Traffic
 from actors.replay import Decision, compare
 from coral.engines import EngineError, StageAssignment

@@ -1,7 +1,11 @@
 """One engine model: the mesh's simulated engines and ``coral simulate`` agree on the same scenario, seed and
-plan (a steady demand, so that both plan once, at the start, for the same demand). The default scenario
-(one hour, demand steps, its own template library) is too long for a test: ``just bench mesh --compare``
-runs both on it and prints each deployment's attainment side by side."""
+planner. ``steady``: one demand from the start, so that both plan once, at the start, for the same demand,
+and serve from a warm fleet. ``step``: no demand for 300 s, then 6 req/s: both see the step through the
+mesh's demand monitor (its estimator, re-planning as the estimate rises), wait for the new nodes (the
+cloud's ``provision_s``) and engines (weight load plus ``startup_s``) while the first requests time out,
+so the two agree only if the simulator models the same monitor and delays (``SimConfig.for_cloud``). The
+default scenario (one hour, demand steps, its own template library) is too long for a test: ``just bench
+mesh --compare`` runs both on it and prints each deployment's attainment side by side."""
 
 from __future__ import annotations
 
@@ -13,17 +17,16 @@ from actors.compose import RunOptions
 from coral.cli.planning import make_planner
 from coral.cli.up_cmd import summarize
 from coral.scenario import load_scenario
-from coral.sim import simulate
+from coral.sim import SimConfig, simulate
 from coral.store import TemplateStore
 
 from .helpers import World
 
-DURATION_S = 600.0
-SCENARIO = f"""name = "agree"
-description = "engine agreement: one 8B chat deployment near its fleet's capacity, steady"
+SCENARIO = """name = "agree"
+description = "engine agreement: one 8B chat deployment near its fleet's capacity"
 regions = ["aws-us-east-1"]
 node_types = ["g6.xlarge", "g6e.xlarge", "g5.xlarge"]
-duration_s = {DURATION_S:g}
+duration_s = {duration:g}
 
 [planner]
 nmax = 2
@@ -35,21 +38,31 @@ name = "chat-8b"
 model = "llama-3.1-8b"
 slo = {{ ttft_s = 2.0, tpot_s = 0.1, attainment = 0.9 }}
 shape = {{ mean_in = 512, mean_out = 128 }}
-demand = 6.0
+demand = {demand}
 """
 
 
 @pytest.mark.slow
-async def test_mesh_and_simulator_agree_on_attainment_and_throughput(world: World, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("demand", "duration"), [("6.0", 600.0), ("{ series = [[0, 0.0], [300, 6.0]] }", 1200.0)], ids=["steady", "step"]
+)
+async def test_mesh_and_simulator_agree_on_attainment_and_throughput(
+    world: World, tmp_path: Path, demand: str, duration: float
+) -> None:
     path = tmp_path / "agree.toml"
-    path.write_text(SCENARIO)
+    path.write_text(SCENARIO.format(duration=duration, demand=demand))
     sc = load_scenario(str(path), world.catalog)
+    opts = RunOptions(seed=7, deterministic=True)
+    setup = world.setup("agree", opts, sc)
     with TemplateStore(world.store, readonly=True) as store:
         plan_fn, templates = make_planner("coral", sc, world.catalog, world.perf, store)
-    sim = simulate(sc, templates, world.perf, plan_fn, seed=7).to_json()
-    opts = RunOptions(seed=7, deterministic=True)
+    cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand)
+    sim = simulate(sc, templates, world.perf, plan_fn, seed=7, config=cfg).to_json()
     res = await world.run("agree", scenario=sc, options=opts)
-    mesh = summarize(world.setup("agree", opts, sc), res.state, res.end, res.reason, res.wall_s, None)
+    mesh = summarize(setup, res.state, res.end, res.reason, res.wall_s, None)
+    if duration > 600:  # the first requests after the step wait out the start and time out, in both
+        assert mesh["deployments"]["chat-8b"]["failed_by"].get("no_capacity", 0) > 0
+        assert sim["per_model"]["chat-8b"]["completed"] < sim["per_model"]["chat-8b"]["requests"]
     for name, m in mesh["deployments"].items():
         s = sim["per_model"][name]
         assert m["slo_attainment"] == pytest.approx(s["attainment"]["both"], abs=0.01), name

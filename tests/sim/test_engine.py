@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from coral.messages.mesh import CloudSetup, DemandTuning
 from coral.perf import PerfModel
 from coral.plan import Plan, PlanRequest
 from coral.scenario import FaultEvent, MarketChange
@@ -176,7 +177,7 @@ def test_cost_integrates_loading_serving_and_draining(perf: PerfModel) -> None:
     res = simulate(
         sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, h.REGION): 1}), config=cfg, interval_s=30
     )
-    ready = perf.load_s(M, "g6e.xlarge", 32) + 45.0
+    ready = SimConfig().provision_s + perf.load_s(M, "g6e.xlarge", 32) + 45.0
     assert res.to_json()["cost"] == pytest.approx(price * res.end_s / 3600, rel=1e-9)
     first = [r for r in res.series if r[2] == "chat"]
     assert all(r[4] == 0.0 for r in first if r[1] <= ready)
@@ -189,6 +190,26 @@ def test_cost_integrates_loading_serving_and_draining(perf: PerfModel) -> None:
     base = price * (2 * 300 + 1 * res.end_s - 300) / 3600
     extra = res.to_json()["cost"] - base
     assert 0 < extra < price * 120 / 3600
+
+
+def test_a_new_instance_waits_for_its_nodes_then_its_engine(perf: PerfModel) -> None:
+    """A cold instance serves from provision_s + load + startup_s on, the delays of the mesh's cloud:
+    the defaults are CloudSetup's, and for_cloud copies a run's."""
+    tpl = single(perf, M, "g6e.xlarge", 64)
+    cloud = CloudSetup(provision_s=25.0, startup_s=40.0)
+    cfg = SimConfig.for_cloud(cloud, warm_start=False)
+    assert (cfg.provision_s, cfg.startup_s) == (25.0, 40.0)
+    assert (SimConfig().provision_s, SimConfig().startup_s) == (CloudSetup().provision_s, CloudSetup().startup_s)
+    sc = h.scenario([h.deployment(rps=1.0)], duration_s=300)
+    res = simulate(
+        sc, {tpl.id: tpl}, perf, FixedPlanner({tpl.id: tpl}, {("chat", tpl.id, h.REGION): 1}), config=cfg, interval_s=5
+    )
+    ready = 25.0 + perf.load_s(M, "g6e.xlarge", 32) + 40.0
+    rows = [r for r in res.series if r[2] == "chat"]
+    assert all(r[4] == 0.0 for r in rows if r[1] <= ready)
+    assert any(r[4] > 0.0 for r in rows if r[0] >= ready)
+    with pytest.raises(state.SimError, match="provision_s"):
+        SimConfig(provision_s=-1.0)
 
 
 def test_a_replaced_instance_serves_until_its_replacement_does(perf: PerfModel) -> None:
@@ -209,7 +230,7 @@ def test_a_replaced_instance_serves_until_its_replacement_does(perf: PerfModel) 
     rows = [r for r in res.series if r[2] == "chat" and r[1] <= 900]
     assert all(r[4] > 0 for r in rows)  # capacity never drops to zero
     assert res.summary()["failed"] == 0
-    ready = 300 + perf.load_s(M, "p5.4xlarge", 32) + SimConfig().startup_s
+    ready = 300 + SimConfig().provision_s + perf.load_s(M, "p5.4xlarge", 32) + SimConfig().startup_s
     overlap = [r for r in rows if r[0] >= 300 and r[1] <= ready]
     assert overlap and all(r[8] == 2 for r in overlap)  # both held while the new one loads
     assert all(r[8] == 1 for r in rows if r[0] >= ready + 60)
@@ -248,6 +269,26 @@ def test_demand_series_steps_trigger_replans(perf: PerfModel) -> None:
     assert planner.requests[1].demand["chat"] == 12.0
     assert res.replans == 2
     assert res.plan_changes == [0.0, 150.0]
+
+
+def test_with_the_monitor_a_step_is_planned_for_as_the_mesh_estimates_it(perf: PerfModel) -> None:
+    """With SimConfig.monitor the plans follow the mesh's demand estimate of the simulated arrivals: the
+    step at 150 s is seen after it, as the 20 s mean rises (several plans on the way up, each for the
+    estimate then, not the scenario's 12 req/s), and the estimate ends near 12."""
+    tpl = single(perf, M, "g6e.xlarge", 64)
+    sc = h.scenario([h.deployment(rps=[(0.0, 2.0), (150.0, 12.0)])], duration_s=400, replan_interval_s=1000)
+    planner = GreedyPlanner({tpl.id: tpl}, {"chat": [(tpl.id, h.REGION)]})
+    tuning = DemandTuning()
+    simulate(sc, {tpl.id: tpl}, perf, planner, config=SimConfig(monitor=tuning, queue_timeout_s=1e6))
+    first, *rest = planner.requests
+    assert (first.at, first.trigger, first.demand["chat"]) == (0.0, "initial", 2.0)
+    ups = [r for r in rest if r.at > 150.0]
+    assert ups and all(r.trigger == "demand" for r in rest)
+    assert 150.0 < ups[0].at < 150.0 + tuning.avg_s and ups[0].demand["chat"] < 12.0
+    assert len(ups) >= 3 and [r.demand["chat"] for r in ups[:3]] == sorted(r.demand["chat"] for r in ups[:3])
+    assert ups[-1].demand["chat"] == pytest.approx(12.0, rel=0.3)
+    with pytest.raises(state.SimError, match="monitor"):
+        SimConfig(monitor=DemandTuning(avg_s=0.0))
 
 
 def test_template_paths_decomposes_branching_flow(perf: PerfModel) -> None:
