@@ -15,9 +15,10 @@ IntArray = NDArray[np.int64]
 
 
 MODES = ("aggregated", "prefill", "decode")
-RESTRICTIONS = ("homo", "pd-homo", "homo-pd")
-"""The portfolio's restrictions, each the template subset of a baseline: homogeneous aggregated templates,
-homogeneous prefill and decode templates, and their union (every homogeneous template)."""
+RESTRICTIONS = ("homo", "pd-homo", "homo-pd", "agg")
+"""The portfolio's restrictions, each the template subset of a baseline or a column of the savings study
+(``solvers.study``), smallest first: homogeneous aggregated templates, homogeneous prefill and decode
+templates, their union (every homogeneous template), and every aggregated template (mixed types included)."""
 
 
 class AllocationInputError(ValueError):
