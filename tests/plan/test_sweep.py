@@ -57,6 +57,9 @@ def test_not_worse_is_the_programs_order() -> None:
         return ColumnResult("x", cost, 1.0, 0.0, unmet, "optimal", 0.0, {})
 
     assert not_worse(r(0.0, 10.0), r(0.0, 10.0), 9.0)
+    churned = ColumnResult("x", 9.9, 1.0, 0.0, 0.0, "optimal", 0.0, {}, churn_cost=0.5)
+    assert not not_worse(churned, r(0.0, 10.0), 9.0)  # cheaper per hour, dearer with its churn penalty
+    assert not_worse(r(0.0, 10.0), churned, 9.0)
     assert not_worse(r(0.0, 100.0), r(1.0, 10.0), 9.0)  # serving more comes first
     assert not not_worse(r(1.0, 1.0), r(0.0, 10.0), 9.0)
     assert not not_worse(r(0.0, 10.1), r(0.0, 10.0), 9.0)
@@ -80,11 +83,13 @@ def test_quick_sweep_never_worse_deterministic_and_plotted(
     for cell in out["cells"]:
         cols = cell["columns"]
         assert list(cols) == list(COLUMNS)
-        coral_unmet, coral_cost = cols["coral"]["weighted_unmet_rps"], cols["coral"]["cost_per_hour"]
+        coral_unmet = cols["coral"]["weighted_unmet_rps"]
+        coral_cost = cols["coral"]["cost_per_hour"] + cols["coral"]["churn_cost"]  # the program's objective
         for name, col in cols.items():  # independently of Cell.worse_than
             assert coral_unmet <= col["weighted_unmet_rps"] + 1e-6 * cell["demand_rps"], (cell["scale"], name)
             if col["weighted_unmet_rps"] <= coral_unmet + 1e-6 * cell["demand_rps"]:
-                assert coral_cost <= col["cost_per_hour"] * (1 + 1e-3) + 1e-9, (cell["scale"], name)
+                cost = col["cost_per_hour"] + col["churn_cost"]
+                assert coral_cost <= cost * (1 + 1e-3) + 1e-9, (cell["scale"], name)
             assert 0.0 <= col["served_fraction"] <= 1.0
             served = cell["demand_rps"] * col["served_fraction"]
             assert col["goodput_tok_s"] <= served * 211 + 1e-6  # at most every served request's tokens
