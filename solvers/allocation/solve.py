@@ -51,8 +51,8 @@ HiGHS finds the same improving solutions in the same order every run, so the num
 (``SolverEffort``, per group for the decomposition; LP solves for the dive) fixes the plan without the
 clock. Every phase records whether it ran, was skipped, or where the deadline cut it.
 
-Progress: with ``progress``, each time the best plan may have changed (after each restriction of the
-portfolio, the heuristic, the dive, the decomposition, and at each improving solution of the MIPs) the driver passes
+Progress: with ``progress``, each time the best plan may have changed (after the portfolio, the
+heuristic, the dive, the decomposition, and at each improving solution of the MIPs) the driver passes
 the result that the solve would return had its deadline passed right then: its effort replays that
 plan, bound and gap exactly. A caller that must return by a hard deadline (HiGHS's interrupt checks
 were up to 16 s apart at the root of an extended-size MIP) runs the solve in a process it owns and
@@ -426,7 +426,8 @@ def _restrict_phase(run: _Run) -> None:
         x = _fit(c, _embed(c, {(int(idx[i]), r): n for (i, r), n in res.counts.items()}))
         run.portfolio_plans.append((mask, x))
         run.offer(x)
-        run.report("restrict", _restrict_phase)
+    if todo and not run.cut:  # one report for the portfolio: each costs a greedy pass over the whole problem
+        run.report("restrict")
 
 
 def _dive_phase(run: _Run) -> None:
@@ -540,5 +541,5 @@ _PHASES: list[tuple[str, Callable[[_Run], None]]] = [
 """The phases in order (the module docstring's solution path)."""
 
 _REPORTED = ("heuristic", "dive", "split", "serve", "cost")
-"""Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution, the
-portfolio after each restriction)."""
+"""Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution; the
+portfolio reports itself)."""
