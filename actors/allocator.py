@@ -3,7 +3,8 @@
 At a tick where something changed (a demand, market or fleet update, an operator command, or the
 scenario's re-plan interval elapsed), and unless paused, it builds a ``PlanRequest`` from the latest
 demand, market and live fleet, solves it in the solver process it owns (``actors.solver_process``:
-spawned at its start, killed at its stop), so that the event loop keeps running, and publishes
+spawned at its start, which ends when the child is ready or fails after ``READY_S`` naming the cause;
+killed at its stop), so that the event loop keeps running, and publishes
 ``NewPlan``. Several changes within one tick give one plan.
 Its operator settings (paused, churn factor, pins, forbidden templates) are published as
 ``AllocatorState`` at its first tick and at each tick after one changed, so that every client sees
@@ -36,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import attrs
 
 from actors.base import TickActor
-from actors.solver_process import SolverProcess
+from actors.solver_process import READY_S, SolverProcess
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import (
@@ -137,8 +138,11 @@ class Allocator(TickActor):
         """The solver process (spawned at the first start, closed at the stop; a restart keeps it)."""
 
     async def started(self) -> None:
+        """Spawn the solver process and wait for its ``Ready`` (at most ``READY_S``) before the actor counts
+        as started, so that the mesh's clock does not run while the child imports highspy and numpy."""
         if self.solver is None:
             self.solver = SolverProcess()
+        await self.solver.start_async(READY_S)
 
     async def on_stop(self) -> None:
         if self.solver is not None:

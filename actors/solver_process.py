@@ -10,12 +10,17 @@ at the root of an extended-size MIP, so only a process can be stopped on time. W
 Protocol, over one ``multiprocessing`` pipe (the messages are the attrs classes below, pickled between
 this module's two ends only):
 
-- child -> owner ``Ready(pid)`` once, when it can take requests (the owner waits for it before it sends
-  its first request);
-- owner -> child ``Solve(seq, problem, deadline_s, options)``; the child answers with a ``Progress(seq,
-  result)`` for each improving plan (``solve_allocation``'s ``progress``: the result as if the deadline
-  passed at that moment, whose effort replays it exactly), then ``Done(seq, result)``, or
-  ``Failed(seq, error)``;
+- child -> owner ``Ready(pid)`` once, when it can take requests (the owner waits for it, at most
+  ``READY_S``, before it sends its first request; ``start``/``start_async`` wait for it early);
+- owner -> child ``Solve(seq, digest, base, changes, deadline_s, options)``: the problem is ``base`` (the
+  problem as the child last received it whole, under ``digest``) with the fields of ``changes``
+  (demand, prices, availability, current plan, churn factor, priorities). ``digest`` covers every other
+  field (templates, models, node types, regions, shapes, utilisation); the owner sends ``base`` only
+  when the child does not hold that digest (a new child, or the templates changed), else None. A child
+  that does not hold it answers ``Failed(seq, "UnknownProblem", ...)`` and the owner sends it whole;
+- the child answers a ``Solve`` with a ``Progress(seq, result)`` for each improving plan
+  (``solve_allocation``'s ``progress``: the result as if the deadline passed at that moment, whose effort
+  replays it exactly), then ``Done(seq, result)``, or ``Failed(seq, error)``;
 - owner -> child ``Call(seq, fn)``: the child answers ``Returned(seq, fn())`` or ``Failed``; the owner
   waits at most a hard limit, then kills the child (the Helix baseline's placements, whose MILPs overrun
   their time limits, run so);
@@ -40,6 +45,7 @@ owner starts no thread.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import multiprocessing
 import os
@@ -51,6 +57,7 @@ from typing import Any
 
 import anyio
 import attrs
+import numpy as np
 
 from solvers.allocation import (
     AllocationInputError,
@@ -70,14 +77,54 @@ class Ready:
     pid: int
 
 
+CHANGES = ("demand_rps", "price", "avail", "current", "churn_factor", "priority")
+"""The fields of an ``AllocationProblem`` that every ``Solve`` sends; the digest covers the others."""
+
+
+@attrs.frozen
+class Changes:
+    """The fields of a problem that change from solve to solve (``CHANGES``)."""
+
+    demand_rps: Any
+    price: Any
+    avail: Any
+    current: Any
+    churn_factor: float
+    priority: Any
+
+    @classmethod
+    def of(cls, p: AllocationProblem) -> Changes:
+        return cls(**{name: getattr(p, name) for name in CHANGES})
+
+
 @attrs.frozen
 class Solve:
-    """Solve ``problem``; ``options`` are ``solve_allocation``'s keywords (effort, mip_gap, columns, ...)."""
+    """Solve ``base`` (or the child's problem under ``digest``, when None) with ``changes`` applied;
+    ``options`` are ``solve_allocation``'s keywords (effort, mip_gap, columns, ...)."""
 
     seq: int
-    problem: AllocationProblem
+    digest: str
+    base: AllocationProblem | None
+    changes: Changes
     deadline_s: float
     options: dict[str, Any]
+
+
+def digest(p: AllocationProblem) -> str:
+    """A content digest of every field of ``p`` but ``CHANGES``: equal digests, equal problems up to those."""
+    h = hashlib.blake2b(digest_size=20)
+    ts = p.templates
+    for part in (
+        repr((p.models, p.node_types, p.regions, p.utilisation)).encode(),
+        np.asarray(p.mean_in).tobytes(), np.asarray(p.mean_out).tobytes(), np.asarray(p.kv_bytes_per_token).tobytes(),
+        np.asarray(p.nic_bytes_s).tobytes(),
+        "\0".join(f"{t.key}\1{t.mode}\1{t.m}" for t in ts).encode(),
+        np.array([(t.prefill_tok_s, t.decode_tok_s, t.load_s, t.kv_min_nic) for t in ts], dtype=np.float64).tobytes(),
+        np.array([t.node_counts for t in ts], dtype=np.int64).tobytes(),
+    ):  # fmt: skip
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
 
 
 @attrs.frozen
@@ -131,6 +178,7 @@ class Stop:
 
 def _child_main(conn: Connection) -> None:  # pragma: no cover - runs in the spawned child
     """The child's loop: answer each ``Solve`` until ``Stop`` or the pipe closes."""
+    held: tuple[str, AllocationProblem] | None = None  # the last problem received whole, and its digest
     conn.send(Ready(os.getpid()))
     while True:
         try:
@@ -153,8 +201,14 @@ def _child_main(conn: Connection) -> None:  # pragma: no cover - runs in the spa
         def report(result: AllocationResult, seq: int = seq) -> None:
             conn.send(Progress(seq, result))
 
+        if msg.base is not None:
+            held = (msg.digest, msg.base)
+        elif held is None or held[0] != msg.digest:
+            conn.send(Failed(seq, "UnknownProblem", f"no problem held under digest {msg.digest}"))
+            continue
         try:
-            res = solve_allocation(msg.problem, deadline_s=msg.deadline_s, progress=report, **msg.options)
+            problem = attrs.evolve(held[1], **attrs.asdict(msg.changes, recurse=False))
+            res = solve_allocation(problem, deadline_s=msg.deadline_s, progress=report, **msg.options)
         except Exception as exc:  # the owner re-raises it as it was
             conn.send(Failed(seq, type(exc).__name__, str(exc)))
         else:
@@ -172,6 +226,10 @@ def hard_s(deadline_s: float) -> float:
     """How long the owner waits for ``Done`` before it takes the last ``Progress`` and kills the child."""
     return 1.25 * deadline_s + 0.1
 
+
+READY_S = 60.0
+"""The longest an owner waits for a new child's ``Ready``: its imports (highspy, numpy, the solvers) took
+1-10 s on a loaded 2-core machine."""
 
 SETTLE_S = 5.0
 """The least time a request waits for a late solve to end before it kills the child: a new child costs
@@ -200,6 +258,9 @@ class SolverProcess:
         """Children killed: a late solve still running a hard deadline after the next request, or a job
         over its hard limit."""
         self.pid: int | None = None
+        self._held: str | None = None  # the digest of the problem the child holds
+        self.sent_whole = 0
+        """Solves that sent the problem whole (the child did not hold its digest)."""
         self._spawn()
 
     def __enter__(self) -> SolverProcess:
@@ -213,7 +274,7 @@ class SolverProcess:
         proc = self._ctx.Process(target=_child_main, args=(child,), name="coral-solver", daemon=True)
         proc.start()
         child.close()
-        self._proc, self._conn, self._ready, self.pid = proc, parent, False, None
+        self._proc, self._conn, self._ready, self.pid, self._held = proc, parent, False, None, None
 
     def _kill(self) -> None:
         if self._conn is not None:
@@ -224,6 +285,7 @@ class SolverProcess:
             self._proc.close()
         self._proc = self._conn = None
         self._ready = False
+        self._held = None
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Stop the child: ``Stop``, then a kill if it has not exited after ``timeout_s``."""
@@ -256,6 +318,39 @@ class SolverProcess:
             self._kill()
             raise SolverProcessError(f"the solver process died (exit code {code})") from exc
 
+    def _await_ready(self, timeout_s: float) -> Any:
+        """Steps (as ``_steps``) that wait for the child's ``Ready``, at most ``timeout_s`` seconds; then
+        the child is killed and ``SolverProcessError`` names the cause."""
+        until = time.monotonic() + timeout_s
+        while not self._ready:
+            if not (yield until):
+                code = None if self._proc is None else self._proc.exitcode
+                self._kill()
+                self.kills += 1
+                raise SolverProcessError(
+                    f"the solver process did not start within {timeout_s:g} s (importing highspy, numpy and the "
+                    f"solvers; exit code {code}): is the machine overloaded?"
+                )
+            msg = self._recv()
+            if isinstance(msg, Ready):
+                self._ready, self.pid = True, msg.pid
+
+    def _start_steps(self, timeout_s: float) -> Any:
+        if self._proc is None:
+            self._spawn()
+        yield from self._await_ready(timeout_s)
+
+    def start(self, timeout_s: float = READY_S) -> None:
+        """Wait until the child is ready (spawning one if none runs), at most ``timeout_s`` seconds."""
+        self._drive(self._start_steps(timeout_s))
+
+    async def start_async(self, timeout_s: float = READY_S) -> None:
+        """``start`` for an anyio task (waits on the pipe in no thread)."""
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            await self._drive_async(self._start_steps(timeout_s))
+
     def _steps(
         self,
         problem: AllocationProblem,
@@ -280,14 +375,14 @@ class SolverProcess:
             self._spawn()
         self._seq += 1
         seq = self._seq
+        yield from self._await_ready(READY_S)
         assert self._conn is not None
-        while not self._ready:
-            if not (yield None):
-                continue
-            msg = self._recv()
-            if isinstance(msg, Ready):
-                self._ready, self.pid = True, msg.pid
-        self._conn.send(Solve(seq, problem, deadline_s, options))
+        key = digest(problem)
+        changes = Changes.of(problem)
+        whole = self._held != key
+        self._conn.send(Solve(seq, key, problem if whole else None, changes, deadline_s, options))
+        self.sent_whole += whole
+        self._held = key
         replay = options.get("effort") is not None
         until: float | None = None if replay else time.monotonic() + hard_s(deadline_s)
         last: AllocationResult | None = None
@@ -306,6 +401,10 @@ class SolverProcess:
                     on_progress(last)
             elif isinstance(msg, Done) and msg.seq == seq:
                 return msg.result
+            elif isinstance(msg, Failed) and msg.seq == seq and msg.kind == "UnknownProblem" and not whole:
+                whole = True
+                self.sent_whole += 1
+                self._conn.send(Solve(seq, key, problem, changes, deadline_s, options))
             elif isinstance(msg, Failed) and msg.seq == seq:
                 if msg.kind == "AllocationInputError":
                     raise AllocationInputError(msg.error)
@@ -323,11 +422,8 @@ class SolverProcess:
         self._stale = None
         if self._proc is None:
             self._spawn()
+        self._drive(self._await_ready(READY_S))
         assert self._conn is not None
-        while not self._ready:
-            msg = self._recv()
-            if isinstance(msg, Ready):
-                self._ready, self.pid = True, msg.pid
         self._seq += 1
         seq = self._seq
         self._conn.send(Call(seq, fn))
@@ -354,7 +450,13 @@ class SolverProcess:
     ) -> AllocationResult:
         """``solve_allocation(problem, deadline_s=..., effort=..., **options)`` in the child (blocking)."""
         _check(deadline_s)
-        steps = self._steps(problem, deadline_s, {"effort": effort, **options}, on_progress)
+        res: AllocationResult = self._drive(
+            self._steps(problem, deadline_s, {"effort": effort, **options}, on_progress)
+        )
+        return res
+
+    def _drive(self, steps: Any) -> Any:
+        """Run a generator of steps, blocking on the pipe; its return value."""
         readable = None
         try:
             while True:
@@ -388,7 +490,11 @@ class SolverProcess:
         options: dict[str, Any],
         on_progress: Callable[[AllocationResult], None] | None,
     ) -> AllocationResult:
-        steps = self._steps(problem, deadline_s, options, on_progress)
+        res: AllocationResult = await self._drive_async(self._steps(problem, deadline_s, options, on_progress))
+        return res
+
+    async def _drive_async(self, steps: Any) -> Any:
+        """Run a generator of steps, awaiting the pipe's readability; its return value."""
         readable = None
         try:
             while True:

@@ -26,9 +26,11 @@ capacity is its SLO-compliant capacity, loaded no further than its queue meets t
 
 Never worse: in every cell Coral's plan must be at least as good as every other column's, in the
 allocation program's own lexicographic order: its priority-weighted unmet demand is at most the
-column's (within ``SERVE_TOL`` of the weighted demand), and where the two serve the same, its cost is at
-most the column's (within ``COST_TOL``, the solvers' optimality gaps). ``Cell.worse_than`` names the
-columns that beat it.
+column's (within ``SERVE_TOL`` of the weighted demand), and where the two serve the same, its cost plus
+churn penalty (the program's objective; a cell starts from no instances, so every instance pays the
+penalty of its load time) is at most the column's (within ``COST_TOL``, the solvers' optimality gaps).
+The table shows the cost alone, so a column with a slightly lower cost but a higher penalty is not
+better. ``Cell.worse_than`` names the columns that beat it.
 
 Pure: the caller reads the store and the scenario, and passes the planners in.
 """
@@ -131,6 +133,13 @@ class ColumnResult:
     gap: float
     unmet_rps: Mapping[str, float]
     """Unmet req/s per deployment (deployments fully served left out)."""
+    churn_cost: float = 0.0
+    """The churn penalty (USD/h) that the program adds to the cost in its objective."""
+
+    @property
+    def objective(self) -> float:
+        """Cost plus churn penalty: what the allocation program minimises at a service level."""
+        return self.cost_per_hour + self.churn_cost
 
 
 def column_result(column: str, plan: Plan, sc: Scenario) -> ColumnResult:
@@ -147,18 +156,19 @@ def column_result(column: str, plan: Plan, sc: Scenario) -> ColumnResult:
         status=plan.status,
         gap=plan.gap,
         unmet_rps={s.deployment: s.unmet_rps for s in plan.serving if s.unmet_rps > SERVE_TOL},
+        churn_cost=plan.churn_cost,
     )
 
 
 def not_worse(a: ColumnResult, b: ColumnResult, weighted_demand: float) -> bool:
     """Whether plan a is at least as good as plan b: serves as much (priority-weighted), and where both
-    serve the same, costs no more (tolerances: ``SERVE_TOL``, ``COST_TOL``)."""
+    serve the same, costs no more, churn penalty included (tolerances: ``SERVE_TOL``, ``COST_TOL``)."""
     tol = SERVE_TOL * max(1.0, weighted_demand)
     if a.weighted_unmet_rps < b.weighted_unmet_rps - tol:
         return True
     if a.weighted_unmet_rps > b.weighted_unmet_rps + tol:
         return False
-    return a.cost_per_hour <= b.cost_per_hour * (1 + COST_TOL) + 1e-9
+    return a.objective <= b.objective * (1 + COST_TOL) + 1e-9
 
 
 @attrs.frozen

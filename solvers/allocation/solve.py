@@ -3,19 +3,26 @@
 Solution path
 -------------
 1. Build the columns and rows from numpy arrays (one addRows and one addCols call).
-2. LP relaxation: minimise cost with u fixed to 0; if infeasible, minimise sum_m w_m u_m (unmet demand
+2. The portfolio (``_restrict_phase``), first: each baseline's restriction (``RESTRICTIONS``: homogeneous
+   aggregated, homogeneous prefill/decode, their union, every aggregated template) solved alone by this
+   same driver, smallest first, each warm-started with the best plan of the restrictions inside it, in
+   ``RESTRICT_SHARE`` of the deadline together (what one leaves goes to the next). Each plan is a plan of
+   the whole problem too (``_embed`` spreads its prefill instances over the pools they may feed), and the
+   best of them is the incumbent from which every later phase starts.
+3. LP relaxation: minimise cost with u fixed to 0; if infeasible, minimise sum_m w_m u_m (unmet demand
    weighted by priority), then cost at that service level. With ``columns="generated"``: the same by column generation.
-3. Heuristic (numpy, deterministic): round the LP down, then round up its fractional columns, most
+4. Heuristic (numpy, deterministic): round the LP down, then round up its fractional columns, most
    fractional first, while they serve unmet demand; fill what is left (aggregated instances that the
    demand fully uses, best req/s per USD/h first; the cheapest multiset of up to three aggregated
    instances for each model's rest; then best unmet-req/s per USD/h among all instances and
    prefill+decode pairs); drop instances not needed; local search per model (rebuild it from scratch,
    aggregated-first and disaggregated-first; drop up to three of its least efficient instances for the
    cheapest multiset of up to three that serves as much). The same from the current deployment cut to
-   the availability; the better plan wins. The empty plan is always feasible, so there is always a plan.
+   the availability; the best of these and the portfolio's plan wins. The empty plan is always
+   feasible, so there is always a plan.
    When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
    round up what fits, else bound the least fractional variable down, re-solve, until integral).
-4. Decomposition by model, when the LP serves every demand. Models share only the availability
+5. Decomposition by model, when the LP serves every demand. Models share only the availability
    rows (the service row is then fixed at full service), so each group of models solves its own cost
    MIP over all its columns with the whole availability (every model alone at first, one after the
    other, largest first). The sum of the group optima bounds the program from below,
@@ -24,13 +31,19 @@ Solution path
    one group holds every model. In a group's MIP, a variable whose one unit costs more than the
    group's part of the best plan so far is left out (costs are nonnegative, so it cannot be in a
    better plan).
-5. The portfolio (``_restrict_phase``), unless the decomposition proved the plan optimal: each
-   baseline's restriction (``RESTRICTIONS``) solved alone by this same driver, in a share of the time
-   left; each plan is a plan of the whole problem, so the result is never worse than a restriction's.
 6. MIP phase 1 (only when the plan still leaves more unmet demand than the LP bound), then phase 2
    (only when the decomposition did not prove the plan optimal; its groups' bounds are added as cuts
    sum_{v of group} cost_v v >= bound), each warm-started with the best plan so far, on
    single-threaded HiGHS.
+
+Never worse than a baseline: a restriction whose sub-solve proves its optimum (status ``optimal``) puts
+a plan at least as good as that baseline's best into the incumbent, and every later phase only keeps a
+better one. A restriction cut by its share of the deadline can lose to the same restriction solved alone
+with the whole deadline; the result then is no worse than the plan it reached (its effort records where
+it stopped). And the whole problem pairs a prefill instance with decode instances of one NIC level
+(``columns``), where a restriction with fewer NIC classes may pool them: a restriction's plan evaluated
+in the whole problem may serve a little less than in its own (at most one prefill instance per extra
+level of a pool).
 
 Deadline: everything runs here, on the caller's thread; HiGHS's interrupt callbacks stop each LP and
 MIP once the injected ``clock`` passes the phase's deadline (``stopping``). Replay: single-threaded
@@ -38,8 +51,8 @@ HiGHS finds the same improving solutions in the same order every run, so the num
 (``SolverEffort``, per group for the decomposition; LP solves for the dive) fixes the plan without the
 clock. Every phase records whether it ran, was skipped, or where the deadline cut it.
 
-Progress: with ``progress``, each time the best plan may have changed (after the heuristic, the
-portfolio, the dive, the decomposition, and at each improving solution of the MIPs) the driver passes
+Progress: with ``progress``, each time the best plan may have changed (after the portfolio, the
+heuristic, the dive, the decomposition, and at each improving solution of the MIPs) the driver passes
 the result that the solve would return had its deadline passed right then: its effort replays that
 plan, bound and gap exactly. A caller that must return by a hard deadline (HiGHS's interrupt checks
 were up to 16 s apart at the root of an extended-size MIP) runs the solve in a process it owns and
@@ -52,7 +65,7 @@ import copy
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -60,12 +73,13 @@ import highspy
 import numpy as np
 from numpy.typing import NDArray
 
-from solvers.allocation.columns import _Columns, _columns
+from solvers.allocation.columns import _columns
 from solvers.allocation.decomposition import SPLIT_MIN_COLUMNS, SPLIT_SHARE, _mip_phase, _Split, _split_phase
 from solvers.allocation.heuristics import (
     _better,
     _Budget,
     _counts,
+    _embed,
     _fit,
     _fit_current,
     _objective,
@@ -95,8 +109,8 @@ _SKIP_ALL = SolverEffort(lp=0, serve=0, cost=0, dive=0, decompose=0)
 """The effort recorded for a restriction not solved at all (the deadline came first); no solve that ran
 records it (with ``lp`` 0 a solve never records ``dive``)."""
 
-RESTRICT_SHARE = 0.2
-"""Share of the time left that each restriction of the portfolio may use."""
+RESTRICT_SHARE = 0.5
+"""Share of the deadline that the portfolio's restrictions may use together."""
 
 
 def _restrictions(p: AllocationProblem) -> list[tuple[str, IntArray]]:
@@ -104,7 +118,7 @@ def _restrictions(p: AllocationProblem) -> list[tuple[str, IntArray]]:
     p's templates, and not the same ones as an earlier restriction."""
     homo = np.array([int((t.node_counts > 0).sum()) == 1 for t in p.templates], dtype=bool)
     agg = np.array([t.mode == "aggregated" for t in p.templates], dtype=bool)
-    masks = {"homo": homo & agg, "pd-homo": homo & ~agg, "homo-pd": homo}
+    masks = {"homo": homo & agg, "pd-homo": homo & ~agg, "homo-pd": homo, "agg": agg}
     out: list[tuple[str, IntArray]] = []
     seen: set[bytes] = set()
     for name in RESTRICTIONS:
@@ -121,15 +135,6 @@ def _restrict(p: AllocationProblem, idx: IntArray) -> AllocationProblem:
     return attrs.evolve(
         p, templates=[p.templates[i] for i in idx], current={k: v for k, v in p.current.items() if k[0] in keep}
     )
-
-
-def _column_of(c: _Columns) -> dict[tuple[int, int], int]:
-    """Column of each (original template index, region) that has one."""
-    out: dict[tuple[int, int], int] = {}
-    for j in range(c.J):
-        for i in c.members[int(c.tu[j])]:
-            out[(i, int(c.r[j]))] = j
-    return out
 
 
 def _status(proven: bool, service_proven: bool, bound: float) -> str:
@@ -152,6 +157,7 @@ def solve_allocation(
     clock: Callable[[], float] = time.perf_counter,
     portfolio: bool = True,
     progress: Callable[[AllocationResult], None] | None = None,
+    start: Mapping[tuple[int, int], int] | None = None,
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
@@ -172,8 +178,11 @@ def solve_allocation(
     (default) decomposes from ``SPLIT_MIN_COLUMNS`` columns up.
 
     ``portfolio``: first solve each restriction of ``RESTRICTIONS`` that selects some but not all of the
-    templates (a baseline's problem) alone, in ``RESTRICT_SHARE`` of the time left each; its plan is a
-    plan of this problem, so the result is never worse than a restriction solved to its optimum.
+    templates (a baseline's problem) alone, in ``RESTRICT_SHARE`` of the deadline together (the module
+    docstring says what this guarantees); the best of their plans starts every later phase.
+
+    ``start``: a plan (instances per (template index, region)) that fits the availability; the result is
+    no worse than it (the portfolio warm-starts a restriction with the plans of those inside it).
 
     ``clock`` (seconds) measures the deadline; a test passes a fake one to cut the solve at any phase.
     Every phase that the deadline cuts or skips is recorded in the result's ``effort``.
@@ -187,7 +196,7 @@ def solve_allocation(
         raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
     if not (0 <= mip_gap < 1):
         raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
-    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock, portfolio, progress)
+    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock, portfolio, progress, start)
     for name, phase in _PHASES:
         t = time.perf_counter()
         phase(run)
@@ -212,6 +221,7 @@ class _Run:
         clock: Callable[[], float],
         portfolio: bool = True,
         progress: Callable[[AllocationResult], None] | None = None,
+        start: Mapping[tuple[int, int], int] | None = None,
     ) -> None:
         self.t0 = time.perf_counter()
         self.portfolio = portfolio
@@ -233,7 +243,11 @@ class _Run:
         self.used: dict[str, int | None] = dict.fromkeys(("lp", "heuristic", "serve", "cost", "dive", "split"))
         self.lp = _LpOutcome()
         self.best = np.zeros(self.c.J, dtype=np.int64)
+        if start:
+            self.offer(_fit(self.c, _embed(self.c, start)))
         self.restricted: list[tuple[str, SolverEffort]] = []
+        self.portfolio_plans: list[tuple[IntArray, IntArray]] = []  # (template mask, plan) of each restriction
+        self.next_restriction = 0
         self.split = _Split()
         self.split_optimal = False
         self.unmet_bound = float((self.c.weight * self.c.demand).sum()) if self.c.J == 0 else 0.0
@@ -252,6 +266,7 @@ class _Run:
         snap = copy.copy(self)
         snap.cut = True
         snap.used, snap.phase_s, snap.restricted = dict(self.used), dict(self.phase_s), list(self.restricted)
+        snap.portfolio_plans = list(self.portfolio_plans)
         if partial is not None:
             partial(snap)
         later = [name for name, _phase in _PHASES].index(after) + 1
@@ -362,41 +377,57 @@ def _heuristic_phase(run: _Run) -> None:
         return
     budget = _Budget(run.limits.heuristic, run.out_of_time)
     if not lp.done or np.any(c.cur > 0):
-        run.best = _repair(c, _fit_current(c), budget=budget)
+        run.offer(_repair(c, _fit_current(c), budget=budget))
     if lp.values is not None:
         v = lp.values[: c.J].copy()
         v[mat.keep_cols] += lp.values[c.J : c.J + len(mat.keep_cols)]
-        rounded = _repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v, budget=budget)
-        if not _better(c, run.best, rounded):
-            run.best = rounded
+        run.offer(_repair(c, np.floor(v + 1e-6).astype(np.int64), frac=v, budget=budget))
     if budget.cut:
         run.used["heuristic"] = budget.taken
 
 
 def _restrict_phase(run: _Run) -> None:
-    """The portfolio: each baseline's restriction solved alone; its plan is a plan of this problem too."""
+    """The portfolio: each baseline's restriction solved alone, warm-started with the best plan of those
+    inside it; each plan is a plan of this problem too. Continues from ``run.next_restriction`` (a
+    progress snapshot records the rest as not solved)."""
     c, problem, limits = run.c, run.problem, run.limits
-    if c.J == 0 or not run.portfolio or run.split_optimal:  # a proven optimum is no worse than any of them
+    if c.J == 0 or not run.portfolio:
         return
-    where = _column_of(c)
-    for name, idx in _restrictions(problem):
+    todo = _restrictions(problem)
+    phase = None if run.deadline is None or run.cut else run.deadline.share(RESTRICT_SHARE)
+    while run.next_restriction < len(todo):
+        k = run.next_restriction
+        name, idx = todo[k]
+        run.next_restriction += 1
         sub = _restrict(problem, idx)
         kw: dict[str, Any] = {"mip_gap": run.mip_gap, "columns": run.columns, "portfolio": False}
         recorded = dict(limits.restricted).get(name, SolverEffort())
         if run.out_of_time() or (run.deadline is None and recorded == _SKIP_ALL):  # not even its heuristic
             run.restricted.append((name, _SKIP_ALL))
             continue
+        mask = np.zeros(len(problem.templates), dtype=bool)
+        mask[idx] = True
+        inside = [x for m, x in run.portfolio_plans if not (m & ~mask).any()]
+        x0 = None
+        for x in inside:
+            if x0 is None or _better(c, x, x0):
+                x0 = x
+        if x0 is not None:
+            pos = {int(i): n for n, i in enumerate(idx)}
+            kw["start"] = {(pos[i], r): n for (i, r), n in _counts(c, x0).items() if i in pos}
         if run.deadline is None:
             res = solve_allocation(sub, effort=recorded, **kw)
         else:
-            left = max(RESTRICT_SHARE * run.deadline.left(), 1e-6)
+            assert phase is not None
+            left = max(phase.left() / (len(todo) - k), 1e-6)
             res = solve_allocation(sub, deadline_s=left, clock=run.clock, **kw)
         if res.effort != SolverEffort():
             run.restricted.append((name, res.effort))
-        x = np.zeros(c.J, dtype=np.int64)
-        for (i, reg), n in res.counts.items():
-            x[where[(int(idx[i]), reg)]] += n
+        x = _fit(c, _embed(c, {(int(idx[i]), r): n for (i, r), n in res.counts.items()}))
+        run.portfolio_plans.append((mask, x))
         run.offer(x)
+    if todo and not run.cut:  # one report for the portfolio: each costs a greedy pass over the whole problem
+        run.report("restrict")
 
 
 def _dive_phase(run: _Run) -> None:
@@ -499,15 +530,16 @@ def _cost_phase(run: _Run) -> None:
 
 
 _PHASES: list[tuple[str, Callable[[_Run], None]]] = [
+    ("restrict", _restrict_phase),
     ("lp", _lp_phase),
     ("heuristic", _heuristic_phase),
     ("dive", _dive_phase),
     ("split", _decompose_phase),
-    ("restrict", _restrict_phase),
     ("serve", _serve_phase),
     ("cost", _cost_phase),
 ]
 """The phases in order (the module docstring's solution path)."""
 
-_REPORTED = ("heuristic", "dive", "split", "restrict", "serve", "cost")
-"""Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution)."""
+_REPORTED = ("heuristic", "dive", "split", "serve", "cost")
+"""Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution; the
+portfolio reports itself)."""

@@ -1,4 +1,5 @@
-"""The solver process: spawned, a READY handshake, streamed results that replay, kills, clean shutdown."""
+"""The solver process: spawned, a bounded READY handshake, the problem sent once, streamed results that
+replay, kills, clean shutdown."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import threading
 import time
 
 import anyio
+import attrs
+import numpy as np
 import pytest
 
-from actors.solver_process import SolverProcess, SolverProcessError
-from solvers.allocation import AllocationInputError, AllocationResult, solve_allocation
+from actors.solver_process import SolverProcess, SolverProcessError, digest
+from solvers.allocation import AllocationInputError, AllocationResult, SolverEffort, solve_allocation
 from tests.solvers.alloc_instances import generate
 
 
@@ -96,5 +99,53 @@ async def test_solve_async_waits_on_the_pipe_in_no_thread() -> None:
         assert threading.active_count() == threads
         assert ticks > 1  # the loop kept running while the child started and solved
         assert res.counts == solve_allocation(p, effort=res.effort, columns="all").counts
+    finally:
+        proc.close()
+
+
+def test_the_child_keeps_the_problem_and_a_changed_one_is_never_served_from_its_cache() -> None:
+    """The problem goes whole once; a solve with new demand, prices or availability sends only those; new
+    templates (another digest) go whole again; a child that lacks the digest the owner believes it holds
+    asks for the problem instead of solving a stale one."""
+    p = generate("core", 8, seed=2, load=0.2)
+    done = SolverEffort()  # every phase to completion: deterministic, comparable with a solve here
+    kw = {"effort": done, "columns": "all", "mip_gap": 1e-3}
+    cheaper = attrs.evolve(p, price=p.price * np.linspace(0.5, 1.5, p.price.shape[1]), demand_rps=p.demand_rps * 2)
+    faster = attrs.evolve(p, templates=tuple(attrs.evolve(t, decode_tok_s=t.decode_tok_s * 1.7) for t in p.templates))
+    assert digest(cheaper) == digest(p) != digest(faster)
+    with SolverProcess() as proc:
+        for q, whole in ((p, 1), (cheaper, 1), (p, 1), (faster, 2), (cheaper, 3)):
+            res = proc.solve(q, **kw)  # type: ignore[arg-type]
+            here = solve_allocation(q, **kw)  # type: ignore[arg-type]
+            assert (res.counts, res.objective) == (here.counts, here.objective)
+            assert proc.sent_whole == whole
+        assert len({solve_allocation(q, **kw).objective for q in (p, cheaper, faster)}) == 3  # type: ignore[arg-type]
+        proc._held = digest(faster)  # the owner believes wrongly: the child holds ``cheaper``'s templates
+        res = proc.solve(faster, **kw)  # type: ignore[arg-type]
+        assert res.objective == solve_allocation(faster, **kw).objective  # type: ignore[arg-type]
+        assert proc.sent_whole == 4
+
+
+def test_a_child_that_does_not_come_up_is_a_one_line_error_and_the_next_start_works() -> None:
+    proc = SolverProcess()
+    try:
+        with pytest.raises(SolverProcessError, match=r"did not start within 0\.001 s") as err:
+            proc.start(timeout_s=0.001)  # no interpreter imports numpy in a millisecond
+        assert "\n" not in str(err.value)
+        assert not proc.alive and proc.kills == 1
+        proc.start()
+        assert proc.alive and proc.pid is not None
+    finally:
+        proc.close()
+
+
+async def test_start_async_waits_for_ready_in_no_thread() -> None:
+    proc = SolverProcess()
+    try:
+        threads = threading.active_count()
+        await proc.start_async()
+        assert proc.alive and proc.pid is not None and threading.active_count() == threads
+        res = await proc.solve_async(generate("core", 8, seed=2, load=0.2), deadline_s=0.5, columns="all")
+        assert res.status in ("optimal", "feasible", "no bound")
     finally:
         proc.close()
