@@ -7,8 +7,9 @@ norms 4 M H, residual add 6 M H, embedding 4 M H, rotary 4 M (h + h_kv) d / TP, 
 (2 g + 2) M F / TP. A whole layer is the sum of one (GPU, model, tokens, TP) row's operators.
 
 Formulation: per GPU, the GEMM parameters (e_m, e_c, t0, p, pen) minimise sum over the fit rows of
-log(predicted / measured)^2 (``scipy.optimize.least_squares``, parameters in log space), and the streaming
-parameters (e_s, t0_s) likewise over the streaming rows. Per interconnect, (a0, a1, bw) minimise the same
+log(predicted / measured)^2 (``scipy.optimize.least_squares``, parameters in log space), and per streaming
+operator (e_s, t0_s, a_s, q) likewise over its rows, for each r in ``ROWS_PER_SM``; the r of least cost is
+kept. A streaming row also has its row width w (``coral.perf.ops``). Per interconnect, (a0, a1, bw) minimise the same
 over ``all_reduce.csv`` rows with one node (devices_per_node == num_workers); the 4-GPU rows of the
 pairwise-NVLink machines cross PCIe between the pairs and fit the PCIe curves. Rows of the held-out models
 are never seen by the fit.
@@ -62,6 +63,8 @@ class OpRows:
     k: F
     n: F
     nbytes: F
+    width: F
+    """A streaming row's row width in elements (0 for GEMMs)."""
     measured_s: F
 
     @property
@@ -81,16 +84,18 @@ def _dims(t: OpTable) -> dict[str, tuple[F, F]]:
     }
 
 
-def _stream_bytes(t: OpTable, op: str) -> F:
+def _stream_bytes(t: OpTable, op: str) -> tuple[F, F]:
+    """(bytes moved, row width in elements) of a streaming operator's rows."""
     m, h, f, d, tp = t.tokens, float(t.n_embd), float(t.n_expanded_embd), float(t.head_dim), t.tp
     g = 2.0 if t.gated else 1.0
+    rope = (t.n_head + t.n_kv_head) * d / tp
     per = {
-        "emb": 4.0 * m * h,
-        "input_layernorm": 4.0 * m * h,
-        "post_attention_layernorm": 4.0 * m * h,
-        "add": 6.0 * m * h,
-        "attn_rope": 4.0 * m * (t.n_head + t.n_kv_head) * d / tp,
-        "mlp_act": (2.0 * g + 2.0) * m * f / tp,
+        "emb": (4.0 * m * h, np.full_like(m, h)),
+        "input_layernorm": (4.0 * m * h, np.full_like(m, h)),
+        "post_attention_layernorm": (4.0 * m * h, np.full_like(m, h)),
+        "add": (6.0 * m * h, np.full_like(m, h)),
+        "attn_rope": (4.0 * m * rope, rope),
+        "mlp_act": ((2.0 * g + 2.0) * m * f / tp, f / tp),
     }
     return per[op]
 
@@ -100,7 +105,7 @@ def op_rows(tables: Iterable[OpTable]) -> OpRows:
     names: list[NDArray[np.str_]] = []
     ops: list[NDArray[np.str_]] = []
     keys: list[NDArray[np.int64]] = []
-    cols: dict[str, list[F]] = {c: [] for c in ("m", "k", "n", "nbytes", "measured_s")}
+    cols: dict[str, list[F]] = {c: [] for c in ("m", "k", "n", "nbytes", "width", "measured_s")}
     base = 0
     for t in tables:
         dims = _dims(t)
@@ -109,19 +114,19 @@ def op_rows(tables: Iterable[OpTable]) -> OpRows:
         for op, times in t.times_s.items():
             if op in dims:
                 k, n = dims[op]
-                nb = np.zeros_like(k)
+                nb = w = np.zeros_like(k)
             else:
                 k = n = np.zeros_like(t.tokens)
-                nb = _stream_bytes(t, op)
+                nb, w = _stream_bytes(t, op)
             names.append(np.full(len(times), t.model))
             ops.append(np.full(len(times), op))
             keys.append(key)
-            for c, v in (("m", t.tokens), ("k", k), ("n", n), ("nbytes", nb), ("measured_s", times)):
+            for c, v in (("m", t.tokens), ("k", k), ("n", n), ("nbytes", nb), ("width", w), ("measured_s", times)):
                 cols[c].append(v)
     f = {c: np.concatenate(v) for c, v in cols.items()}
     return OpRows(
         np.concatenate(names), np.concatenate(ops), np.concatenate(keys),
-        f["m"], f["k"], f["n"], f["nbytes"], f["measured_s"],
+        f["m"], f["k"], f["n"], f["nbytes"], f["width"], f["measured_s"],
     )  # fmt: skip
 
 
@@ -130,12 +135,17 @@ def _positive(rows: OpRows, mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
     return out
 
 
+ROWS_PER_SM = (1, 2, 4)
+"""Resident blocks per SM a streaming kernel's fit chooses from (blocks of 512-1,024 threads on SMs of
+1,536-2,048 threads)."""
+
+
 def fit_gpu(name: str, spec: Spec, rows: OpRows, fit_mask: NDArray[np.bool_], source: str) -> GpuCurve:
     """Least-squares fit of one GPU's GEMM and streaming curves on the rows in ``fit_mask``."""
     g = _positive(rows, fit_mask & rows.is_gemm)
     s = _positive(rows, fit_mask & ~rows.is_gemm)
 
-    def curve(x: F, stream: dict[str, tuple[float, float]]) -> GpuCurve:
+    def curve(x: F, stream: dict[str, tuple[float, float, float, float, int]]) -> GpuCurve:
         em, ec, t0, p, pen = (float(v) for v in np.exp(x))
         return GpuCurve(name, spec.peak_flops, spec.mem_bw, spec.sm_count, em, ec, t0, p, pen, stream, source)
 
@@ -146,19 +156,27 @@ def fit_gpu(name: str, spec: Spec, rows: OpRows, fit_mask: NDArray[np.bool_], so
         return out
 
     xg = least_squares(rg, x0, bounds=(np.log([0.05, 0.05, 1e-8, 0.5, 1.0]), np.log([1.5, 1.5, 1e-3, 20.0, 4.0]))).x
-    stream: dict[str, tuple[float, float]] = {}
+    stream: dict[str, tuple[float, float, float, float, int]] = {}
     for op in STREAM_OPS:
         so = s & (rows.op == op)
         if not so.any():
             continue
+        best: tuple[float, tuple[float, float, float, float, int]] | None = None
+        for r in ROWS_PER_SM:
 
-        def rs(y: F, so: NDArray[np.bool_] = so, op: str = op) -> F:
-            c = curve(xg, {op: (float(np.exp(y[0])), float(np.exp(y[1])))})
-            out: F = np.log(c.stream_s(op, rows.nbytes[so]) / rows.measured_s[so])
-            return out
+            def rs(y: F, so: NDArray[np.bool_] = so, op: str = op, r: int = r) -> F:
+                e, t0s, a, q = (float(v) for v in np.exp(y))
+                c = curve(xg, {op: (e, t0s, a, q, r)})
+                out: F = np.log(c.stream_s(op, rows.nbytes[so], rows.m[so], rows.width[so]) / rows.measured_s[so])
+                return out
 
-        ys = np.exp(least_squares(rs, np.log([0.5, 3e-6]), bounds=(np.log([0.01, 1e-8]), np.log([3.0, 1e-3]))).x)
-        stream[op] = (round(float(ys[0]), 4), round(float(ys[1]), 7))
+            lo, hi = np.log([0.01, 1e-8, 1e-13, 1.0]), np.log([3.0, 1e-3, 1e-7, 20.0])
+            sol = least_squares(rs, np.log([0.5, 2e-6, 5e-10, 2.0]), bounds=(lo, hi))
+            e, t0s, a, q = (float(v) for v in np.exp(sol.x))
+            if best is None or sol.cost < best[0]:
+                best = (float(sol.cost), (round(e, 4), round(t0s, 7), float(f"{a:.4g}"), round(q, 3), r))
+        assert best is not None
+        stream[op] = best[1]
     c = curve(xg, stream)
     return attrs.evolve(
         c, mem_eff=round(c.mem_eff, 4), cmp_eff=round(c.cmp_eff, 4), floor_s=round(c.floor_s, 7),
@@ -173,7 +191,7 @@ def predict_rows(curve: GpuCurve, rows: OpRows) -> F:
     out[g] = curve.gemm_s(rows.m[g], rows.k[g], rows.n[g])
     for op in np.unique(rows.op[~g]):
         s = rows.op == op
-        out[s] = curve.stream_s(str(op), rows.nbytes[s])
+        out[s] = curve.stream_s(str(op), rows.nbytes[s], rows.m[s], rows.width[s])
     return out
 
 
@@ -254,7 +272,10 @@ def render_toml(
         out += [f'[gpu."{g.name}"]', f"source = {_q(g.source)}", f"tflops_bf16 = {g.peak_flops / 1e12:g}",
                 f"mem_bw_gbs = {g.mem_bw / 1e9:g}", f"sm_count = {g.sm_count}"]  # fmt: skip
         out += [f"{f} = {getattr(g, f)!r}" for f in ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")]
-        out += [f"stream.{op} = {{ eff = {e!r}, floor_s = {t!r} }}" for op, (e, t) in sorted(g.stream.items())]
+        out += [
+            f"stream.{op} = {{ eff = {e!r}, floor_s = {t!r}, row_elem_s = {a!r}, blend = {q!r}, rows_per_sm = {r} }}"
+            for op, (e, t, a, q, r) in sorted(g.stream.items())
+        ]
         out.append("")
     for name, (c, nominal) in links.items():
         out += [f'[link."{name}"]', f"source = {_q(c.source)}", f"nominal_gbs = {nominal:g}",

@@ -34,6 +34,7 @@ from coral.perf.ops import GpuCurve, HostFloor, LinkCurve
 
 PARAMS_FILE = DATA_DIR / "perf_fit.toml"
 GPU_FIELDS = ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")
+STREAM_FIELDS = ("eff", "floor_s", "row_elem_s", "blend")
 LINK_FIELDS = ("latency_s", "latency_per_peer_s", "bw_gbs", "nominal_gbs")
 HOST_FIELDS = ("per_iter_s", "per_layer_s", "per_allreduce_s", "per_seq_s")
 
@@ -139,10 +140,13 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
         stream = t.get("stream")
         if not isinstance(stream, dict) or not stream:
             raise ParamsError(f"{path}: [{w}]: key 'stream' missing")
-        ops = {
-            op: (_num(path, f"{w}.stream", v, "eff"), _num(path, f"{w}.stream", v, "floor_s"))
-            for op, v in stream.items()
-        }
+        ops = {}
+        for op, v in stream.items():
+            eff, t0s, a, q = (_num(path, f"{w}.stream.{op}", v, f) for f in STREAM_FIELDS)
+            r = int(_num(path, f"{w}.stream.{op}", v, "rows_per_sm"))
+            if q < 1 or r < 1:
+                raise ParamsError(f"{path}: [{w}.stream.{op}]: blend and rows_per_sm must be >= 1, got {q!r}, {r!r}")
+            ops[op] = (eff, t0s, a, q, r)
         gpus[name] = GpuCurve(
             name, _num(path, w, t, "tflops_bf16") * 1e12, _num(path, w, t, "mem_bw_gbs") * 1e9,
             int(_num(path, w, t, "sm_count")),

@@ -87,11 +87,12 @@ def _layer_gpu_s(m: ModelArch, g: GpuCurve, link: LinkCurve, tp: int, tokens: F)
         experts = g.gemm_s(per, h, 2.0 * fm / tp, eb, touched) + g.gemm_s(per, fm / tp, h, eb, touched)
         shared = m.shared_experts * (g.gemm_s(t, h, 2.0 * fm / tp, eb) + g.gemm_s(t, fm / tp, h, eb))
         mlp = experts + shared + g.gemm_s(t, h, e)
+    rope, ffn = (m.heads + m.kv_heads) * d / tp, _ffn_width(m) / tp
     stream = (
-        2.0 * g.stream_s("input_layernorm", 4.0 * t * h)
-        + g.stream_s("attn_rope", 4.0 * t * (m.heads + m.kv_heads) * d / tp)
-        + g.stream_s("mlp_act", 6.0 * t * _ffn_width(m) / tp)
-        + g.stream_s("add", 6.0 * t * h)
+        2.0 * g.stream_s("input_layernorm", 4.0 * t * h, t, h)
+        + g.stream_s("attn_rope", 4.0 * t * rope, t, rope)
+        + g.stream_s("mlp_act", 6.0 * t * ffn, t, ffn)
+        + g.stream_s("add", 6.0 * t * h, t, h)
     )
     ar = 2.0 * link.allreduce_s(t * h * m.dtype_bytes, tp)
     res: F = qkv + out + mlp + stream + ar
@@ -100,7 +101,7 @@ def _layer_gpu_s(m: ModelArch, g: GpuCurve, link: LinkCurve, tp: int, tokens: F)
 
 def _ends_s(m: ModelArch, g: GpuCurve, tp: int, tokens: F, sampled: F) -> F:
     """Embedding lookup of ``tokens`` and LM head over ``sampled`` rows, for the whole model."""
-    out: F = g.stream_s("emb", 4.0 * tokens * m.hidden) + g.gemm_s(sampled, m.hidden, m.vocab / tp)
+    out: F = g.stream_s("emb", 4.0 * tokens * m.hidden, tokens, m.hidden) + g.gemm_s(sampled, m.hidden, m.vocab / tp)
     return out
 
 

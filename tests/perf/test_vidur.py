@@ -137,6 +137,12 @@ def test_params_file_bad_values(tmp_path: Path) -> None:
     bad.write_text(text.replace('[link."pcie-gen4"]', '[link."pcie-x"]'))
     with pytest.raises(ParamsError, match=r"table \[link\.pcie-gen4\] missing"):
         load_params(bad)
+    bad.write_text(text.replace(", rows_per_sm = 2 }", " }", 1))
+    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\.stream\.input_layernorm\]: key 'rows_per_sm' missing"):
+        load_params(bad)
+    bad.write_text(text.replace("rows_per_sm = 2 }", "rows_per_sm = 0 }", 1))
+    with pytest.raises(ParamsError, match=r"input_layernorm\]: blend and rows_per_sm must be >= 1"):
+        load_params(bad)
     bad.write_text(text.replace('"t4-16g" = "a40-48g"', '"t4-16g" = "nope"'))
     with pytest.raises(ParamsError, match=r"\[class\]: key 't4-16g': 'nope' has no"):
         load_params(bad)
@@ -145,7 +151,7 @@ def test_params_file_bad_values(tmp_path: Path) -> None:
 def test_fit_recovers_a_known_curve() -> None:
     """Rows generated from a known curve: the fit finds a curve that reproduces them on unseen shapes."""
     spec = Spec(312e12, 2039e9, 108)
-    stream = {op: (0.5, 3e-6) for op in ("emb", "input_layernorm", "attn_rope", "mlp_act", "add")}
+    stream = {op: (0.5, 3e-6, 4e-10, 4.0, 2) for op in ("emb", "input_layernorm", "attn_rope", "mlp_act", "add")}
     truth = GpuCurve("t", spec.peak_flops, spec.mem_bw, spec.sm_count, 0.85, 0.7, 4e-6, 2.5, 1.05, stream, "")
     rng = np.random.default_rng(0)
     tables = []
