@@ -19,7 +19,7 @@ Fits (``coral.perf.fit``) every measured GPU's GEMM and streaming curves on the 
    the host floor).
 
 ``--write`` stores the fitted parameters in ``coral/catalog/data/perf_fit.toml`` (keeping its hand-kept
-[class] and [sm_count] tables); without it the file is untouched and the printed figures are those of a
+[class], [sm_count] and [l2_mb] tables); without it the file is untouched and the printed figures are those of a
 fresh fit. ``--data`` points at another copy of the profiling folder (default ``$CORAL_VIDUR_DIR`` or
 ``../shared/reference/vidur-profiling`` beside the repository). ``--json`` prints the tables as JSON.
 """
@@ -61,11 +61,12 @@ from coral.perf.params import PARAMS_FILE, load_params
 from coral.perf.vidur import GPU_DIRS, default_root, load_vidur
 
 SPECS = {
-    # dense BF16 FLOP/s, bytes/s, SMs: coral/catalog/data/gpus.toml for the first two; A40: NVIDIA A40
-    # datasheet (149.7 TF dense BF16 tensor, 696 GB/s GDDR6), 84 SMs (GA102 as configured for A40)
-    "a100-80g": Spec(312e12, 2039e9, 108),
-    "h100-80g": Spec(989.4e12, 3350e9, 132),
-    "a40-48g": Spec(149.7e12, 696e9, 84),
+    # dense BF16 FLOP/s, bytes/s, SMs, L2: coral/catalog/data/gpus.toml for the first two; A40: NVIDIA A40
+    # datasheet (149.7 TF dense BF16 tensor, 696 GB/s GDDR6), 84 SMs (GA102 as configured for A40); L2:
+    # 40 MB (A100), 50 MB (H100 SXM), 6 MB (GA102) from NVIDIA's architecture whitepapers
+    "a100-80g": Spec(312e12, 2039e9, 108, 40e6),
+    "h100-80g": Spec(989.4e12, 3350e9, 132, 50e6),
+    "a40-48g": Spec(149.7e12, 696e9, 84, 6e6),
 }
 OLD_FACTORS = {"a100-80g": (0.625, 0.525), "h100-80g": (0.625, 0.4), "a40-48g": (0.85, 0.5)}
 """roofline-1's (mem_efficiency, compute_efficiency) from gpus.toml; a40 takes l40s-48g's (its GDDR class)."""
@@ -176,7 +177,13 @@ def main() -> int:
     by_name = {c.name: c for c in curves}
     for target, base in DERIVE_CHECK:
         spec, rows = SPECS[target], rows_by_gpu[target]
-        d = attrs.evolve(by_name[base], peak_flops=spec.peak_flops, mem_bw=spec.mem_bw, sm_count=spec.sm_count)
+        d = attrs.evolve(
+            by_name[base],
+            peak_flops=spec.peak_flops,
+            mem_bw=spec.mem_bw,
+            sm_count=spec.sm_count,
+            l2_bytes=spec.l2_bytes,
+        )
         held = np.isin(rows.model, HELD_OUT) & (rows.measured_s > 0)
         pred = predict_rows(d, rows)
         lp, lmod = layer_sums(rows, pred)
@@ -200,13 +207,13 @@ def main() -> int:
                                     "held_out": _stats(np.array(by["held_out"]))})  # fmt: skip
     cat = load_catalog()
     hand = tomllib.loads(PARAMS_FILE.read_text())
-    classes, sms = dict(hand["class"]), dict(hand["sm_count"])
-    draft = render_toml(curves, links, HostFloor(0.0, 0.0, 0.0, 0.0, ""), classes, sms, source)
+    classes, sms, l2 = dict(hand["class"]), dict(hand["sm_count"]), dict(hand["l2_mb"])
+    draft = render_toml(curves, links, HostFloor(0.0, 0.0, 0.0, 0.0, ""), classes, sms, l2, source)
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"perf_fit-{os.getpid()}.toml"
     tmp.write_text(draft)
     params = load_params(tmp)
     host = fit_host(cat, params)
-    text = render_toml(curves, links, host, classes, sms, source)
+    text = render_toml(curves, links, host, classes, sms, l2, source)
     tmp.write_text(text)
     params = load_params(tmp)
     tmp.unlink()
