@@ -12,9 +12,10 @@ operator (e_s, t0_s, a_s, q, g) likewise over its rows, for each r in ``ROWS_PER
 is kept. Bounds: e_s <= 1 (the datasheet bandwidth) and q >= 2. With many rows the wave term grows like
 the bytes, so at q = 1 (no overlap of the two) the split between them is not identified: A40's
 input_layernorm went to e_s = 1.0 there, while q >= 2 gives 0.64 beside post_attention_layernorm's 0.58 at
-the same held-out error. A streaming row also has its row width w (``coral.perf.ops``). Per interconnect, (a0, a1, bw) minimise the same
-over ``all_reduce.csv`` rows with one node (devices_per_node == num_workers); the 4-GPU rows of the
-pairwise-NVLink machines cross PCIe between the pairs and fit the PCIe curves. Rows of the held-out models
+the same held-out error. A streaming row also has its row width w (``coral.perf.ops``). Per interconnect,
+(a0, a1, bw) minimise the same over ``all_reduce.csv`` rows with one node (devices_per_node ==
+num_workers); the 4-GPU rows of the pairwise-NVLink machines cross PCIe between the pairs and fit the
+PCIe curves. Rows of the held-out models
 are never seen by the fit.
 """
 
