@@ -10,11 +10,16 @@ Fits (``coral.perf.fit``) every measured GPU's GEMM and streaming curves on the 
 2. the derivation rule for unmeasured GPUs: each measured GPU predicted from another's curve scaled by
    datasheet ratios, on the held-out models' rows;
 3. all-reduce curves per interconnect;
-4. whole decode and prefill steps: the end-to-end points of ``coral/perf/calibration.toml`` (which also fit
+4. whole decode and prefill steps of every Vidur model (held out or not), without attention (not in the
+   data): the embedding once plus L layers of the measured operators and, at TP > 1 on the NVSwitch
+   machines, two all-reduces of the layer's M H bf16 values per layer (measured: the machine's
+   ``all_reduce.csv`` interpolated log-log at that size; predicted: the fitted link curve). Decode-sized
+   steps have M <= 256 tokens (a batch of at most 256 sequences), prefill-sized ones more;
+5. whole decode and prefill steps end to end: the points of ``coral/perf/calibration.toml`` (which also fit
    the host floor).
 
 ``--write`` stores the fitted parameters in ``coral/catalog/data/perf_fit.toml`` (keeping its hand-kept
-[class] and [sm_count] tables); without it the file is untouched and the printed figures are those of a
+[class], [sm_count] and [l2_mb] tables); without it the file is untouched and the printed figures are those of a
 fresh fit. ``--data`` points at another copy of the profiling folder (default ``$CORAL_VIDUR_DIR`` or
 ``../shared/reference/vidur-profiling`` beside the repository). ``--json`` prints the tables as JSON.
 """
@@ -56,15 +61,74 @@ from coral.perf.params import PARAMS_FILE, load_params
 from coral.perf.vidur import GPU_DIRS, default_root, load_vidur
 
 SPECS = {
-    # dense BF16 FLOP/s, bytes/s, SMs: coral/catalog/data/gpus.toml for the first two; A40: NVIDIA A40
-    # datasheet (149.7 TF dense BF16 tensor, 696 GB/s GDDR6), 84 SMs (GA102 as configured for A40)
-    "a100-80g": Spec(312e12, 2039e9, 108),
-    "h100-80g": Spec(989.4e12, 3350e9, 132),
-    "a40-48g": Spec(149.7e12, 696e9, 84),
+    # dense BF16 FLOP/s, bytes/s, SMs, L2: coral/catalog/data/gpus.toml for the first two; A40: NVIDIA A40
+    # datasheet (149.7 TF dense BF16 tensor, 696 GB/s GDDR6), 84 SMs (GA102 as configured for A40); L2:
+    # 40 MB (A100), 50 MB (H100 SXM), 6 MB (GA102) from NVIDIA's architecture whitepapers
+    "a100-80g": Spec(312e12, 2039e9, 108, 40e6),
+    "h100-80g": Spec(989.4e12, 3350e9, 132, 50e6),
+    "a40-48g": Spec(149.7e12, 696e9, 84, 6e6),
 }
 OLD_FACTORS = {"a100-80g": (0.625, 0.525), "h100-80g": (0.625, 0.4), "a40-48g": (0.85, 0.5)}
 """roofline-1's (mem_efficiency, compute_efficiency) from gpus.toml; a40 takes l40s-48g's (its GDDR class)."""
 DERIVE_CHECK = (("a40-48g", "a100-80g"), ("a100-80g", "h100-80g"), ("h100-80g", "a100-80g"))
+LAYERS = {
+    # num_hidden_layers of each profiled model's Hugging Face config
+    "Llama-2-7b-hf": 32, "Llama-2-70b-hf": 80, "Meta-Llama-3-8B": 32, "Meta-Llama-3-70B": 80,
+    "CodeLlama-34b-Instruct-hf": 48, "internlm-20b": 60, "Qwen-72B": 80, "phi-2": 32,
+}  # fmt: skip
+STEP_LINKS = {"a100-80g": ("a100_dgx", "nvswitch-a100"), "h100-80g": ("h100_dgx", "nvswitch-h100")}
+"""Per GPU: the 8-GPU machine whose measured all-reduce completes a TP step, and its fitted curve."""
+DECODE_MAX_TOKENS = 256
+
+
+def _measured_allreduce(data: Any, setup: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per worker count: (sizes, median seconds) of a machine's all-reduce rows, sorted by size."""
+    out = {}
+    for t in data.network:
+        if t.setup == setup and t.collective == "all_reduce":
+            for w in np.unique(t.num_workers):
+                keep = (t.num_workers == w) & (t.devices_per_node == w) & (t.times_s > 0)
+                order = np.argsort(t.size_bytes[keep])
+                out[int(w)] = (t.size_bytes[keep][order], t.times_s[keep][order])
+    return out
+
+
+def step_errors(data: Any, gpu: str, curve: Any, link: Any) -> dict[str, dict[str, list[float]]]:
+    """|error| of whole (non-attention) steps per phase ("decode", "prefill") and use ("in", "held_out")."""
+    ar = _measured_allreduce(data, STEP_LINKS[gpu][0]) if gpu in STEP_LINKS else {}
+    out: dict[str, dict[str, list[float]]] = {ph: {"in": [], "held_out": []} for ph in ("decode", "prefill")}
+    for t in data.compute:
+        if t.gpu != gpu:
+            continue
+        rows = op_rows([t])
+        pred = predict_rows(curve, rows)
+        n = len(t.tokens)
+        meas_layer, pred_layer = np.zeros(n), np.zeros(n)
+        np.add.at(meas_layer, rows.key - rows.key.min(), rows.measured_s)
+        np.add.at(pred_layer, rows.key - rows.key.min(), pred)
+        emb = rows.op == "emb"
+        meas_emb, pred_emb = np.zeros(n), np.zeros(n)
+        meas_emb[rows.key[emb] - rows.key.min()] = rows.measured_s[emb]
+        pred_emb[rows.key[emb] - rows.key.min()] = pred[emb]
+        L = LAYERS[t.model]
+        use = "held_out" if t.model in HELD_OUT else "in"
+        for i in range(n):
+            tp = int(t.tp[i])
+            ar_m = ar_p = 0.0
+            if tp > 1:
+                if tp not in ar:
+                    continue
+                size = t.tokens[i] * t.n_embd * 2.0
+                sizes, times = ar[tp]
+                if not sizes[0] <= size <= sizes[-1]:
+                    continue
+                ar_m = float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
+                ar_p = float(link.allreduce_s(size, tp))
+            m_step = meas_emb[i] + L * (meas_layer[i] - meas_emb[i] + 2.0 * ar_m)
+            p_step = pred_emb[i] + L * (pred_layer[i] - pred_emb[i] + 2.0 * ar_p)
+            phase = "decode" if t.tokens[i] <= DECODE_MAX_TOKENS else "prefill"
+            out[phase][use].append(abs(p_step / m_step - 1.0))
+    return out
 
 
 def _stats(e: np.ndarray) -> dict[str, float]:
@@ -113,7 +177,13 @@ def main() -> int:
     by_name = {c.name: c for c in curves}
     for target, base in DERIVE_CHECK:
         spec, rows = SPECS[target], rows_by_gpu[target]
-        d = attrs.evolve(by_name[base], peak_flops=spec.peak_flops, mem_bw=spec.mem_bw, sm_count=spec.sm_count)
+        d = attrs.evolve(
+            by_name[base],
+            peak_flops=spec.peak_flops,
+            mem_bw=spec.mem_bw,
+            sm_count=spec.sm_count,
+            l2_bytes=spec.l2_bytes,
+        )
         held = np.isin(rows.model, HELD_OUT) & (rows.measured_s > 0)
         pred = predict_rows(d, rows)
         lp, lmod = layer_sums(rows, pred)
@@ -129,15 +199,21 @@ def main() -> int:
         c = fit_link(name, n, b, t, f"fitted to {root.name}/network/{setup}/all_reduce.csv, {workers} GPUs")
         links[name] = (c, nominal)
         report["links"].append({"link": name, **_stats(abs_err(link_predict(c, n, b), t))})
+    report["whole"] = []
+    for c in curves:
+        link = links[STEP_LINKS[c.name][1]][0] if c.name in STEP_LINKS else None
+        for phase, by in step_errors(data, c.name, c, link).items():
+            report["whole"].append({"gpu": c.name, "phase": phase, "in": _stats(np.array(by["in"])),
+                                    "held_out": _stats(np.array(by["held_out"]))})  # fmt: skip
     cat = load_catalog()
     hand = tomllib.loads(PARAMS_FILE.read_text())
-    classes, sms = dict(hand["class"]), dict(hand["sm_count"])
-    draft = render_toml(curves, links, HostFloor(0.0, 0.0, 0.0, 0.0, ""), classes, sms, source)
+    classes, sms, l2 = dict(hand["class"]), dict(hand["sm_count"]), dict(hand["l2_mb"])
+    draft = render_toml(curves, links, HostFloor(0.0, 0.0, 0.0, 0.0, ""), classes, sms, l2, source)
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"perf_fit-{os.getpid()}.toml"
     tmp.write_text(draft)
     params = load_params(tmp)
     host = fit_host(cat, params)
-    text = render_toml(curves, links, host, classes, sms, source)
+    text = render_toml(curves, links, host, classes, sms, l2, source)
     tmp.write_text(text)
     params = load_params(tmp)
     tmp.unlink()
@@ -175,6 +251,11 @@ def _print(rep: dict[str, Any], wrote: bool) -> None:
     print("\nall-reduce curves (in-sample)")
     for r in rep["links"]:
         print(f"  {r['link']:18s} {f(r)}   rows {r['n']}")
+    print(f"\nwhole steps of the profiled models without attention (emb + L x (layer + TP all-reduces); decode: "
+          f"M <= {DECODE_MAX_TOKENS} tokens; A40: TP 1 only)")  # fmt: skip
+    print(f"{'gpu':10s} {'phase':8s} {'in-sample':>13s} {'held-out':>13s}   rows in/out")
+    for r in rep["whole"]:
+        print(f"{r['gpu']:10s} {r['phase']:8s} {f(r['in'])} {f(r['held_out'])}   {r['in']['n']}/{r['held_out']['n']}")
     print("\nwhole steps: coral/perf/calibration.toml (end-to-end; these also fit the host floor)")
     en = []
     for s in rep["steps"]:

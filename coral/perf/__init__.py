@@ -22,9 +22,9 @@ from coral.perf import roofline
 from coral.perf.ops import GpuCurve, LinkCurve
 from coral.perf.params import PerfParams, load_params
 from coral.perf.profile import ProfileError, ProfileTable, index_profiles, load_profiles
-from coral.perf.roofline import Ends
+from coral.perf.roofline import Ends, TimeEnds
 
-MODEL_VERSION = "opcurve-3"
+MODEL_VERSION = "opcurve-4"
 """Bumped whenever the stage model's formulas change; with the fitted parameters' digest it makes
 ``PerfModel.version``, part of every template's key (a changed model rebuilds the store)."""
 
@@ -105,9 +105,19 @@ class PerfModel:
         return self.profiles.get((model, n.gpu, self._tp(n, tp)))
 
     def decode_step_s(
-        self, model: str, node: str, *, layers: ArrayLike, batch: ArrayLike, context: ArrayLike, tp: int | None = None
+        self,
+        model: str,
+        node: str,
+        *,
+        layers: ArrayLike,
+        batch: ArrayLike,
+        context: ArrayLike,
+        tp: int | None = None,
+        ends: TimeEnds = None,
     ) -> NDArray[np.float64]:
-        """Seconds of one decode iteration of the stage (vectorised over layers, batch, context)."""
+        """Seconds of one decode iteration of the stage (vectorised over layers, batch, context and ``ends``
+        = (holds layer 0, holds the last layer): the embedding and LM head on the stages that hold them;
+        None spreads them over the layers, ``coral.perf.roofline``)."""
         m, n, g = self.resolve(model, node)
         t = self._tp(n, tp)
         prof = self.profiles.get((model, n.gpu, t))
@@ -115,12 +125,21 @@ class PerfModel:
             out: NDArray[np.float64] = np.asarray(layers, dtype=np.float64) * prof.decode_layer_s(batch)
             return out + 0.0 * np.asarray(context, dtype=np.float64)
         curves = self.gpu_curve(g.name), self.link_curve(n.name), self.params.host
-        return roofline.decode_step_s(m, *curves, t, layers, batch, context)
+        return roofline.decode_step_s(m, *curves, t, layers, batch, context, ends)
 
     def prefill_s(
-        self, model: str, node: str, *, layers: ArrayLike, batch: ArrayLike, prompt: ArrayLike, tp: int | None = None
+        self,
+        model: str,
+        node: str,
+        *,
+        layers: ArrayLike,
+        batch: ArrayLike,
+        prompt: ArrayLike,
+        tp: int | None = None,
+        ends: TimeEnds = None,
     ) -> NDArray[np.float64]:
-        """Seconds of one prompt pass of ``batch`` prompts of ``prompt`` tokens through the stage."""
+        """Seconds of one prompt pass of ``batch`` prompts of ``prompt`` tokens through the stage (``ends`` as
+        for ``decode_step_s``)."""
         m, n, g = self.resolve(model, node)
         t = self._tp(n, tp)
         prof = self.profiles.get((model, n.gpu, t))
@@ -129,7 +148,7 @@ class PerfModel:
             out: NDArray[np.float64] = np.asarray(layers, dtype=np.float64) * prof.prefill_layer_s(tokens)
             return out
         curves = self.gpu_curve(g.name), self.link_curve(n.name), self.params.host
-        return roofline.prefill_s(m, *curves, t, layers, batch, prompt)
+        return roofline.prefill_s(m, *curves, t, layers, batch, prompt, ends)
 
     def max_layers(self, model: str, node: str, *, batch: float, context: float, tp: int | None = None) -> int:
         """Most layers a stage on ``node`` can hold with the KV cache of ``batch`` sequences at ``context``

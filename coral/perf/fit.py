@@ -7,10 +7,15 @@ norms 4 M H, residual add 6 M H, embedding 4 M H, rotary 4 M (h + h_kv) d / TP, 
 (2 g + 2) M F / TP. A whole layer is the sum of one (GPU, model, tokens, TP) row's operators.
 
 Formulation: per GPU, the GEMM parameters (e_m, e_c, t0, p, pen) minimise sum over the fit rows of
-log(predicted / measured)^2 (``scipy.optimize.least_squares``, parameters in log space), and the streaming
-parameters (e_s, t0_s) likewise over the streaming rows. Per interconnect, (a0, a1, bw) minimise the same
-over ``all_reduce.csv`` rows with one node (devices_per_node == num_workers); the 4-GPU rows of the
-pairwise-NVLink machines cross PCIe between the pairs and fit the PCIe curves. Rows of the held-out models
+log(predicted / measured)^2 (``scipy.optimize.least_squares``, parameters in log space), and per streaming
+operator (e_s, t0_s, a_s, q, g) likewise over its rows, for each r in ``ROWS_PER_SM``; the r of least cost
+is kept. Bounds: e_s <= 1 (the datasheet bandwidth) and q >= 2. With many rows the wave term grows like
+the bytes, so at q = 1 (no overlap of the two) the split between them is not identified: A40's
+input_layernorm went to e_s = 1.0 there, while q >= 2 gives 0.64 beside post_attention_layernorm's 0.58 at
+the same held-out error. A streaming row also has its row width w (``coral.perf.ops``). Per interconnect,
+(a0, a1, bw) minimise the same over ``all_reduce.csv`` rows with one node (devices_per_node ==
+num_workers); the 4-GPU rows of the pairwise-NVLink machines cross PCIe between the pairs and fit the
+PCIe curves. Rows of the held-out models
 are never seen by the fit.
 """
 
@@ -43,11 +48,12 @@ LINK_SETUPS = {
 
 @attrs.frozen
 class Spec:
-    """Datasheet figures a curve is fitted against: dense BF16 FLOP/s, bytes/s, SM count."""
+    """Datasheet figures a curve is fitted against: dense BF16 FLOP/s, bytes/s, SM count, L2 bytes."""
 
     peak_flops: float
     mem_bw: float
     sm_count: int
+    l2_bytes: float
 
 
 @attrs.frozen(eq=False)
@@ -62,6 +68,8 @@ class OpRows:
     k: F
     n: F
     nbytes: F
+    width: F
+    """A streaming row's row width in elements (0 for GEMMs)."""
     measured_s: F
 
     @property
@@ -81,16 +89,18 @@ def _dims(t: OpTable) -> dict[str, tuple[F, F]]:
     }
 
 
-def _stream_bytes(t: OpTable, op: str) -> F:
+def _stream_bytes(t: OpTable, op: str) -> tuple[F, F]:
+    """(bytes moved, row width in elements) of a streaming operator's rows."""
     m, h, f, d, tp = t.tokens, float(t.n_embd), float(t.n_expanded_embd), float(t.head_dim), t.tp
     g = 2.0 if t.gated else 1.0
+    rope = (t.n_head + t.n_kv_head) * d / tp
     per = {
-        "emb": 4.0 * m * h,
-        "input_layernorm": 4.0 * m * h,
-        "post_attention_layernorm": 4.0 * m * h,
-        "add": 6.0 * m * h,
-        "attn_rope": 4.0 * m * (t.n_head + t.n_kv_head) * d / tp,
-        "mlp_act": (2.0 * g + 2.0) * m * f / tp,
+        "emb": (4.0 * m * h, np.full_like(m, h)),
+        "input_layernorm": (4.0 * m * h, np.full_like(m, h)),
+        "post_attention_layernorm": (4.0 * m * h, np.full_like(m, h)),
+        "add": (6.0 * m * h, np.full_like(m, h)),
+        "attn_rope": (4.0 * m * rope, rope),
+        "mlp_act": ((2.0 * g + 2.0) * m * f / tp, f / tp),
     }
     return per[op]
 
@@ -100,7 +110,7 @@ def op_rows(tables: Iterable[OpTable]) -> OpRows:
     names: list[NDArray[np.str_]] = []
     ops: list[NDArray[np.str_]] = []
     keys: list[NDArray[np.int64]] = []
-    cols: dict[str, list[F]] = {c: [] for c in ("m", "k", "n", "nbytes", "measured_s")}
+    cols: dict[str, list[F]] = {c: [] for c in ("m", "k", "n", "nbytes", "width", "measured_s")}
     base = 0
     for t in tables:
         dims = _dims(t)
@@ -109,19 +119,19 @@ def op_rows(tables: Iterable[OpTable]) -> OpRows:
         for op, times in t.times_s.items():
             if op in dims:
                 k, n = dims[op]
-                nb = np.zeros_like(k)
+                nb = w = np.zeros_like(k)
             else:
                 k = n = np.zeros_like(t.tokens)
-                nb = _stream_bytes(t, op)
+                nb, w = _stream_bytes(t, op)
             names.append(np.full(len(times), t.model))
             ops.append(np.full(len(times), op))
             keys.append(key)
-            for c, v in (("m", t.tokens), ("k", k), ("n", n), ("nbytes", nb), ("measured_s", times)):
+            for c, v in (("m", t.tokens), ("k", k), ("n", n), ("nbytes", nb), ("width", w), ("measured_s", times)):
                 cols[c].append(v)
     f = {c: np.concatenate(v) for c, v in cols.items()}
     return OpRows(
         np.concatenate(names), np.concatenate(ops), np.concatenate(keys),
-        f["m"], f["k"], f["n"], f["nbytes"], f["measured_s"],
+        f["m"], f["k"], f["n"], f["nbytes"], f["width"], f["measured_s"],
     )  # fmt: skip
 
 
@@ -130,14 +140,21 @@ def _positive(rows: OpRows, mask: NDArray[np.bool_]) -> NDArray[np.bool_]:
     return out
 
 
+ROWS_PER_SM = (1, 2, 4)
+"""Resident blocks per SM a streaming kernel's fit chooses from (blocks of 512-1,024 threads on SMs of
+1,536-2,048 threads)."""
+
+
 def fit_gpu(name: str, spec: Spec, rows: OpRows, fit_mask: NDArray[np.bool_], source: str) -> GpuCurve:
     """Least-squares fit of one GPU's GEMM and streaming curves on the rows in ``fit_mask``."""
     g = _positive(rows, fit_mask & rows.is_gemm)
     s = _positive(rows, fit_mask & ~rows.is_gemm)
 
-    def curve(x: F, stream: dict[str, tuple[float, float]]) -> GpuCurve:
+    def curve(x: F, stream: dict[str, tuple[float, float, float, float, int, float]]) -> GpuCurve:
         em, ec, t0, p, pen = (float(v) for v in np.exp(x))
-        return GpuCurve(name, spec.peak_flops, spec.mem_bw, spec.sm_count, em, ec, t0, p, pen, stream, source)
+        return GpuCurve(
+            name, spec.peak_flops, spec.mem_bw, spec.sm_count, em, ec, t0, p, pen, stream, source, spec.l2_bytes
+        )
 
     x0 = np.log([0.8, 0.7, 3e-6, 2.0, 1.1])
 
@@ -146,19 +163,28 @@ def fit_gpu(name: str, spec: Spec, rows: OpRows, fit_mask: NDArray[np.bool_], so
         return out
 
     xg = least_squares(rg, x0, bounds=(np.log([0.05, 0.05, 1e-8, 0.5, 1.0]), np.log([1.5, 1.5, 1e-3, 20.0, 4.0]))).x
-    stream: dict[str, tuple[float, float]] = {}
+    stream: dict[str, tuple[float, float, float, float, int, float]] = {}
     for op in STREAM_OPS:
         so = s & (rows.op == op)
         if not so.any():
             continue
+        best: tuple[float, tuple[float, float, float, float, int, float]] | None = None
+        for r in ROWS_PER_SM:
 
-        def rs(y: F, so: NDArray[np.bool_] = so, op: str = op) -> F:
-            c = curve(xg, {op: (float(np.exp(y[0])), float(np.exp(y[1])))})
-            out: F = np.log(c.stream_s(op, rows.nbytes[so]) / rows.measured_s[so])
-            return out
+            def rs(y: F, so: NDArray[np.bool_] = so, op: str = op, r: int = r) -> F:
+                e, t0s, a, q, gain = (float(v) for v in np.exp(y))
+                c = curve(xg, {op: (e, t0s, a, q, r, gain)})
+                out: F = np.log(c.stream_s(op, rows.nbytes[so], rows.m[so], rows.width[so]) / rows.measured_s[so])
+                return out
 
-        ys = np.exp(least_squares(rs, np.log([0.5, 3e-6]), bounds=(np.log([0.01, 1e-8]), np.log([3.0, 1e-3]))).x)
-        stream[op] = (round(float(ys[0]), 4), round(float(ys[1]), 7))
+            lo, hi = np.log([0.01, 1e-8, 1e-13, 2.0, 1.0]), np.log([1.0, 1e-3, 1e-7, 20.0, 10.0])
+            sol = least_squares(rs, np.log([0.5, 2e-6, 5e-10, 3.0, 1.2]), bounds=(lo, hi))
+            e, t0s, a, q, gain = (float(v) for v in np.exp(sol.x))
+            if best is None or sol.cost < best[0]:
+                par = (round(e, 4), round(t0s, 7), float(f"{a:.4g}"), round(q, 3), r, round(gain, 3))
+                best = (float(sol.cost), par)
+        assert best is not None
+        stream[op] = best[1]
     c = curve(xg, stream)
     return attrs.evolve(
         c, mem_eff=round(c.mem_eff, 4), cmp_eff=round(c.cmp_eff, 4), floor_s=round(c.floor_s, 7),
@@ -173,7 +199,7 @@ def predict_rows(curve: GpuCurve, rows: OpRows) -> F:
     out[g] = curve.gemm_s(rows.m[g], rows.k[g], rows.n[g])
     for op in np.unique(rows.op[~g]):
         s = rows.op == op
-        out[s] = curve.stream_s(str(op), rows.nbytes[s])
+        out[s] = curve.stream_s(str(op), rows.nbytes[s], rows.m[s], rows.width[s])
     return out
 
 
@@ -239,12 +265,13 @@ def render_toml(
     host: HostFloor,
     classes: dict[str, str],
     sm_counts: dict[str, int],
+    l2_mb: dict[str, float],
     source: str,
 ) -> str:
     """The text of ``perf_fit.toml`` for fitted curves (``coral.perf.params`` reads it)."""
     out = [
         "# Perf-model parameters fitted by `just bench perf-fit --write` (coral/perf/fit.py); do not edit the",
-        "# [gpu], [link] and [host] tables by hand. [class] and [sm_count] are datasheet facts kept by hand:",
+        "# [gpu], [link] and [host] tables by hand. [class], [sm_count] and [l2_mb] are facts kept by hand:",
         "# each catalog GPU type without its own curve is scaled from its class's (coral/perf/params.py).",
         f"source = {_q(source)}",
         f"held_out = [{', '.join(_q(m) for m in HELD_OUT)}]",
@@ -253,8 +280,13 @@ def render_toml(
     for g in gpus:
         out += [f'[gpu."{g.name}"]', f"source = {_q(g.source)}", f"tflops_bf16 = {g.peak_flops / 1e12:g}",
                 f"mem_bw_gbs = {g.mem_bw / 1e9:g}", f"sm_count = {g.sm_count}"]  # fmt: skip
+        out.append(f"l2_mb = {g.l2_bytes / 1e6:g}")
         out += [f"{f} = {getattr(g, f)!r}" for f in ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")]
-        out += [f"stream.{op} = {{ eff = {e!r}, floor_s = {t!r} }}" for op, (e, t) in sorted(g.stream.items())]
+        out += [
+            f"stream.{op} = {{ eff = {e!r}, floor_s = {t!r}, row_elem_s = {a!r}, blend = {q!r}, rows_per_sm = {r}, "
+            f"l2_gain = {gain!r} }}"
+            for op, (e, t, a, q, r, gain) in sorted(g.stream.items())
+        ]
         out.append("")
     for name, (c, nominal) in links.items():
         out += [f'[link."{name}"]', f"source = {_q(c.source)}", f"nominal_gbs = {nominal:g}",
@@ -266,6 +298,8 @@ def render_toml(
     out += ["[class]"] + [f'"{k}" = "{v}"' for k, v in sorted(classes.items())]
     out += ["", "# SMs (AMD: compute units) as configured on each product: NVIDIA and AMD datasheets and whitepapers"]
     out += ["[sm_count]"] + [f'"{k}" = {v}' for k, v in sorted(sm_counts.items())]
+    out += ["", "# L2 cache (AMD: the last-level Infinity Cache) in MB: the same datasheets and whitepapers"]
+    out += ["[l2_mb]"] + [f'"{k}" = {v:g}' for k, v in sorted(l2_mb.items())]
     return "\n".join(out) + "\n"
 
 

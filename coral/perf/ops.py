@@ -7,12 +7,29 @@ S streaming multiprocessors::
     t_m  = (w K N + 2 (M K + M N)) / (W e_m)            (w: bytes per weight, 2 for bf16)
     t    = t0 + (t_c^p + t_m^p)^(1/p)
 
-The tile sizes (64x64, 128x128, 128x256; i = 0, 1, 2) stand for the kernel library's choice: a GEMM runs in
-whole waves of S tiles (wave quantisation), and smaller tiles waste fewer slots but run ``pen`` times
-slower per FLOP. ``p`` blends the compute and memory limits (p -> inf is the roofline's max); ``t0`` is
-the kernel's fixed floor. Streaming kernels (norms, rotary embedding, activation, residual add,
-embedding lookup) take ``t0_s + bytes / (W e_s)``, with (e_s, t0_s) per operator: their kernels differ
-(a gather reaches a third of the bandwidth a fused add does).
+The tile sizes (16x128, 64x64, 128x128, 128x256; i = 0..3) stand for the kernel library's choice: a GEMM
+runs in whole waves of S tiles (wave quantisation), and smaller tiles waste fewer slots but run ``pen``
+times slower per FLOP. The 16-row tile is the skinny kernel a decode batch gets: without it a batch of a
+few tokens pays a 64-row tile's FLOPs, and the fit made up for that compute by reading weights faster than
+the datasheet bandwidth (H100 e_m 1.005). ``p`` blends the compute and memory limits (p -> inf is the
+roofline's max); ``t0`` is the kernel's fixed floor.
+
+Streaming kernels (norms, rotary embedding, activation, residual add, embedding lookup) run one thread
+block per token row of ``w`` elements (the row's width: H for norms, (h + h_kv) d / t for rotary, F / t for
+the activation), ``r`` blocks resident per SM::
+
+    t_w  = ceil(M / (r S)) * w * a_s                    (waves of rows; a_s: seconds per element of a row)
+    t_b  = (max(bytes - C, 0) + min(bytes, C) / g) / (W e_s)
+    t    = t0_s + (t_w^q + t_b^q)^(1/q)
+
+with (e_s, t0_s, a_s, q, r, g) per operator: their kernels differ (a gather reaches a third of the bandwidth
+a fused add does), and ``r``, the blocks resident per SM, follows from the kernel's block size and the SM's
+thread limit (1,024-thread blocks: 2 on A100 and H100, 1 on A40's 1,536 threads per SM). A few rows wait on
+one block's latency across the row; many rows stream at bandwidth. The bytes that fit the GPU's L2 cache
+(C bytes) move g times faster: a streaming kernel reads what the kernel before it just wrote (in the
+measurements, what its own previous run wrote), so a small batch's activations are served from L2. Without
+this term the residual add fitted e_s = 1.10 on H100, above the datasheet bandwidth; beyond 3x the L2 it
+reaches 0.97 of it.
 
 A ring all-reduce of B bytes over n GPUs takes ``a0 + a1 (n - 1) + 2 (n - 1) / n * B / bw``.
 
@@ -30,7 +47,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 F = NDArray[np.float64]
-TILES = ((64, 64), (128, 128), (128, 256))
+TILES = ((16, 128), (64, 64), (128, 128), (128, 256))
 
 
 def _arr(x: ArrayLike) -> F:
@@ -50,9 +67,10 @@ class GpuCurve:
     floor_s: float
     blend: float
     small_tile: float
-    stream: Mapping[str, tuple[float, float]]
-    """Per streaming operator: (e_s, t0_s)."""
+    stream: Mapping[str, tuple[float, float, float, float, int, float]]
+    """Per streaming operator: (e_s, t0_s, a_s, q, r, g)."""
     source: str
+    l2_bytes: float = 0.0
     derived: bool = False
 
     def gemm_s(self, m: ArrayLike, k: ArrayLike, n: ArrayLike, weight_bytes: float = 2.0, groups: ArrayLike = 1.0) -> F:
@@ -73,10 +91,14 @@ class GpuCurve:
         out: F = self.floor_s + (tc**p + tmem**p) ** (1.0 / p)
         return out
 
-    def stream_s(self, op: str, nbytes: ArrayLike) -> F:
-        """Seconds of the memory-bound streaming kernel ``op`` that reads and writes ``nbytes`` in all."""
-        eff, floor = self.stream[op]
-        out: F = floor + _arr(nbytes) / (self.mem_bw * eff)
+    def stream_s(self, op: str, nbytes: ArrayLike, rows: ArrayLike, width: ArrayLike) -> F:
+        """Seconds of the streaming kernel ``op`` over ``rows`` token rows of ``width`` elements that reads and
+        writes ``nbytes`` in all (rows may be a fractional mean, taken at least 1)."""
+        eff, floor, per_elem, q, r, gain = self.stream[op]
+        b, c = _arr(nbytes), self.l2_bytes
+        tb = (np.maximum(b - c, 0.0) + np.minimum(b, c) / gain) / (self.mem_bw * eff)
+        tw = np.ceil(np.maximum(_arr(rows), 1.0) / (r * self.sm_count)) * _arr(width) * per_elem
+        out: F = floor + (tb**q + tw**q) ** (1.0 / q)
         return out
 
     def roofline_s(self, flops: ArrayLike, nbytes: ArrayLike) -> F:

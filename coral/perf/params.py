@@ -2,13 +2,13 @@
 
 The file holds the curves fitted to measurements (``[gpu.NAME]`` with the datasheet figures they were
 fitted against, ``[link.NAME]``, ``[host]``) and per catalog GPU type its class (the measured type it is
-scaled from) and SM count (``[class]``, ``[sm_count]``).
+scaled from), SM count and L2 size (``[class]``, ``[sm_count]``, ``[l2_mb]``).
 
 A catalog GPU type with its own curve uses it. Any other takes its class's curve with its own datasheet
-peak FLOP/s, bandwidth and SM count (the efficiencies and floors are the class's), and is marked derived.
-Fallback, stated in the curve's ``source``: a GPU type with no class entry takes the measured type whose
-bandwidth-to-FLOP ratio is nearest its own, and one with no SM count takes the class's scaled by the
-FLOP/s ratio.
+peak FLOP/s, bandwidth, SM count and L2 size (the efficiencies, floors and L2 gains are the class's), and
+is marked derived. Fallback, stated in the curve's ``source``: a GPU type with no class entry takes the
+measured type whose bandwidth-to-FLOP ratio is nearest its own, one with no SM count takes the class's
+scaled by the FLOP/s ratio, and one with no L2 size the class's.
 
 Links: NVLink on 4 or more GPUs uses the NVSwitch curve of the node's GPU generation (H100 class for
 Hopper and newer, A100 class otherwise), NVLink on 2 GPUs the NVLink-pair curve, PCIe the Gen5 curve at
@@ -34,6 +34,7 @@ from coral.perf.ops import GpuCurve, HostFloor, LinkCurve
 
 PARAMS_FILE = DATA_DIR / "perf_fit.toml"
 GPU_FIELDS = ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")
+STREAM_FIELDS = ("eff", "floor_s", "row_elem_s", "blend", "l2_gain")
 LINK_FIELDS = ("latency_s", "latency_per_peer_s", "bw_gbs", "nominal_gbs")
 HOST_FIELDS = ("per_iter_s", "per_layer_s", "per_allreduce_s", "per_seq_s")
 
@@ -59,6 +60,7 @@ class PerfParams:
     gpus: dict[str, GpuCurve]
     classes: dict[str, str]
     sm_counts: dict[str, int]
+    l2_mb: dict[str, float]
     links: dict[str, LinkEntry]
     host: HostFloor
 
@@ -79,8 +81,12 @@ class PerfParams:
         if sm is None:
             sm = max(1, round(base.sm_count * peak / base.peak_flops))
             why += " (no SM count given: scaled by FLOP/s)"
+        l2 = self.l2_mb.get(gpu.name)
+        if l2 is None:
+            why += " (no L2 size given: the class's)"
+        l2_bytes = base.l2_bytes if l2 is None else l2 * 1e6
         return attrs.evolve(
-            base, name=gpu.name, peak_flops=peak, mem_bw=bw, sm_count=sm, derived=True,
+            base, name=gpu.name, peak_flops=peak, mem_bw=bw, sm_count=sm, l2_bytes=l2_bytes, derived=True,
             source=f"derived from {cls} by datasheet ratios{why}",
         )  # fmt: skip
 
@@ -132,6 +138,7 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
     sm_counts = {
         k: int(_num(path, "sm_count", _table(path, data, "sm_count"), k)) for k in _table(path, data, "sm_count")
     }
+    l2_mb = {k: _num(path, "l2_mb", _table(path, data, "l2_mb"), k) for k in _table(path, data, "l2_mb")}
     gpus: dict[str, GpuCurve] = {}
     for name, t in _table(path, data, "gpu").items():
         w = f"gpu.{name}"
@@ -139,15 +146,19 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
         stream = t.get("stream")
         if not isinstance(stream, dict) or not stream:
             raise ParamsError(f"{path}: [{w}]: key 'stream' missing")
-        ops = {
-            op: (_num(path, f"{w}.stream", v, "eff"), _num(path, f"{w}.stream", v, "floor_s"))
-            for op, v in stream.items()
-        }
+        ops = {}
+        for op, v in stream.items():
+            eff, t0s, a, q, gain = (_num(path, f"{w}.stream.{op}", v, f) for f in STREAM_FIELDS)
+            r = int(_num(path, f"{w}.stream.{op}", v, "rows_per_sm"))
+            if q < 1 or r < 1 or gain < 1:
+                got = f"got {q!r}, {r!r}, {gain!r}"
+                raise ParamsError(f"{path}: [{w}.stream.{op}]: blend, rows_per_sm and l2_gain must be >= 1, {got}")
+            ops[op] = (eff, t0s, a, q, r, gain)
         gpus[name] = GpuCurve(
             name, _num(path, w, t, "tflops_bf16") * 1e12, _num(path, w, t, "mem_bw_gbs") * 1e9,
             int(_num(path, w, t, "sm_count")),
             vals["mem_eff"], vals["cmp_eff"], vals["floor_s"], vals["blend"], vals["small_tile"], ops,
-            str(t.get("source", "")),
+            str(t.get("source", "")), _num(path, w, t, "l2_mb") * 1e6,
         )  # fmt: skip
     for must in ("h100-80g",):
         if must not in gpus:
@@ -179,6 +190,7 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
         gpus=gpus,
         classes=classes,
         sm_counts=sm_counts,
+        l2_mb=l2_mb,
         links=links,
         host=host,
     )

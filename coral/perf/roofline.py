@@ -16,10 +16,13 @@ tokens, run in chunks of at most ``PREFILL_CHUNK_TOKENS``) costs per layer, on o
   c_eff and s_eff are sliding-window aware;
 - two all-reduces of M H bf16 values when t > 1 (measured link curve).
 
-The embedding lookup and the LM head GEMM (over the b sequences that sample a token) are spread over the
-layers, k / L of them per stage, so that a stage's time depends only on how many layers it holds. An
-iteration takes ``max(GPU time, host floor)`` (``coral.perf.ops.HostFloor``, with its per-iteration and
-per-sequence terms spread over the layers likewise).
+The embedding lookup (over the M tokens) is charged to the stage that holds layer 0 and the LM head GEMM
+(over the b sequences that sample a token) to the stage that holds the last layer, when the caller says
+which ends the stage holds (``ends`` = (holds layer 0, holds the last layer), booleans or arrays of them).
+Without ``ends`` both are spread over the layers, k / L of them per stage, so that a stage's time
+depends only on how many layers it holds (exact for a stage of every layer, and for the sum over a
+pipeline). An iteration takes ``max(GPU time, host floor)`` (``coral.perf.ops.HostFloor``, with its
+per-iteration and per-sequence terms spread over the layers).
 
 Memory of a stage (all t GPUs together): k layers' own weights, the ends it holds
 (``ModelArch.end_bytes``: embedding with layer 0, LM head with the last layer), the KV cache of the
@@ -51,6 +54,8 @@ LOGIT_BYTES = 4.0
 F = NDArray[np.float64]
 Ends = tuple[bool, bool] | None
 """(holds layer 0, holds the last layer), or None for the conservative case (module docstring)."""
+TimeEnds = tuple[ArrayLike, ArrayLike] | None
+"""(holds layer 0, holds the last layer) per stage, or None to spread the ends' time over the layers."""
 
 
 def _arr(x: ArrayLike) -> F:
@@ -87,20 +92,26 @@ def _layer_gpu_s(m: ModelArch, g: GpuCurve, link: LinkCurve, tp: int, tokens: F)
         experts = g.gemm_s(per, h, 2.0 * fm / tp, eb, touched) + g.gemm_s(per, fm / tp, h, eb, touched)
         shared = m.shared_experts * (g.gemm_s(t, h, 2.0 * fm / tp, eb) + g.gemm_s(t, fm / tp, h, eb))
         mlp = experts + shared + g.gemm_s(t, h, e)
+    rope, ffn = (m.heads + m.kv_heads) * d / tp, _ffn_width(m) / tp
     stream = (
-        2.0 * g.stream_s("input_layernorm", 4.0 * t * h)
-        + g.stream_s("attn_rope", 4.0 * t * (m.heads + m.kv_heads) * d / tp)
-        + g.stream_s("mlp_act", 6.0 * t * _ffn_width(m) / tp)
-        + g.stream_s("add", 6.0 * t * h)
+        2.0 * g.stream_s("input_layernorm", 4.0 * t * h, t, h)
+        + g.stream_s("attn_rope", 4.0 * t * rope, t, rope)
+        + g.stream_s("mlp_act", 6.0 * t * ffn, t, ffn)
+        + g.stream_s("add", 6.0 * t * h, t, h)
     )
     ar = 2.0 * link.allreduce_s(t * h * m.dtype_bytes, tp)
     res: F = qkv + out + mlp + stream + ar
     return res
 
 
-def _ends_s(m: ModelArch, g: GpuCurve, tp: int, tokens: F, sampled: F) -> F:
-    """Embedding lookup of ``tokens`` and LM head over ``sampled`` rows, for the whole model."""
-    out: F = g.stream_s("emb", 4.0 * tokens * m.hidden) + g.gemm_s(sampled, m.hidden, m.vocab / tp)
+def _ends_s(m: ModelArch, g: GpuCurve, tp: int, tokens: F, sampled: F, k: F, ends: TimeEnds) -> F:
+    """Embedding lookup of ``tokens`` and LM head over ``sampled`` rows, as far as the stage holds them."""
+    emb = g.stream_s("emb", 4.0 * tokens * m.hidden, tokens, m.hidden)
+    head = g.gemm_s(sampled, m.hidden, m.vocab / tp)
+    if ends is None:
+        spread: F = k / m.num_layers * (emb + head)
+        return spread
+    out: F = _arr(ends[0]) * emb + _arr(ends[1]) * head
     return out
 
 
@@ -113,7 +124,7 @@ def _host_s(m: ModelArch, host: HostFloor, tp: int, k: F, seqs: F) -> F:
 
 def decode_step_s(
     m: ModelArch, g: GpuCurve, link: LinkCurve, host: HostFloor, tp: int,
-    layers: ArrayLike, batch: ArrayLike, context: ArrayLike,
+    layers: ArrayLike, batch: ArrayLike, context: ArrayLike, ends: TimeEnds = None,
 ) -> F:  # fmt: skip
     """Seconds of one decode iteration of ``batch`` sequences at ``context`` tokens over ``layers`` layers."""
     k, b, c = _arr(layers), _arr(batch), _arr(context)
@@ -122,14 +133,14 @@ def decode_step_s(
         4.0 * b * c_eff * m.heads * m.head_dim / tp,
         (b * c_eff * m.kv_bytes_per_token_layer + 4.0 * b * m.heads * m.head_dim * m.dtype_bytes) / tp,
     )
-    gpu = k * (_layer_gpu_s(m, g, link, tp, b) + attn) + k / m.num_layers * _ends_s(m, g, tp, b, b)
+    gpu = k * (_layer_gpu_s(m, g, link, tp, b) + attn) + _ends_s(m, g, tp, b, b, k, ends)
     out: F = np.maximum(gpu, _host_s(m, host, tp, k, b))
     return out
 
 
 def prefill_s(
     m: ModelArch, g: GpuCurve, link: LinkCurve, host: HostFloor, tp: int,
-    layers: ArrayLike, batch: ArrayLike, prompt: ArrayLike,
+    layers: ArrayLike, batch: ArrayLike, prompt: ArrayLike, ends: TimeEnds = None,
 ) -> F:  # fmt: skip
     """Seconds of one prompt pass of ``batch`` prompts of ``prompt`` tokens over ``layers`` layers."""
     k, b, s = _arr(layers), _arr(batch), _arr(prompt)
@@ -142,7 +153,7 @@ def prefill_s(
         tokens * 2.0 * (m.heads + 2 * m.kv_heads) * m.head_dim * m.dtype_bytes / tp,
     )
     gpu = k * (chunks * _layer_gpu_s(m, g, link, tp, per_chunk) + attn)
-    gpu = gpu + k / m.num_layers * _ends_s(m, g, tp, tokens, b)
+    gpu = gpu + _ends_s(m, g, tp, tokens, b, k, ends)
     out: F = np.maximum(gpu, _host_s(m, host, tp, k, b))
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -12,6 +13,8 @@ from coral.catalog import Catalog
 from coral.cli import main
 from coral.perf import PerfError, PerfModel, ProfileError, load_profiles
 from coral.perf.calibration import evaluate
+from coral.perf.ops import HostFloor
+from coral.perf.params import load_params
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "profiles"
 
@@ -169,3 +172,29 @@ def test_moe_experts_run_as_one_grouped_gemm(perf: PerfModel) -> None:
     assert grouped > one
     d = perf.decode_step_s("qwen3-235b-a22b", "p5.48xlarge", layers=94, batch=[1.0, 64.0], context=1024)
     assert d[0] < d[1] < 2 * d[0]
+
+
+def test_ends_time_on_the_stages_that_hold_them(catalog: Catalog) -> None:
+    """The LM head's time is on the stage with the last layer, the embedding's on the one with layer 0; a
+    pipeline's stages add up to the spread charge, and a stage of every layer is charged both either way."""
+    params = load_params()
+    gpu_only = PerfModel(catalog, params=attrs.evolve(params, host=HostFloor(0.0, 0.0, 0.0, 0.0, "")))
+    model, node, L = "llama-3.1-8b", "p5.4xlarge", 32
+    m, g = catalog.models[model], gpu_only.gpu_curve("h100-80g")
+    for b in (1, 64):
+        dec = {e: float(gpu_only.decode_step_s(model, node, layers=8, batch=b, context=1024, ends=e)) for e in
+               ((False, False), (True, False), (False, True))}  # fmt: skip
+        head = float(g.gemm_s(b, m.hidden, m.vocab))
+        assert dec[(False, True)] - dec[(False, False)] == pytest.approx(head, rel=1e-9)
+        assert 0 < dec[(True, False)] - dec[(False, False)] < head
+        parts = [(True, False), (False, False), (False, False), (False, True)]
+        exact = sum(float(gpu_only.decode_step_s(model, node, layers=8, batch=b, context=1024, ends=e)) for e in parts)
+        spread = 4 * float(gpu_only.decode_step_s(model, node, layers=8, batch=b, context=1024))
+        assert exact == pytest.approx(spread, rel=1e-9)
+        whole = gpu_only.decode_step_s(model, node, layers=L, batch=b, context=1024, ends=(True, True))
+        assert float(whole) == pytest.approx(
+            float(gpu_only.decode_step_s(model, node, layers=L, batch=b, context=1024))
+        )
+    pre = gpu_only.prefill_s(model, node, layers=8, batch=2, prompt=512, ends=(np.array([0, 1]), np.array([0, 1])))
+    mid = gpu_only.prefill_s(model, node, layers=8, batch=2, prompt=512, ends=(False, False))
+    assert pre[0] == pytest.approx(float(mid)) and pre[1] > float(mid)

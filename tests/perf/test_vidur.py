@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -137,6 +138,19 @@ def test_params_file_bad_values(tmp_path: Path) -> None:
     bad.write_text(text.replace('[link."pcie-gen4"]', '[link."pcie-x"]'))
     with pytest.raises(ParamsError, match=r"table \[link\.pcie-gen4\] missing"):
         load_params(bad)
+    norm = re.compile(r"(stream\.input_layernorm = \{[^}]*?)rows_per_sm = \d+, ")
+    bad.write_text(norm.sub(r"\1", text, count=1))
+    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\.stream\.input_layernorm\]: key 'rows_per_sm' missing"):
+        load_params(bad)
+    bad.write_text(norm.sub(r"\1rows_per_sm = 0, ", text, count=1))
+    with pytest.raises(ParamsError, match=r"\]: blend, rows_per_sm and l2_gain must be >= 1"):
+        load_params(bad)
+    bad.write_text(text.replace("l2_mb = 40\n", "", 1))
+    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\]: key 'l2_mb' missing"):
+        load_params(bad)
+    bad.write_text(text.replace("[l2_mb]", "[l2_cache]"))
+    with pytest.raises(ParamsError, match=r"table \[l2_mb\] missing"):
+        load_params(bad)
     bad.write_text(text.replace('"t4-16g" = "a40-48g"', '"t4-16g" = "nope"'))
     with pytest.raises(ParamsError, match=r"\[class\]: key 't4-16g': 'nope' has no"):
         load_params(bad)
@@ -144,9 +158,9 @@ def test_params_file_bad_values(tmp_path: Path) -> None:
 
 def test_fit_recovers_a_known_curve() -> None:
     """Rows generated from a known curve: the fit finds a curve that reproduces them on unseen shapes."""
-    spec = Spec(312e12, 2039e9, 108)
-    stream = {op: (0.5, 3e-6) for op in ("emb", "input_layernorm", "attn_rope", "mlp_act", "add")}
-    truth = GpuCurve("t", spec.peak_flops, spec.mem_bw, spec.sm_count, 0.85, 0.7, 4e-6, 2.5, 1.05, stream, "")
+    spec = Spec(312e12, 2039e9, 108, 40e6)
+    stream = {op: (0.5, 3e-6, 4e-10, 4.0, 2, 1.3) for op in ("emb", "input_layernorm", "attn_rope", "mlp_act", "add")}
+    truth = GpuCurve("t", spec.peak_flops, spec.mem_bw, spec.sm_count, 0.85, 0.7, 4e-6, 2.5, 1.05, stream, "", 40e6)
     rng = np.random.default_rng(0)
     tables = []
     for name, (h, f, nh) in {"a": (4096, 11008, 32), "b": (8192, 28672, 64), "c": (5120, 13824, 40)}.items():
