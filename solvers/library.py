@@ -91,13 +91,9 @@ def template_from_result(
         node = problem.kinds[i]
         k, b = int(menu.k[o]), int(menu.b[o])
         nt = perf.catalog.nodes[node]
+        at = (bool(held[i] & FIRST), bool(held[i] & LAST))
         mem = perf.stage_bytes(
-            model,
-            layers=k,
-            batch=b * max(depth[i], 1),
-            context=shape.max_context,
-            node=node,
-            ends=(bool(held[i] & FIRST), bool(held[i] & LAST)),
+            model, layers=k, batch=b * max(depth[i], 1), context=shape.max_context, node=node, ends=at
         )
         stages.append(
             Stage(
@@ -109,8 +105,10 @@ def template_from_result(
                 end=int(s) + k,
                 batch=b,
                 memory_bytes=float(mem),
-                decode_step_s=float(perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)),
-                prefill_s=float(perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)),
+                decode_step_s=float(
+                    perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context, ends=at)
+                ),
+                prefill_s=float(perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in, ends=at)),
             )
         )
     routes = []

@@ -23,7 +23,8 @@ context, the activation workspace on the node's GPUs) <= usable memory. The vLLM
 every running sequence of its pipeline (0.75-1.00 of n b in count), so a stage of a shorter path holds
 only its own paths' sequences. vLLM formed fewer and unequal micro-batches at those loads (1.1-4.8
 decode sequences per step with 2-16 in flight), so d * b is what a stage holds at most, the safe side.
-For each option the perf model gives:
+For each option the perf model gives, at the option's ends (the embedding lookup charged to the stage
+holding layer 0, the LM head's GEMM to the stage holding the last layer):
 
 - ``tau``: decode step time of the stage at batch b and the mean context;
 - ``pre_1`` / ``pre_b``: prompt time of the stage for one prompt / for b prompts batched together;
@@ -103,7 +104,7 @@ from solvers.reduce import subset_menu
 from solvers.shapes.catalogue import skeletons
 
 BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-FORMULATION = "options-10"
+FORMULATION = "options-11"
 """Bumped whenever menus or metrics change meaning; part of every template's content key (with
 ``MODE_FORMULATION``: ``formulation``)."""
 MODE_FORMULATION = {"decode": "kv-pair-1"}
@@ -276,17 +277,18 @@ def node_menu(
         empty = np.zeros(0)
         return NodeMenu(k, b, empty, np.zeros((_metrics(mode), 0)), empty, d, code_all)
     long_in = long_prompt(shape.mean_in, attainment)
+    at = (code_all & FIRST > 0, code_all & LAST > 0)
     if mode == "prefill":
-        pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
-        extra = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in) - perf.prefill_s(
-            model, node, layers=k, batch=1, prompt=shape.mean_in
+        pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in, ends=at)
+        extra = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in, ends=at) - perf.prefill_s(
+            model, node, layers=k, batch=1, prompt=shape.mean_in, ends=at
         )
         return NodeMenu(k, b, b * shape.mean_in / pre_b, (2.0 * pre_b + extra)[None, :], mem_all, d, code_all)
-    tau = perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context)
+    tau = perf.decode_step_s(model, node, layers=k, batch=b, context=shape.mean_context, ends=at)
     if mode == "decode":
         return NodeMenu(k, b, b / tau, tau[None, :], mem_all, d, code_all)
-    pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in)
-    pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in)
+    pre1 = perf.prefill_s(model, node, layers=k, batch=1, prompt=long_in, ends=at)
+    pre_b = perf.prefill_s(model, node, layers=k, batch=b, prompt=shape.mean_in, ends=at)
     bubble = np.array([prefill_bubble(inflight, int(x), shape.mean_out) for x in b])
     tail = np.array([prefill_tail(inflight, int(x), shape.mean_out, attainment) for x in b])
     cap = b / (bubble * pre_b + shape.mean_out * tau)
