@@ -69,6 +69,9 @@ from coral.templates import Template
 from coral.vllm.hosted import HostTable
 from solvers.allocation import SolverEffort
 
+_GONE = ("stopped", "lost")
+"""Instance states whose servers no longer run."""
+
 __all__ = [
     "MESH_SOURCE",
     "WATCH_TOPICS",
@@ -239,6 +242,9 @@ class CoralMesh:
                 rs.torn.dropped_bytes if rs.torn is not None else 0,
             )
             mesh.publish(self.resumed, source=MESH_SOURCE)
+        if self.host_table is not None:  # servers that registered workers still run for instances not kept stop
+            sup = self.supervisor
+            self.host_table.keep(lambda iid: iid in sup.instances and sup.instances[iid].state not in _GONE)
         await mesh.spawn(self.supervisor)
 
     async def spawn_worker(self, node_id: str, region: str, node_type: str) -> str:
