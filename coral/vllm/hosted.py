@@ -137,9 +137,10 @@ class HostTable:
         rec = self.hosts.get(msg.host)
         if rec is None:
             return
-        rec.running.pop(msg.key, None)
+        gone = rec.running.pop(msg.key, None)
         how = f"killed by signal {-msg.code}" if msg.code < 0 else f"exit code {msg.code}"
-        rec.exited[msg.key] = f"the vLLM server {msg.key} on host {msg.host} exited ({how})" + (
+        pid = f" (pid {gone.pid})" if gone is not None else ""
+        rec.exited[msg.key] = f"the vLLM server {msg.key}{pid} on host {msg.host} exited ({how})" + (
             f"; its log ends:\n{msg.tail}" if msg.tail else ""
         )
 

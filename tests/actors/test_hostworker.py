@@ -87,6 +87,11 @@ async def running_kernel(
 def worker(
     k: Kernel | None, *args: str, name: str = "h1", keys: bool = True, kernel: str = ""
 ) -> subprocess.Popen[str]:
+    cmd = worker_argv(k, *args, name=name, keys=keys, kernel=kernel)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def worker_argv(k: Kernel | None, *args: str, name: str = "h1", keys: bool = True, kernel: str = "") -> list[str]:
     cmd = [sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())", "worker"]
     cmd += ["--kernel", kernel or (k.endpoints.router if k else ""), "--name", name, "--region", "local"]
     if keys and k is not None:
@@ -96,7 +101,7 @@ def worker(
     if "--gpus" not in args:
         cmd += ["--gpus", "1"]
     cmd += ["--catalog", str(CATALOG), "--connect-timeout", "20s", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return cmd
 
 
 async def ends(p: subprocess.Popen[str], timeout: float = 120.0) -> tuple[int, str]:
@@ -244,3 +249,44 @@ async def test_a_new_kernel_stops_at_once_the_servers_of_instances_it_does_not_k
         rc, line = await stop(w)
     assert rc == 0, line
     assert not any(alive(p) for p in pids.values())  # a stopped worker stops every server
+
+
+def children(parent: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+async def test_a_local_worker_stops_its_servers_and_exits_when_its_coral_up_dies(tmp_path: Path) -> None:
+    """A local worker of ``coral up --backend vllm`` watches the process that started it
+    (``CORAL_WORKER_PARENT``); a shell stands in for ``coral up`` and is killed with SIGKILL."""
+    sleeper = ("-c", "import time; time.sleep(900)")
+    async with running_kernel(tmp_path) as kernel:
+        argv = worker_argv(kernel, "--work-dir", str(tmp_path / "w1"), "--grace", "600s")
+        shell = subprocess.Popen(["bash", "-c", 'CORAL_WORKER_PARENT=$$ "$@" & wait', "bash", *argv], cwd=ROOT)
+        try:
+            await registered(kernel, "h1")
+            rec = kernel.table.hosts["h1"]
+            assert kernel.mesh.send(rec.bus, StartServer("i1.r0", "i1", TINY_MODEL, 0, sleeper, (), 1), source=HOSTS)
+            deadline = time.monotonic() + 60
+            while "i1.r0" not in rec.running:
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.2)
+            server = rec.running["i1.r0"].pid
+            (pid,) = [p for p in children(shell.pid) if p != server]
+            shell.kill()
+            shell.wait()
+            deadline = time.monotonic() + 60
+            while kernel.table.alive("h1") or alive(server) or alive(pid):
+                assert time.monotonic() < deadline, "the orphaned worker or its server still runs"
+                await anyio.sleep(0.2)
+            assert rec.lost_reason.startswith("host worker h1 lost (left")  # it said goodbye
+        finally:
+            if shell.poll() is None:
+                shell.kill()
+                shell.wait()

@@ -1,12 +1,14 @@
 """``coral up --backend vllm`` as a user runs it (a subprocess): real vLLM servers serve the tiny-cpu trace.
 
-One run covers start, service, the HTTP gateway, a crash and a clean end: the plan holds two instances;
+Without ``--hosts`` the run starts its own ``coral worker`` processes (one per node the scenario's offers
+hold: two here, ``coral-local-1`` and ``-2``), which run the servers, as on many machines. One run covers
+start, service, the HTTP gateway to a worker's engine, a crash and a clean end: the plan holds two instances;
 once a server is busy the test kills it (SIGKILL to its process group), then a greedy request through
 ``coral up --gateway`` returns the tokens that transformers' ``generate()`` gives for the same prompt;
 the worker reports the engine fault, the supervisor loses the node, the router retries what it held on
 the other instance, and every request of the trace completes; the run ends when nothing is open
-(``--until-idle``) and stops every server, the replacement that the new plan started included. About
-two minutes on a 2-core machine.
+(``--until-idle``) and stops every server, the replacement that the new plan started included, and every
+local worker (none is left: checked in ``/proc``). About two minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -33,10 +35,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm"
 SCENARIO = ROOT / "fixtures" / "scenarios" / "tiny-cpu.toml"
 
 
-def _servers(parent: int | None, model: Path) -> list[tuple[int, int, str]]:
-    """(pid, port, API key) of the vLLM servers of ``model`` (started by process ``parent``, when given); the
-    key is read from the server's environment (only its user can read it)."""
-    out = []
+def _procs() -> dict[int, tuple[int, list[bytes]]]:
+    """pid -> (parent pid, command line) of every process."""
+    out = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -45,8 +46,18 @@ def _servers(parent: int | None, model: Path) -> list[tuple[int, int, str]]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent not in (None, ppid) or str(model).encode() not in cmd:
+        out[int(d.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
+    return out
+
+
+def _servers(up: int | None, model: Path) -> list[tuple[int, int, str]]:
+    """(pid, port, API key) of the vLLM servers of ``model`` (run by a local worker of ``coral up`` process
+    ``up``, when given); the key is read from the server's environment (only its user can read it)."""
+    out = []
+    procs = _procs()
+    for pid, (ppid, cmd) in procs.items():
+        d = Path(f"/proc/{pid}")
+        if (up is not None and procs.get(ppid, (0, []))[0] != up) or str(model).encode() not in cmd:
             continue
         if b"coral.vllm.serve" in cmd and b"--port" in cmd:
             try:
@@ -73,7 +84,8 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
         sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())",
         "up", "--backend", "vllm", "--scenario", str(SCENARIO), "--store", str(tmp_path / "store.db"),
         "--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(tmp_path / "vllm"),
-        "--json", "--bind", "inproc", "--until-idle", "--drain", "300s", "--for", "420s",
+        "--json", "--bind", f"tcp://127.0.0.1:{_free_port()}", "--until-idle", "--drain", "600s", "--for", "900s",
+        "--queue-timeout", "600s",
         "--record", str(tmp_path / "run.journal"), "--gateway", gateway.removeprefix("http://"),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -82,7 +94,7 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
     settle = 2 * MeshTiming().heartbeat_s + 1.0
     up_since: dict[int, float] = {}
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 700  # on a loaded 2-core machine a server can take minutes to start
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
             for pid, port, key in _servers(proc.pid, tiny_model):
                 base = f"http://127.0.0.1:{port}"
@@ -109,7 +121,7 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
                 time.sleep(0.5)  # no instance serving through the gateway at this moment
                 continue
             via_gateway = [int(t) for t in r["choices"][0]["token_ids"]]
-        out, err = proc.communicate(timeout=420)
+        out, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -130,12 +142,20 @@ def test_up_serves_the_trace_survives_a_killed_server_and_ends_cleanly(tiny_mode
     assert f"pid {killed}" in fault and "killed by signal 9" in fault
     assert summary["actor_crashes"] == 0 and summary["bus_errors"] == 0
     assert _servers(None, tiny_model) == []  # every server stopped with the run
+    vllm_dir = str(tmp_path / "vllm").encode()
+    left = [pid for pid, (_, cmd) in _procs().items() if any(vllm_dir in a for a in cmd)]
+    assert left == [], "local workers left behind"  # every local worker too
+    assert sorted(p.name for p in (tmp_path / "vllm" / "workers").glob("*.log")) == [
+        "coral-local-1.log",
+        "coral-local-2.log",
+    ]
 
     # what went over the bus: the fault, the lost node, and the servers' metrics
     msgs = [r.decode() for r in read_journal(tmp_path / "run.journal") if r.kind in ("publish", "send")]
     (ef,) = [m for m in msgs if isinstance(m, EngineFault)]
     (lost,) = [m for m in msgs if isinstance(m, NodeLost)]
-    assert lost.node_id == ef.node_id and lost.cause.startswith(f"engine: the vLLM server (pid {killed})")
+    assert lost.node_id == ef.node_id and lost.cause.startswith("engine: the vLLM server ")
+    assert f"(pid {killed})" in lost.cause and "killed by signal 9" in lost.cause
     stats = [m for m in msgs if isinstance(m, EngineStats)]
     assert {s.node_id for s in stats} >= {ef.node_id}
     assert max(s.generation_tokens for s in stats) > 0 and max(s.running for s in stats) >= 1
