@@ -2,12 +2,12 @@
 
 Without ``--hosts`` the run starts its own ``coral worker`` processes (one per node the scenario's offers
 hold: two here, ``coral-local-1`` and ``-2``), which run the servers, as on many machines. One run covers
-start, service, the HTTP gateway to a worker's engine, a crash and a clean stop: the plan holds two
-instances (tiny-cpu with a steady demand, so that the run lasts however long the servers take to start);
-once a server is busy the test kills it (SIGKILL to its process group), then a greedy request through
-``coral up --gateway`` returns the tokens that transformers' ``generate()`` gives for the same prompt;
-the worker reports the engine fault, the supervisor loses the node, the router retries what it held on
-the other instance, and the plan's replacement serves. Then SIGTERM stops the run: every request ends
+start, service, the HTTP gateway to a worker's engine, a crash and a clean stop (tiny-cpu with a steady
+demand, so that the run lasts however long the servers take to start): once a server is busy the test
+kills it (SIGKILL to its process group); the worker reports the engine fault, the supervisor loses the
+node, the plan's replacement starts, the router retries what the lost server held, and a greedy request
+through ``coral up --gateway`` returns the tokens that transformers' ``generate()`` gives for the same
+prompt. Then SIGTERM stops the run: every request ends
 completed or failed as ``unfinished`` (none open), and every server, the replacement included, and every
 local worker stop (none is left: checked in ``/proc``). About three minutes on a quiet 2-core machine.
 """
@@ -168,7 +168,7 @@ def test_up_serves_survives_a_killed_server_and_ends_cleanly(tiny_model: Path, t
     assert tiny["retries"] >= 1  # the killed server held requests; they ran again elsewhere
     backend = summary["backend"]
     assert backend["name"] == "vllm"
-    assert backend["servers_started"] >= 3  # two instances and the replacement
+    assert backend["servers_started"] >= 2  # the replacement
     (fault,) = backend["faults"].values()
     assert f"pid {killed}" in fault and "killed by signal 9" in fault
     assert summary["actor_crashes"] == 0 and summary["bus_errors"] == 0
