@@ -338,9 +338,7 @@ class HostedFleet(VllmFleet):
         self.table = table
 
     def __call__(self, node_id: str) -> VllmEngine:
-        e = HostedEngine(self.backend, node_id, self.table)
-        self.engines[node_id] = e
-        return e
+        return self.remember(HostedEngine(self.backend, node_id, self.table))
 
     def close(self) -> int:
         n = 0

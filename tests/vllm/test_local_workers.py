@@ -15,6 +15,9 @@ from coral.errors import CoralError
 from coral.kernel.keys import init_keys, list_clients
 from coral.messages.mesh import Host
 from coral.scenario import Scenario, load_scenario, scenario_catalogs
+from coral.vllm.engine import VllmBackend
+from coral.vllm.hosted import HostedFleet, HostTable
+from coral.vllm.tiny import TINY_MODEL
 from tests.conftest import FIXTURES
 
 TINY = FIXTURES / "scenarios" / "tiny-cpu.toml"
@@ -77,3 +80,13 @@ def test_a_worker_refuses_a_bad_engine_secret_in_its_environment(
     assert capsys.readouterr().err.strip() == (
         "coral: error: $CORAL_ENGINE_SECRET: not an engine secret (expected hex digits)"
     )
+
+
+def test_a_reused_host_keeps_every_engine_of_the_run() -> None:
+    """A static host is given again after its instance was lost: the fleet keeps both engines (the first one's
+    fault and server count are not overwritten)."""
+    fleet = HostedFleet(VllmBackend({TINY_MODEL: "/nowhere"}, device="cpu"), HostTable())
+    first, again = fleet("coral-local-1"), fleet("coral-local-1")
+    first.fault = "the vLLM server i1.r0 (pid 7) on host coral-local-1 exited (killed by signal 9)"
+    assert fleet.engines == {"coral-local-1": first, "coral-local-1.2": again}
+    assert fleet.faults() == {"coral-local-1": first.fault}
