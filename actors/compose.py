@@ -14,7 +14,8 @@ recorded to a journal replays exactly (``actors.replay``); a live run is the sam
 
 ``run_mesh`` is the whole run: the kernel (``Mesh`` with a ``VirtualClock``), the actors, an optional
 journal, a watcher that keeps the latest plan, fleet and traffic reports (``actors.watch.RunState``),
-the operator desk (``actors.operator.OperatorDesk``), and the end of the run (``mesh.end``). The run's
+the operator desk (``actors.operator.OperatorDesk``), and the end of the run (``mesh.end``; a run stopped
+early first ends its traffic, ``finish_traffic``). The run's
 set-up (options, templates, ``MeshSetup``) is ``actors.setup``; its names are re-exported here for the
 callers that import them from this module.
 """
@@ -33,7 +34,7 @@ import attrs
 from actors.allocator import Allocator
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
-from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ScenarioFeed
+from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ListFeed, ScenarioFeed
 from actors.hosts import HostRegistry, RegisteredHosts
 from actors.inspect import answer as answer_inspection
 from actors.operator import OperatorDesk
@@ -65,13 +66,16 @@ from coral.messages.control import (
 )
 from coral.messages.hosts import HOSTS
 from coral.messages.mesh import MeshEnd, MeshResumed, MeshSetup
-from coral.messages.requests import ArrivalBatch
+from coral.messages.requests import ArrivalBatch, FinishTraffic
 from coral.perf import PerfModel
 from coral.scenario import Scenario
 from coral.sim.engine import SimConfig
 from coral.templates import Template
 from coral.vllm.hosted import HostTable
 from solvers.allocation import SolverEffort
+
+_GONE = ("stopped", "lost")
+"""Instance states whose servers no longer run."""
 
 __all__ = [
     "MESH_SOURCE",
@@ -243,6 +247,9 @@ class CoralMesh:
                 rs.torn.dropped_bytes if rs.torn is not None else 0,
             )
             mesh.publish(self.resumed, source=MESH_SOURCE)
+        if self.host_table is not None:  # servers that registered workers still run for instances not kept stop
+            sup = self.supervisor
+            self.host_table.keep(lambda iid: iid in sup.instances and sup.instances[iid].state not in _GONE)
         await mesh.spawn(self.supervisor)
 
     async def spawn_worker(self, node_id: str, region: str, node_type: str) -> str:
@@ -457,6 +464,19 @@ async def _step(mesh: Mesh, clock: VirtualClock, feed: Feed, t: float) -> None:
             await mesh.quiesce()
 
 
+async def finish_traffic(mesh: Mesh, at: float, tick_s: float) -> float:
+    """End the traffic of a run stopped at ``at`` (``--for``, a signal, the UI): ``req.finish`` goes to the
+    router at the next tick, as at the scenario's end, and the router fails what is still open as
+    ``unfinished`` at the tick after, so that every request ends completed or failed with a reason (a replay
+    reads the input from the journal and does the same). Returns the time the run ends at."""
+    clock = mesh.clock
+    assert isinstance(clock, VirtualClock)
+    nxt = math.floor(at / tick_s) * tick_s + tick_s
+    await _step(mesh, clock, ListFeed([Input(nxt, TRAFFIC_SOURCE, ROUTER, FinishTraffic(nxt))]), nxt)
+    await _step(mesh, clock, ListFeed([]), nxt + tick_s)
+    return nxt + tick_s
+
+
 @attrs.frozen
 class RunResult:
     """How a run ended and what the watcher saw last."""
@@ -554,6 +574,8 @@ async def run_mesh(
                 on_step=on_step,
                 after_step=stepped,
             )
+            if reason == "stopped":
+                end = await finish_traffic(mesh, end, setup.timing.tick_s)
             await mesh.quiesce()
             if host_table is not None:  # stop the hosts' servers while the bus still reaches their workers
                 close = getattr(cm.engine_factory, "close", None)

@@ -6,7 +6,7 @@ run's ``--hosts`` file or whose region or node type differ from it there, and a 
 another incarnation already holds. Otherwise it records the host in the ``HostTable`` (shared with the
 engines of ``coral.vllm.hosted``, which start and watch the host's vLLM servers through it) and answers
 ``WorkerWelcome``. A worker reconnecting after a kernel restart lists the servers it still runs; the table
-keeps them for the engines of adopted instances.
+keeps them for the engines of adopted instances and stops the others at once (``HostTable.prune``).
 
 It answers every ``HostBeat`` (unknown hosts are told to register again), relays ``ServerStarted`` and
 ``ServerExited`` into the table, and marks a host lost when its bus connection (``host-NAME@INCARNATION``)
@@ -88,6 +88,8 @@ class HostRegistry(Actor):
                 self.table.register(msg, env.source)
             if env.kind == "request":
                 await self.ctx.reply(env, WorkerWelcome(msg.name, bad is None, bad or ""))
+            if bad is None:
+                self.table.prune(msg.name)
         elif isinstance(msg, HostBeat):
             known = self.table.beat(msg)
             if env.kind == "request":

@@ -23,6 +23,7 @@ from actors.recovery import Recovery, check_provider, load_recovery, provider_st
 from actors.setup import world_of
 from coral.cli.up_driver import run_up_async
 from coral.cli.up_status import print_summary
+from coral.cli.up_workers import is_local
 from coral.errors import CoralError
 from coral.kernel import Endpoints, ServerKeys
 from coral.store import default_store_path
@@ -73,10 +74,10 @@ def run_resumed(
     sc, cat, perf = world_of(setup)
     fleet = None
     if vllm is not None:
-        if setup.cloud.kind != "hosts":
+        if setup.cloud.kind != "hosts" or is_local(setup.cloud.hosts):
             raise CoralError(
-                "--resume: a crashed run on the vllm backend without --hosts cannot be resumed (its servers ran "
-                "in the crashed process's machine and died with it)"
+                "--resume: a crashed run on the vllm backend without --hosts cannot be resumed (its local workers "
+                "and their servers stopped with the crashed process)"
             )
         fleet = vllm(sc, cat)
         if access is not None:

@@ -40,10 +40,12 @@ from coral.cli.up_driver import run_up_async
 from coral.cli.up_serve import Serve, serve_from_args, start_serving
 from coral.cli.up_setup import DEFAULT_SPEED, mesh_setup, parse_duration, parse_speed, vllm_fleet
 from coral.cli.up_status import print_summary, summarize
+from coral.cli.up_workers import LocalWorkers, local_hosts
 from coral.errors import CoralError
 from coral.gateway import parse_address
 from coral.gateway.server import bind
 from coral.kernel.address import DEFAULT_BIND, check_free, parse_bind
+from coral.kernel.keys import keys_dir
 from coral.scenario import load_scenario
 
 __all__ = ["DEFAULT_BIND", "DEFAULT_SPEED", "Serve", "add", "run_up", "run_up_async", "start_serving", "summarize"]
@@ -100,8 +102,9 @@ def add(sub: Any, parent: argparse.ArgumentParser) -> None:
         "--backend",
         default="sim",
         choices=("sim", "vllm"),
-        help="stage-worker engine: the simulator's timing model, or real vLLM servers on this machine "
-        "(real time; only templates vLLM can run as they are)",
+        help="stage-worker engine: the simulator's timing model, or real vLLM servers (real time; only templates "
+        "vLLM can run as they are), run by the --hosts machines' `coral worker`s or, without --hosts, by local "
+        "workers that coral up starts itself",
     )
     p.add_argument(
         "--vllm-only", action="store_true", help="plan only with templates vLLM can run as they are (implied by vllm)"
@@ -217,6 +220,11 @@ def run_up(args: argparse.Namespace) -> int:
         if args.speed != str(DEFAULT_SPEED) and speed != 1.0:
             raise CoralError(f"--speed: the vllm backend runs in real time (1), got {args.speed!r}")
         speed = 1.0
+        if args.hosts is None and args.resume is None and (endpoints is None or endpoints.router[:6] != "tcp://"):
+            raise CoralError(
+                f"--bind: the vllm backend's local workers connect to the kernel over tcp, got {args.bind!r}; "
+                "bind tcp://127.0.0.1:PORT (the default)"
+            )
     warmup = parse_duration(args.warmup, "--warmup") if args.warmup is not None else None
     drain = parse_duration(args.drain, "--drain") if args.drain is not None else None
     queue = parse_duration(args.queue_timeout, "--queue-timeout") if args.queue_timeout is not None else None
@@ -243,7 +251,7 @@ def run_up(args: argparse.Namespace) -> int:
             wall_limit,
             curve,
             lambda: serve_from_args(args, gw_addr, metrics_addr, access),
-            (lambda sc, cat: vllm_fleet(args, sc, cat, hosted=True)) if vllm else None,
+            (lambda sc, cat: vllm_fleet(args, sc, cat, local=False)) if vllm else None,
             access,
         )
     cat = catalog_from(args)
@@ -256,10 +264,25 @@ def run_up(args: argparse.Namespace) -> int:
 
             ensure_templates(sc, cat, perf, store, args, quiet=args.json)
         library = library_for(store, sc, perf.version, vllm_only=vllm or args.vllm_only)
-    setup = mesh_setup(args, sc, cat, perf, library, warmup=warmup, drain=drain, queue=queue)
-    fleet = vllm_fleet(args, sc, cat, hosted=args.hosts is not None) if vllm else None
+    local = vllm and args.hosts is None
+    hosts = local_hosts(sc, cat) if local else None
+    setup = mesh_setup(args, sc, cat, perf, library, warmup=warmup, drain=drain, queue=queue, hosts=hosts)
+    fleet = vllm_fleet(args, sc, cat, local=local) if vllm else None
+    workers = None
+    on_start = None
     if fleet is not None:
         access.use_engines(fleet.backend.engine_secret)
+    if local and fleet is not None and hosts is not None:
+        workers = LocalWorkers(
+            hosts, setup.catalog_files, Path(fleet.backend.work_dir), keys_dir(args.keys), fleet.backend.engine_secret,
+            {h.node: cat.nodes[h.node].gpu_count for h in hosts},
+        )  # fmt: skip
+        workers.check_keys()
+
+        async def on_start(mesh: Any, _cm: Any) -> None:
+            assert workers is not None and mesh.endpoints is not None
+            workers.start(mesh.endpoints)
+
     console = Console(stderr=args.json, quiet=args.tui)
     serve = serve_from_args(args, gw_addr, metrics_addr, access)
     try:
@@ -282,12 +305,15 @@ def run_up(args: argparse.Namespace) -> int:
                 engine_factory=fleet,
                 until_idle=args.until_idle,
                 host_table=getattr(fleet, "table", None),
+                on_start=on_start,
             ),
             backend="asyncio",
         )
     finally:
         if fleet is not None:
             fleet.close()
+        if workers is not None:
+            workers.stop()
     if fleet is not None:
         summary["backend"] = {
             "name": "vllm",

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from coral.cli.common import catalog_files
+from coral.cli.up_workers import LOCAL_PREFIX
 from coral.errors import CoralError
 from coral.messages.mesh import CloudSetup, Host, MeshTiming
 from coral.scenario import Scenario
@@ -72,6 +73,8 @@ def load_hosts(path: Path, scenario: Scenario) -> tuple[Host, ...]:
             )
         if row["node"] not in scenario.node_types:
             raise CoralError(f"{where}: node type {row['node']!r} is not among the scenario's node types")
+        if row["name"].startswith(LOCAL_PREFIX):
+            raise CoralError(f"{where}: name {row['name']!r}: names starting {LOCAL_PREFIX!r} are a local run's")
         hosts.append(Host(row["name"], row["region"], row["node"]))
     try:
         CloudSetup(kind="hosts", hosts=tuple(hosts)).check()
@@ -90,14 +93,15 @@ def mesh_setup(
     warmup: float | None,
     drain: float | None,
     queue: float | None,
+    hosts: tuple[Host, ...] | None = None,
 ) -> Any:
-    """The ``MeshSetup`` of a run: the cloud (simulated, or ``--hosts``), the timing and the run options."""
+    """The ``MeshSetup`` of a run: the cloud (simulated, ``--hosts``, or ``hosts``: a local vLLM run's,
+    ``coral.cli.up_workers``), the timing and the run options."""
     from actors.compose import RunOptions, make_setup
 
-    vllm = args.backend == "vllm"
-    cloud = CloudSetup() if args.hosts is None else CloudSetup(kind="hosts", hosts=load_hosts(args.hosts, sc))
-    if vllm and args.hosts is None:
-        cloud = attrs.evolve(cloud, provision_s=0.0)  # the nodes are this machine: nothing to provision
+    if hosts is None and args.hosts is not None:
+        hosts = load_hosts(args.hosts, sc)
+    cloud = CloudSetup() if hosts is None else CloudSetup(kind="hosts", hosts=hosts)
     timing = MeshTiming()
     if warmup is not None:
         timing = attrs.evolve(timing, warmup_s=float(math.ceil(warmup)))
@@ -116,13 +120,14 @@ def mesh_setup(
     return make_setup(sc, cat, perf, library, options, catalog_files=catalog_files(args), profile_files=args.profiles)
 
 
-def vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any, *, hosted: bool = False) -> Any:
-    """The engine factory of ``--backend vllm``: real vLLM servers on this machine, or with ``hosted`` on the
-    ``--hosts`` machines through their ``coral worker`` (``coral.vllm.hosted``), whose servers' API keys
-    derive from the key directory's engine secret (none without keys: loopback only)."""
+def vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any, *, local: bool) -> Any:
+    """The engine factory of ``--backend vllm``: vLLM servers run by each host's ``coral worker``
+    (``coral.vllm.hosted``), whose API keys derive from the key directory's engine secret; without keys,
+    none on ``--hosts`` machines (loopback only), and the run's random secret on a ``local`` run's workers
+    (``coral.cli.up_workers``)."""
     from coral.kernel.keys import engine_secret, keys_dir
     from coral.vllm.engine import VllmBackend
-    from coral.vllm.fleet import VllmFleet, detect_device, parse_weights, resolve_weights
+    from coral.vllm.fleet import detect_device, parse_weights, resolve_weights
     from coral.vllm.hosted import HostedFleet, HostTable
 
     device = detect_device(args.vllm_device)
@@ -138,8 +143,9 @@ def vllm_fleet(args: argparse.Namespace, sc: Scenario, cat: Any, *, hosted: bool
         work_dir=str(work),
         seed=args.seed,
     )
-    if hosted:
-        d = keys_dir(args.keys)
-        secret = engine_secret(d, create=True) if d is not None else b""
-        return HostedFleet(attrs.evolve(backend, engine_secret=secret), HostTable())
-    return VllmFleet(backend)
+    d = keys_dir(args.keys)
+    if d is not None:
+        backend = attrs.evolve(backend, engine_secret=engine_secret(d, create=True))
+    elif not local:
+        backend = attrs.evolve(backend, engine_secret=b"")
+    return HostedFleet(backend, HostTable())

@@ -5,12 +5,18 @@ the catalog and ``--gpus`` must be its GPU count; ``--kernel`` must be a tcp add
 or a kernel that other machines can reach needs keys (``--keys DIR`` or ``$CORAL_KEYS``, holding
 ``server.key``, ``clients/NAME.key_secret`` and ``engine.secret``), so nothing listens beyond loopback
 without them.
+
+The local workers that ``coral up --backend vllm`` starts on its own machine (``coral.cli.up_workers``) get
+two more inputs in their environment: without keys, the run's engine secret (``CORAL_ENGINE_SECRET``, hex),
+so that their servers still require API keys; and ``CORAL_WORKER_PARENT``, the pid of that ``coral up``:
+when it is gone the worker stops its servers and exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +28,7 @@ from coral.cli.apikeys_cmd import is_loopback
 from coral.cli.common import catalog_from
 from coral.cli.keys_cmd import is_loopback as tcp_is_loopback
 from coral.cli.up_setup import parse_duration
+from coral.cli.up_workers import PARENT_ENV, SECRET_ENV
 from coral.errors import CoralError
 from coral.kernel.address import parse_connect
 from coral.kernel.keys import client_keys, engine_secret, keys_dir
@@ -86,7 +93,14 @@ def run_worker(args: argparse.Namespace) -> int:
                     "CORAL_KEYS) with server.key, clients/NAME.key_secret and engine.secret from the kernel's host"
                 )
     curve = client_keys(d, args.key_name or args.name) if d is not None else None
-    secret = engine_secret(d) if d is not None else b""
+    given = os.environ.pop(SECRET_ENV, "")  # not passed on to the servers' environment
+    try:
+        secret = engine_secret(d) if d is not None else bytes.fromhex(given)
+    except ValueError:
+        raise CoralError(f"${SECRET_ENV}: not an engine secret (expected hex digits)") from None
+    parent = os.environ.pop(PARENT_ENV, "")
+    if parent and not parent.isdigit():
+        raise CoralError(f"${PARENT_ENV}: expected a process id, got {parent!r}")
     cfg = WorkerConfig(
         args.name,
         args.region,
@@ -114,7 +128,15 @@ def run_worker(args: argparse.Namespace) -> int:
                         stop.set()
                         return
 
+            async def orphaned() -> None:  # a local worker ends with the coral up that started it
+                while os.getppid() == int(parent):
+                    await anyio.sleep(1.0)
+                logging.getLogger("coral.worker").warning("coral up (pid %s) is gone: stopping", parent)
+                stop.set()
+
             tg.start_soon(signals)
+            if parent:
+                tg.start_soon(orphaned)
             await worker.run(stop)
             tg.cancel_scope.cancel()
 

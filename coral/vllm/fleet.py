@@ -1,8 +1,8 @@
 """The vLLM backend of a run: which vLLM is installed, where each model's weights are, and every engine made.
 
-``VllmFleet`` is the mesh's engine factory for ``coral up --backend vllm``: one ``VllmEngine`` per node, all
-remembered so that ``close()`` stops every server still running when the run ends (the mesh does not
-release its nodes at the end of a run).
+``VllmFleet`` is the mesh's engine factory for ``coral up --backend vllm``: one ``VllmEngine`` per node (per
+rental of a node id), all remembered so that ``close()`` stops every server still running when the run ends
+(the mesh does not release its nodes at the end of a run).
 """
 
 from __future__ import annotations
@@ -96,8 +96,16 @@ class VllmFleet:
             self._handler = None
 
     def __call__(self, node_id: str) -> VllmEngine:
-        e = VllmEngine(self.backend, node_id)
-        self.engines[node_id] = e
+        return self.remember(VllmEngine(self.backend, node_id))
+
+    def remember(self, e: VllmEngine) -> VllmEngine:
+        """Keep ``e`` under its node id, or ``NODE.K`` for the K-th engine of a node id a provider reuses (a
+        static host given again after its instance was lost), so that no engine's server or fault is lost."""
+        key, k = e.node_id, 1
+        while key in self.engines:
+            k += 1
+            key = f"{e.node_id}.{k}"
+        self.engines[key] = e
         return e
 
     def close(self) -> int:

@@ -13,7 +13,8 @@ said goodbye), a server that exits, or a server a host refuses (a stage needs mo
 has) is the engine's ``fault``: the stage worker reports it and the supervisor loses the node.
 
 Adoption: a worker that outlived the kernel registers again with the servers it still runs; the engine
-of an adopted instance (``coral up --resume``) takes them over instead of starting new ones.
+of an adopted instance (``coral up --resume``) takes them over instead of starting new ones, and the
+others are stopped as soon as the run knows which instances it adopted (``HostTable.keep``/``prune``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class HostTable:
         self.send: Callable[[str, object], bool] | None = None
         self.locate: Callable[[str], list[str]] | None = None
         """Instance id -> the host of each of its stages (from the provider's node tags)."""
+        self.wanted: Callable[[str], bool] | None = None
+        """Instance id -> whether the run keeps it (set once the run knows: a resumed run after adopting)."""
         self.orders = 0
 
     def register(self, hello: WorkerHello, bus: str) -> None:
@@ -85,6 +88,26 @@ class HostTable:
         self.hosts[hello.name] = rec
         log.info("host %s registered (%s, %s, engine %s, %d servers running)", *attrs.astuple(hello)[:2],
                  hello.node, hello.engine_host, len(hello.running))  # fmt: skip
+
+    def prune(self, name: str) -> list[str]:
+        """Stop the servers that host ``name``'s worker listed when it registered and that belong to no
+        instance the run keeps (a resumed run's instances it did not adopt, or any on a fresh run): at once,
+        not at the end of the worker's grace period. Returns their keys (none while ``wanted`` is unset)."""
+        rec = self.hosts.get(name)
+        if self.wanted is None or rec is None or not rec.alive:
+            return []
+        stale = [k for k, r in sorted(rec.running.items()) if not self.wanted(r.instance)]
+        for key in stale:
+            del rec.running[key]
+            self.order(name, StopServer(key, "its instance is not adopted by this kernel"))
+            log.info("host %s: stopping %s (its instance is not adopted by this kernel)", name, key)
+        return stale
+
+    def keep(self, wanted: Callable[[str], bool]) -> None:
+        """The run now knows which instances it keeps: prune every host registered so far."""
+        self.wanted = wanted
+        for name in sorted(self.hosts):
+            self.prune(name)
 
     def alive(self, name: str) -> bool:
         rec = self.hosts.get(name)
@@ -114,9 +137,10 @@ class HostTable:
         rec = self.hosts.get(msg.host)
         if rec is None:
             return
-        rec.running.pop(msg.key, None)
+        gone = rec.running.pop(msg.key, None)
         how = f"killed by signal {-msg.code}" if msg.code < 0 else f"exit code {msg.code}"
-        rec.exited[msg.key] = f"the vLLM server {msg.key} on host {msg.host} exited ({how})" + (
+        pid = f" (pid {gone.pid})" if gone is not None else ""
+        rec.exited[msg.key] = f"the vLLM server {msg.key}{pid} on host {msg.host} exited ({how})" + (
             f"; its log ends:\n{msg.tail}" if msg.tail else ""
         )
 
@@ -314,9 +338,7 @@ class HostedFleet(VllmFleet):
         self.table = table
 
     def __call__(self, node_id: str) -> VllmEngine:
-        e = HostedEngine(self.backend, node_id, self.table)
-        self.engines[node_id] = e
-        return e
+        return self.remember(HostedEngine(self.backend, node_id, self.table))
 
     def close(self) -> int:
         n = 0

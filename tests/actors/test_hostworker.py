@@ -16,7 +16,7 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -62,13 +62,19 @@ class Kernel:
 
 
 @contextlib.asynccontextmanager
-async def running_kernel(tmp_path: Path) -> AsyncIterator[Kernel]:
-    """The kernel with its host registry, inside the test (a mesh's task group never crosses a fixture)."""
-    keys = init_keys(tmp_path / "keys")
-    for name in ("h1", "h2", "h9", "odd"):
-        add_client(keys, name)
+async def running_kernel(
+    tmp_path: Path, port: int = 0, wanted: Callable[[str], bool] | None = None
+) -> AsyncIterator[Kernel]:
+    """The kernel with its host registry, inside the test (a mesh's task group never crosses a fixture);
+    ``wanted``: the instances it keeps (as a resumed run does once it has adopted)."""
+    keys = tmp_path / "keys"
+    if not keys.exists():
+        init_keys(keys)
+        for name in ("h1", "h2", "h9", "odd"):
+            add_client(keys, name)
     table = HostTable()
-    port = free_port()
+    table.wanted = wanted
+    port = port or free_port()
     eps = Endpoints(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
     async with Mesh(endpoints=eps, curve=server_keys(keys), peer_timeout=3.0) as mesh:
         table.send = lambda dest, msg: mesh.send(dest, msg, source=HOSTS)
@@ -81,6 +87,11 @@ async def running_kernel(tmp_path: Path) -> AsyncIterator[Kernel]:
 def worker(
     k: Kernel | None, *args: str, name: str = "h1", keys: bool = True, kernel: str = ""
 ) -> subprocess.Popen[str]:
+    cmd = worker_argv(k, *args, name=name, keys=keys, kernel=kernel)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def worker_argv(k: Kernel | None, *args: str, name: str = "h1", keys: bool = True, kernel: str = "") -> list[str]:
     cmd = [sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())", "worker"]
     cmd += ["--kernel", kernel or (k.endpoints.router if k else ""), "--name", name, "--region", "local"]
     if keys and k is not None:
@@ -90,7 +101,7 @@ def worker(
     if "--gpus" not in args:
         cmd += ["--gpus", "1"]
     cmd += ["--catalog", str(CATALOG), "--connect-timeout", "20s", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return cmd
 
 
 async def ends(p: subprocess.Popen[str], timeout: float = 120.0) -> tuple[int, str]:
@@ -196,3 +207,86 @@ async def test_registration_duplicate_and_a_start_beyond_the_hosts_gpus(tmp_path
             assert time.monotonic() < deadline
             await anyio.sleep(0.2)
         assert kernel.table.hosts["h1"].lost_reason.startswith("host worker h1 lost (left")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+async def test_a_new_kernel_stops_at_once_the_servers_of_instances_it_does_not_keep(tmp_path: Path) -> None:
+    """A worker outlives its kernel with two servers (plain processes stand in for vLLM: what is tested is
+    who stops them, and when); the next kernel on the same address keeps one instance (a resumed run's
+    adoption) and stops the other's server as soon as the worker registers, long before the grace period."""
+    port = free_port()
+    sleeper = ("-c", "import time; time.sleep(900)")
+    async with running_kernel(tmp_path, port) as kernel:
+        w = worker(kernel, "--work-dir", str(tmp_path / "w1"), "--grace", "600s")
+        await registered(kernel, "h1")
+        rec = kernel.table.hosts["h1"]
+        for iid in ("i7", "i8"):
+            assert kernel.mesh.send(rec.bus, StartServer(f"{iid}.r0", iid, TINY_MODEL, 0, sleeper, (), 1), source=HOSTS)
+        deadline = time.monotonic() + 60
+        while set(rec.running) != {"i7.r0", "i8.r0"}:
+            assert time.monotonic() < deadline, rec.running
+            await anyio.sleep(0.2)
+        pids = {k: r.pid for k, r in rec.running.items()}
+    try:
+        assert all(alive(p) for p in pids.values())  # the kernel is gone; the servers keep running
+        async with running_kernel(tmp_path, port, wanted=lambda iid: iid == "i7") as kernel:
+            await registered(kernel, "h1", 60.0)
+            t0 = time.monotonic()
+            while alive(pids["i8.r0"]):
+                assert time.monotonic() - t0 < 30, "the server of the instance not kept still runs"
+                await anyio.sleep(0.2)
+            assert alive(pids["i7.r0"]) and set(kernel.table.hosts["h1"].running) == {"i7.r0"}
+            await anyio.sleep(2.5)  # the worker's next beats agree
+            assert set(kernel.table.hosts["h1"].running) == {"i7.r0"}
+    finally:
+        rc, line = await stop(w)
+    assert rc == 0, line
+    assert not any(alive(p) for p in pids.values())  # a stopped worker stops every server
+
+
+def children(parent: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+async def test_a_local_worker_stops_its_servers_and_exits_when_its_coral_up_dies(tmp_path: Path) -> None:
+    """A local worker of ``coral up --backend vllm`` watches the process that started it
+    (``CORAL_WORKER_PARENT``); a shell stands in for ``coral up`` and is killed with SIGKILL."""
+    sleeper = ("-c", "import time; time.sleep(900)")
+    async with running_kernel(tmp_path) as kernel:
+        argv = worker_argv(kernel, "--work-dir", str(tmp_path / "w1"), "--grace", "600s")
+        shell = subprocess.Popen(["bash", "-c", 'CORAL_WORKER_PARENT=$$ "$@" & wait', "bash", *argv], cwd=ROOT)
+        try:
+            await registered(kernel, "h1")
+            rec = kernel.table.hosts["h1"]
+            assert kernel.mesh.send(rec.bus, StartServer("i1.r0", "i1", TINY_MODEL, 0, sleeper, (), 1), source=HOSTS)
+            deadline = time.monotonic() + 60
+            while "i1.r0" not in rec.running:
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.2)
+            server = rec.running["i1.r0"].pid
+            (pid,) = [p for p in children(shell.pid) if p != server]
+            shell.kill()
+            shell.wait()
+            deadline = time.monotonic() + 60
+            while kernel.table.alive("h1") or alive(server) or alive(pid):
+                assert time.monotonic() < deadline, "the orphaned worker or its server still runs"
+                await anyio.sleep(0.2)
+            assert rec.lost_reason.startswith("host worker h1 lost (left")  # it said goodbye
+        finally:
+            if shell.poll() is None:
+                shell.kill()
+                shell.wait()

@@ -6,7 +6,10 @@
 - ``coral up --backend vllm --hosts FILE`` on the tiny-cpu trace with three registered workers: kill -9 of
   a busy worker (its node is lost, the router retries what it held, the plan's instance is replaced on the
   spare host), then kill -9 of ``coral up`` itself and ``coral up --resume``: the workers reconnect and the
-  running engines are adopted, not restarted; every request ends completed or failed with a reason.
+  running engines are adopted, not restarted (the servers of instances it does not adopt stop at once);
+  every request ends completed or failed with a reason, also those open when ``--for`` cuts the resumed
+  run. Between the two, an OpenAI-compatible request to ``coral up --gateway`` reaches a worker's engine and
+  returns transformers' greedy tokens.
 
 The fault figures (time to detect the lost worker, time until a replacement serves, requests retried and
 failed, with the load) are printed; run with ``-s`` to see them.
@@ -185,7 +188,8 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
     up += ["--json", "--bind", kernel, "--keys", str(keys), "--hosts", str(hosts_file), "--until-idle"]
     up += ["--drain", "600s", "--for", "1500s", "--queue-timeout", "900s"]
     workers = [start_worker(f"h{i}", f"127.0.0.{i}", kernel, keys, tmp_path, tiny_model) for i in (2, 3, 4)]
-    first = subprocess.Popen([*up, "--record", str(journal)], cwd=ROOT, stdout=subprocess.PIPE,
+    gateway = f"127.0.0.1:{free_port()}"
+    first = subprocess.Popen([*up, "--record", str(journal), "--gateway", gateway], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=(tmp_path / "up1.err").open("w"), text=True)  # fmt: skip
     procs = [first, *workers]
     figures: dict[str, object] = {}
@@ -223,6 +227,17 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
             load_at_kill=os.getloadavg(),
         )  # fmt: skip
         assert stats.retries >= 1  # the killed worker's server held requests; the router sent them again
+        # an OpenAI-compatible request to the HTTP gateway reaches a worker's engine (with its API key)
+        body = client.completion_body("tiny", PROMPTS[0], N_TOKENS, stream=False)
+        via_gateway = None
+        while via_gateway is None and time.monotonic() < serving_at + 300:
+            try:
+                r = client.post_json(f"http://{gateway}", "/v1/completions", body)
+            except client.HttpError:
+                time.sleep(0.5)  # no instance serving through the gateway at this moment
+                continue
+            via_gateway = [int(t) for t in r["choices"][0]["token_ids"]]
+        assert via_gateway == reference_tokens(tiny_model, PROMPTS[:1], N_TOKENS)[0]
         # 2. the kernel dies (kill -9) and comes back with --resume: the workers reconnect, their servers adopted
         running = {w.pid: servers_of(w.pid) for w in workers if w is not victim}
         first.kill()
@@ -239,12 +254,14 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
         figures.update(adopted=resumed["adopted"], resubmitted=resumed["resubmitted"],
                        resumed_run_wall_s=round(time.monotonic() - resumed_at, 1))  # fmt: skip
         tiny = summary["deployments"]["tiny"]
-        figures.update(after_resume=tiny, load_at_end=os.getloadavg())
+        stopped = sum((tmp_path / f"h{i}.log").read_text().count("is not adopted by this kernel") for i in (2, 3, 4))
+        figures.update(after_resume=tiny, load_at_end=os.getloadavg(), unadopted_servers_stopped=stopped)
         print("fault figures:", json.dumps(figures, default=str))
         assert resumed["adopted"], resumed  # the serving instance(s), their servers kept
         adopted = [a for a in _journal_events(journal) if isinstance(a, FleetAction) and a.action == "serving"]
         assert adopted and any(pids for pids in running.values())  # the spare host ran none
         assert sum(tiny["failed_by"].values()) == tiny["failed"]
+        assert tiny["open"] == 0  # cut by --for: what was still open failed as unfinished, with its reason
         pre = resumed["pre_crash"]["tiny"]
         assert pre["arrived"] == pre["completed"] + pre["failed"] + pre["resubmitted"]
     finally:
