@@ -42,9 +42,19 @@ demand = {demand}
 """
 
 
+STEP_DISAGREES = pytest.mark.xfail(
+    strict=True,
+    reason="known, issue 27: after the step the mesh plans chat-8b as a prefill/decode pair, whose decode engine "
+    "runs decode_lag_ticks (2 s) behind the kernel clock, so its SLO attainment is 0.58 against the simulator's "
+    "0.81 (throughput agrees: 0.905 vs 0.909 served)",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("demand", "duration"), [("6.0", 600.0), ("{ series = [[0, 0.0], [300, 6.0]] }", 1200.0)], ids=["steady", "step"]
+    ("demand", "duration"),
+    [("6.0", 600.0), pytest.param("{ series = [[0, 0.0], [300, 6.0]] }", 1200.0, marks=STEP_DISAGREES)],
+    ids=["steady", "step"],
 )
 async def test_mesh_and_simulator_agree_on_attainment_and_throughput(
     world: World, tmp_path: Path, demand: str, duration: float
