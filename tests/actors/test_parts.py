@@ -6,9 +6,9 @@ import pytest
 
 from actors.base import first_tick
 from actors.cloud import CloudError, SimCloud, StaticHosts
-from coral.demand import DemandEstimator
 from actors.feed import ScenarioFeed, Traffic
 from actors.replay import Decision, compare
+from coral.demand import DemandEstimator
 from coral.engines import EngineError, StageAssignment
 from coral.engines.sim import SimEngine
 from coral.messages import (
