@@ -52,6 +52,7 @@ def serve(store: str, journal: str, speed: float) -> None:
 
     from actors.compose import CoralMesh, run_mesh
     from coral.catalog import load_catalog
+    from coral.cli.common import stop_on_signals
     from coral.cli.up_serve import Serve, start_serving
     from coral.gateway import MeshLink
     from coral.gateway.server import bind
@@ -80,12 +81,6 @@ def serve(store: str, journal: str, speed: float) -> None:
         links: list[MeshLink] = []
         async with anyio.create_task_group() as tg:
 
-            async def signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
-                    async for _ in sigs:
-                        stop.set()
-                        return
-
             async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
                 await start_serving(Serve(sock), mesh, sc, setup.seed, tg, links, Console(quiet=True))
                 print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
@@ -94,7 +89,7 @@ def serve(store: str, journal: str, speed: float) -> None:
                 for link in links:
                     link.step(now)
 
-            tg.start_soon(signals)
+            tg.start_soon(stop_on_signals, stop)
             await run_mesh(
                 setup, sc, catalog, perf, feed=NoTraffic(), pace=speed, stop=stop, on_start=on_start,
                 on_step=on_step, journal=journal, gateway=True,

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from coral.catalog import Catalog, load_catalog
 from coral.errors import CoralError
@@ -145,3 +148,11 @@ def warn(text: str) -> None:
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")
+
+
+async def stop_on_signals(stop: anyio.Event) -> None:
+    """Set ``stop`` at the first SIGINT or SIGTERM (a task of the caller's task group)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
+        async for _ in sigs:
+            stop.set()
+            return

@@ -3,7 +3,6 @@ the wall-time limit around it, and returns the summary."""
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ import anyio
 from rich.console import Console
 from rich.live import Live
 
+from coral.cli.common import stop_on_signals
 from coral.cli.resumed import resume_summary
 from coral.cli.up_serve import Serve, start_serving
 from coral.cli.up_status import render_status, summarize
@@ -86,12 +86,6 @@ async def run_up_async(
 
     async with anyio.create_task_group() as tg:
 
-        async def signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
-                async for _ in sigs:
-                    stop.set()
-                    return
-
         async def limit() -> None:
             assert wall_limit is not None
             await anyio.sleep(wall_limit)
@@ -117,7 +111,7 @@ async def run_up_async(
                     stop.set()
                     return
 
-        tg.start_soon(signals)
+        tg.start_soon(stop_on_signals, stop)
         if wall_limit is not None:
             tg.start_soon(limit)
         if until_idle:

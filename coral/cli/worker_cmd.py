@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import anyio
 
 from coral.cli.apikeys_cmd import is_loopback
-from coral.cli.common import catalog_from
+from coral.cli.common import catalog_from, stop_on_signals
 from coral.cli.keys_cmd import is_loopback as tcp_is_loopback
 from coral.cli.up_setup import parse_duration
 from coral.cli.up_workers import PARENT_ENV, SECRET_ENV
@@ -122,19 +121,13 @@ def run_worker(args: argparse.Namespace) -> int:
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
 
-            async def signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
-                    async for _ in sigs:
-                        stop.set()
-                        return
-
             async def orphaned() -> None:  # a local worker ends with the coral up that started it
                 while os.getppid() == int(parent):
                     await anyio.sleep(1.0)
                 logging.getLogger("coral.worker").warning("coral up (pid %s) is gone: stopping", parent)
                 stop.set()
 
-            tg.start_soon(signals)
+            tg.start_soon(stop_on_signals, stop)
             if parent:
                 tg.start_soon(orphaned)
             await worker.run(stop)
