@@ -62,7 +62,7 @@ class DemandMonitor(TickActor):
         demand = {d: self.overrides.get(d, v) for d, v in est.items()}
         if self.published is not None and not self.overrides_changed:
             changed = {d: v for d, v in demand.items() if d not in self.overrides}
-            if not moved(self.published, changed, self.tuning, self.estimator):
+            if not moved(self.published, changed, self.estimator):
                 return
             reason = "estimate"
         else:

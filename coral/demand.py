@@ -99,10 +99,10 @@ class DemandEstimator:
         return {d: max(v for _, v in self.means[d]) for d in self.deployments}
 
 
-def moved(old: Mapping[str, float], new: Mapping[str, float], tuning: DemandTuning, estimator: DemandEstimator) -> bool:
+def moved(old: Mapping[str, float], new: Mapping[str, float], estimator: DemandEstimator) -> bool:
     """Whether ``new`` differs from the published ``old`` by a change both large and real, judged on
-    ``estimator``'s recent counts (see the module docstring)."""
-    t = tuning
+    ``estimator``'s tuning and recent counts (see the module docstring)."""
+    t = estimator.tuning
     for d, v in new.items():
         last = old.get(d, 0.0)
         large = (v > last and v - last > max(t.up * last, t.floor)) or (

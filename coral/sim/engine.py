@@ -322,7 +322,7 @@ class _Sim(Fleet):
         self.monitor.observe(since, t, {d.name: self.mon_counts[d.idx] for d in self.deps})
         self.mon_counts = [0] * len(self.deps)
         est = self.monitor.estimate()
-        if moved(self.mon_demand, est, self.cfg.monitor, self.monitor):
+        if moved(self.mon_demand, est, self.monitor):
             self.mon_demand = est
             self._replan(t, "demand")
         if t < self.duration:
