@@ -1,14 +1,15 @@
 """The allocator: re-plans on demand, market and fleet changes, and publishes each plan with its diff.
 
-At a tick where something changed (a demand, market or fleet update, an operator command, or the
+When something changed (a demand, market or fleet update, an operator command, or, at a tick, the
 scenario's re-plan interval elapsed), and unless paused, it builds a ``PlanRequest`` from the latest
 demand, market and live fleet, solves it in the solver process it owns (``actors.solver_process``:
 spawned at its start, which ends when the child is ready or fails after ``READY_S`` naming the cause;
-killed at its stop), so that the event loop keeps running, and publishes
-``NewPlan``. Several changes within one tick give one plan.
+killed at its stop), so that the event loop keeps running, and publishes ``NewPlan``. Delivery is prompt
+(``actors.base``): a change is planned for within ``HOP_S`` of its arrival, not at the next tick; the
+changes that arrive at one instant (and those that arrive during a solve) give one plan.
 Its operator settings (paused, churn factor, pins, forbidden templates) are published as
-``AllocatorState`` at its first tick and at each tick after one changed, so that every client sees
-them, not only the one that sent the command.
+``AllocatorState`` at its first tick and whenever one changed, so that every client sees them, not only
+the one that sent the command.
 
 Templates: for each deployment the library holds every stored template of its model and shape on the
 scenario's node types. A deployment uses those built for its SLO; after an SLO change to one that has no
@@ -87,6 +88,8 @@ def effort_of(plan: Plan) -> SolverEffort:
 
 class Allocator(TickActor):
     """Plans instances per region from demand, market and fleet (see the module docstring)."""
+
+    prompt = True
 
     def __init__(
         self,
@@ -281,12 +284,15 @@ class Allocator(TickActor):
         )
 
     async def on_tick(self, now: float) -> None:
+        if self.last_plan is not None and now - self.last_plan_at >= self.scenario.planner.replan_interval_s:
+            self.triggers.add("interval")
+        await self.on_wake(now)
+
+    async def on_wake(self, now: float) -> None:
         state = self.settings(now)
         if self.shown is None or attrs.evolve(state, at=self.shown.at) != self.shown:
             self.shown = state
             await self.ctx.publish(state)
-        if self.last_plan is not None and now - self.last_plan_at >= self.scenario.planner.replan_interval_s:
-            self.triggers.add("interval")
         if self.paused or self.prices is None or not self.triggers:
             return
         trigger = "+".join(sorted(self.triggers))

@@ -1,8 +1,9 @@
 """The demand monitor: per-deployment demand estimates from the router's arrival counts.
 
-At each tick it publishes a ``DemandUpdate`` when the estimate (``coral.demand.DemandEstimator``) moved
-enough (``coral.demand.moved``), or when an operator override was set or cleared; and once at its first
-tick. The estimator and the rule are ``coral.demand``'s, which the simulator uses too.
+It publishes a ``DemandUpdate`` when the estimate (``coral.demand.DemandEstimator``) moved enough
+(``coral.demand.moved``), or when an operator override was set or cleared; and once at its first tick.
+Delivery is prompt (``actors.base``): the estimate changes only when the router's counts or an override
+arrive, and it is checked (and published) within ``HOP_S`` of that arrival, not at the next tick. The estimator and the rule are ``coral.demand``'s, which the simulator uses too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from coral.messages.requests import ArrivalCounts
 
 class DemandMonitor(TickActor):
     """Turns the router's arrival counts into published demand (see the module docstring)."""
+
+    prompt = True
 
     def __init__(
         self,
@@ -58,6 +61,9 @@ class DemandMonitor(TickActor):
         return None
 
     async def on_tick(self, now: float) -> None:
+        await self.on_wake(now)
+
+    async def on_wake(self, now: float) -> None:
         est = self.estimator.estimate()
         demand = {d: self.overrides.get(d, v) for d, v in est.items()}
         if self.published is not None and not self.overrides_changed:

@@ -7,7 +7,9 @@ interval from ``next_poll``. The mesh's input feed polls the source and sends ea
 price watcher as ``mkt.quote``, so observations are journaled and a replay needs no cloud.
 
 The price watcher merges the latest quotes with the operator's price and availability overrides and
-publishes the effective market (``MarketUpdate``) at a tick whenever it changed.
+publishes the effective market (``MarketUpdate``) whenever it changed. Delivery is prompt
+(``actors.base``): a quote or an override is applied, and the market published, within ``HOP_S`` of its
+arrival, not at the next tick.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class HostsMarket:
 class PriceWatcher(TickActor):
     """Publishes the effective market (quotes plus operator overrides) when it changes."""
 
+    prompt = True
+
     def __init__(self, name: str = PRICE_WATCHER, *, tick_s: float) -> None:
         super().__init__(name, tick_s=tick_s)
         self.raw: dict[Key, Quote] = {}
@@ -129,6 +133,9 @@ class PriceWatcher(TickActor):
         return out
 
     async def on_tick(self, now: float) -> None:
+        await self.on_wake(now)
+
+    async def on_wake(self, now: float) -> None:
         if not self.reasons:
             return
         eff = self.effective()

@@ -2,7 +2,7 @@
 
 On a plan it stops surplus instances (the ones still provisioning first, then loading, then serving;
 newest first) and starts missing ones: one node per template stage from the cloud (all or none; a
-refusal waits as a pending start, retried every tick until the next plan). The first plan's instances
+refusal waits as a pending start, retried at every tick and wake until the next plan). The first plan's instances
 start warm when ``warm_start`` (the fleet that exists when a run begins).
 
 A surplus instance still on its way (provisioning or loading) is a ``bridge`` instead of being stopped
@@ -30,10 +30,13 @@ Capacity is ``coral.capacity``'s (prefill and decode pair up per region). When a
 capacity falls below the latest plan's demand for it, or rises back, ``CapacityShort`` says so
 (``fleet.unmet``).
 
-Each tick it spawns a stage worker on every node the cloud reports ready and tells it which stage to
-load; marks an instance serving once all its stages are loaded (and tells its head worker to serve);
-releases drained instances; and watches heartbeats: a node silent for ``heartbeat_timeout_s`` is lost,
-and with it its instance (the other nodes are released). A preempted node (the cloud gives notice), or one
+Delivery is prompt (``actors.base``): a plan, a loaded stage, a drained instance or an engine fault is
+acted on within ``HOP_S`` of its arrival, not at the next tick: it marks an instance serving once all its
+stages are loaded (and tells its head worker to serve), releases drained instances, drains what make
+before break then allows, retries pending starts, and publishes the fleet. Each tick (periodic work) it
+also spawns a stage worker on every node the cloud reports ready and tells it which stage to load, and
+watches heartbeats: a node silent for ``heartbeat_timeout_s`` is lost, and with it its instance (the other
+nodes are released). A preempted node (the cloud gives notice), or one
 whose worker reports an engine fault (a real server died), is lost at once. It publishes ``FleetUpdate``
 when anything changed, a ``FleetAction`` per decision and ``NodeLost`` per lost node.
 
@@ -163,6 +166,8 @@ def instance_weight(t: Template, d: Deployment) -> float:
 
 class Supervisor(TickActor):
     """Reconciles the fleet to the plan (see the module docstring)."""
+
+    prompt = True
 
     def __init__(
         self,
@@ -555,6 +560,11 @@ class Supervisor(TickActor):
         for rec in sorted(self.nodes.values(), key=lambda r: (len(r.id), r.id)):
             if rec.state == "up" and now - rec.last_seen > timeout:
                 await self._lose(rec, now, "heartbeat")
+        await self.on_wake(now)
+
+    async def on_wake(self, now: float) -> None:
+        """What the messages just applied allow: instances that now serve or have drained, drains make
+        before break permits, pending starts the freed nodes let go ahead; then the fleet update."""
         for inst in sorted(self.instances.values(), key=lambda i: i.num):
             recs = [self.nodes[n] for n in inst.nodes]
             if inst.state == "provisioning" and all(r.state == "up" for r in recs):
