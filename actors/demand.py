@@ -3,7 +3,8 @@
 It publishes a ``DemandUpdate`` when the estimate (``coral.demand.DemandEstimator``) moved enough
 (``coral.demand.moved``), or when an operator override was set or cleared; and once at its first tick.
 Delivery is prompt (``actors.base``): the estimate changes only when the router's counts or an override
-arrive, and it is checked (and published) within ``HOP_S`` of that arrival, not at the next tick. The estimator and the rule are ``coral.demand``'s, which the simulator uses too.
+arrive, and it is checked (and published) within ``HOP_S`` of that arrival, not at the next tick. The
+estimator and the rule are ``coral.demand``'s, which the simulator uses too.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ The machine is shared: the load average is printed with the figures. Run
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -76,6 +77,8 @@ def serve(store: str, journal: str, speed: float) -> None:
         def take(self, t: float) -> list[Any]:
             return [i for i in inner.take(t) if not isinstance(i.msg, ArrivalBatch)]
 
+    steps: list[tuple[float, float]] = []  # (wall, simulated) of each step of the driver: where the clock lagged
+
     async def main() -> None:
         stop = anyio.Event()
         links: list[MeshLink] = []
@@ -86,6 +89,7 @@ def serve(store: str, journal: str, speed: float) -> None:
                 print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
 
             def on_step(now: float) -> None:
+                steps.append((time.monotonic(), now))
                 for link in links:
                     link.step(now)
 
@@ -97,6 +101,7 @@ def serve(store: str, journal: str, speed: float) -> None:
             tg.cancel_scope.cancel()
 
     anyio.run(main, backend="asyncio")
+    Path(journal + ".steps").write_text(json.dumps(steps))
 
 
 async def one(s: Any, url: str, tokens: int) -> dict[str, Any]:
@@ -188,6 +193,36 @@ def engine_times(journal: Path) -> tuple[dict[int, float], dict[int, float], dic
                 ts.append(first[rid] if not ts and rid in first else t)
         times[rid] = ts
     return entered, admitted, times
+
+
+def stalls(journal: Path, speed: float, reqs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the clock fell behind the wall clock, from the driver's steps (``serve`` writes them): each
+    step that took more than 20 ms of wall time beyond its simulated time (a stall: the mesh was busy
+    while the clock stood), with the simulated events at that instant, and how much of the slowest
+    requests' added time the stalls in their lifetime explain."""
+    from coral.kernel import read_journal
+
+    steps = json.loads(Path(str(journal) + ".steps").read_text())
+    events: dict[float, set[str]] = {}
+    for r in read_journal(journal):
+        if r.tag in ("plan.new", "dem.update", "mkt.update", "fleet.update", "req.counts"):
+            events.setdefault(r.time, set()).add(r.tag)
+    found = []
+    for (w0, v0), (w1, v1) in itertools.pairwise(steps):
+        extra = (w1 - w0) - (v1 - v0) / speed
+        if extra > 0.02:
+            near = sorted({tag for t, tags in events.items() if v0 <= t <= v1 for tag in tags})
+            found.append({"wall": w1, "at": v0, "to": v1, "extra_ms": extra * 1e3, "events": near})
+    slow = []
+    for q in reqs:
+        if q["status"] == 200 and q["marks"]:
+            end = q["marks"][0][0]
+            inside = [x for x in found if q["t0"] <= x["wall"] <= end + 0.001]
+            slow.append(((end - q["t0"]) * 1e3, sum(x["extra_ms"] for x in inside), [x["events"] for x in inside]))
+    slow.sort(key=lambda x: -x[0])
+    total = sum(x["extra_ms"] for x in found)
+    return {"stalls": len(found), "stalled_ms": total, "worst": sorted(found, key=lambda x: -x["extra_ms"])[:5],
+            "slowest_requests": slow[:5]}  # fmt: skip
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -282,6 +317,7 @@ def main() -> None:
                 p.kill()
                 p.wait()
         entered, admitted, times = engine_times(journal)
+        where = stalls(journal, args.speed, got["singles"] + got["burst"])
     load1 = os.getloadavg()
     out = {
         "speed": args.speed,
@@ -289,6 +325,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "singles": summarize(got["singles"], entered, admitted, times, args.speed),
         "burst": summarize(got["burst"], entered, admitted, times, args.speed),
+        "stalls": where,
         "cpus": os.cpu_count(),
         "loadavg_before": list(load0),
         "loadavg_after": list(load1),
@@ -322,6 +359,15 @@ def main() -> None:
             f"    added per token ({r['tokens']} after the first): p50 {r['added_token_p50_ms']:.1f} ms, "
             f"p99 {r['added_token_p99_ms']:.1f} ms   (target 20 / 100 ms: {ok})"
         )
+    print(
+        f"  the clock stood {where['stalls']} times for {where['stalled_ms']:.0f} ms in all (steps over 20 ms "
+        "beyond their simulated time); the longest, with the simulated events of that instant:"
+    )
+    for x in where["worst"]:
+        print(f"    t={x['at']:.4f} s: {x['extra_ms']:.0f} ms  {' '.join(x['events']) or '-'}")
+    print("  slowest requests: client TTFT ms, stalls in its lifetime ms, their events")
+    for ttft, stalled, evs in where["slowest_requests"]:
+        print(f"    {ttft:.0f} ms, {stalled:.0f} ms  {evs}")
     b = out["burst"]
     assert isinstance(b, dict)
     ok = "meets" if b["client_ttft_p50_ms"] <= b["simulated_ttft_p50_ms"] + 20 else "MISSES"

@@ -2,10 +2,10 @@
 
 Each command is a directed message to the actor that owns the setting (``owner_of(cmd)``), or to the
 ``operator`` gateway of ``coral up``, which forwards it at a quiet point of the run so that a recorded
-journal replays it exactly. The owner validates it at its next tick: a negative number, an unknown name
-or an impossible setting is refused. Either way it answers with a ``CommandResult`` (as the reply to a
-request, and published on ``ctl.result``) naming the field and the reason of a refusal; an accepted
-command is reflected in the next plan.
+journal replays it exactly. The owner validates it within 1/1024 s of its arrival (prompt delivery,
+``actors.base``): a negative number, an unknown name or an impossible setting is refused. Either way it
+answers with a ``CommandResult`` (as the reply to a request, and published on ``ctl.result``) naming the
+field and the reason of a refusal; an accepted command is reflected in the next plan.
 
 =====================  ==================  =========================================================
 command                owner               effect
@@ -195,7 +195,7 @@ class DrainInstance(_Checked):
 @message("ctl.replan")
 @attrs.frozen
 class Replan(_Checked):
-    """Re-plan at the allocator's next tick."""
+    """Re-plan now (the allocator applies it within a hop of its arrival)."""
 
     reason: str = "operator"
     ref: int = 0

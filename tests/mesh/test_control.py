@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from actors.base import HOP_S
 from actors.compose import CoralMesh, RunState
 from actors.replay import compare, decisions_of, replay_journal
 from coral.kernel import Mesh, read_journal
@@ -96,7 +97,7 @@ async def test_commands_are_validated_confirmed_and_planned(world: World, tmp_pa
                    on_start=on_start, on_step=on_step)  # fmt: skip
 
     results = {r.command + "@" + str(r.at): r for r in run_state.results}
-    by_time = {t: r for r in run_state.results for t in [r.at - 1.0]}  # answered at the next tick
+    by_time = {t: r for r in run_state.results for t in [r.at - HOP_S]}  # answered within a hop
     refused = {t: (by_time[t].field, by_time[t].reason) for t in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0)}
     assert refused[1.0] == ("price", "must be positive, got -1.0")
     assert refused[2.0] == ("region", "unknown region 'nowhere'")
@@ -113,24 +114,24 @@ async def test_commands_are_validated_confirmed_and_planned(world: World, tmp_pa
     plans = [(d.at, d.msg.plan) for d in decisions if isinstance(d.msg, NewPlan)]
     forbidden = state["sent"][7][1].template_id
     assert state["sent"][7][0] == 10.0
-    after = [p for at, p in plans if at > 11.0]
-    assert after and all(forbidden not in {i.template_id for i in p.instances} for at, p in plans if at > 11.0)
-    assert not [at for at, _ in plans if 15.0 <= at <= 30.0]  # paused: no plan, though re-plan and demand asked
+    after = [p for at, p in plans if at > 10.0]
+    assert after and all(forbidden not in {i.template_id for i in p.instances} for p in after)
+    assert not [at for at, _ in plans if 14.0 < at <= 30.0]  # paused: no plan, though re-plan and demand asked
     resumed = next(p for at, p in plans if at > 30.0)
-    assert resumed.at == 31.0 and "operator" in resumed.trigger and resumed.demand_rps == 6.0
-    pinned = [p for at, p in plans if 41.0 <= at < 71.0]
+    assert resumed.at == 30.0 + HOP_S and "operator" in resumed.trigger and resumed.demand_rps == 6.0
+    pinned = [p for at, p in plans if 40.0 < at <= 70.0]
     assert pinned and all({i.template_id for i in p.instances} <= {aggregated[-1]} for p in pinned)
     fleet = [d.msg for d in decisions if isinstance(d.msg, FleetUpdate) and d.msg.drained_by_operator]
-    assert fleet and fleet[0].at == 61.0
-    assert any("fleet" in p.trigger for at, p in plans if at == 62.0)
+    assert fleet and fleet[0].at == 60.0 + HOP_S
+    assert any("fleet" in p.trigger for at, p in plans if at == 60.0 + 2 * HOP_S)
     dem = [d.msg for d in decisions if isinstance(d.msg, DemandUpdate) and d.msg.overrides]
-    assert dem[0].at == 21.0 and dem[0].demand == {"chat-8b": 6.0}
+    assert dem[0].at == 20.0 + HOP_S and dem[0].demand == {"chat-8b": 6.0}
     mkt = [d.msg for d in decisions if isinstance(d.msg, MarketUpdate) and d.msg.reason == "operator"]
     assert [(q.node, q.price, q.availability) for m in mkt for q in m.changed] == [
         ("g6e.xlarge", 9.5, 32),
         ("g5.xlarge", 1.006, 0),
     ]
-    assert all(not ({"g5.xlarge"} & set(i.nodes)) for at, p in plans if at >= 69.0 for i in p.instances)
+    assert all(not ({"g5.xlarge"} & set(i.nodes)) for at, p in plans if at > 67.0 for i in p.instances)
     # commands are journaled as inputs, so the run replays exactly
     records = list(read_journal(journal))
     cmds = [r for r in records if r.tag.startswith("ctl.") and r.tag not in ("ctl.result", "ctl.alloc_state")]

@@ -67,7 +67,7 @@ async def test_an_altered_decision_is_reported(tmp_path: Path) -> None:
     report = await replay_journal(bad)
     assert not report.ok
     (diff,) = report.diffs
-    assert diff.startswith("fleet.action #1 (t=-6)") and "reason: 'tampered' -> 'plan 1'" in diff
+    assert diff.startswith("fleet.action #1 (t=-8.99707)") and "reason: 'tampered' -> 'plan 1'" in diff
 
 
 async def test_a_journal_without_a_setup_is_refused(tmp_path: Path) -> None:
