@@ -221,8 +221,15 @@ def stalls(journal: Path, speed: float, reqs: list[dict[str, Any]]) -> dict[str,
             slow.append(((end - q["t0"]) * 1e3, sum(x["extra_ms"] for x in inside), [x["events"] for x in inside]))
     slow.sort(key=lambda x: -x[0])
     total = sum(x["extra_ms"] for x in found)
-    return {"stalls": len(found), "stalled_ms": total, "worst": sorted(found, key=lambda x: -x["extra_ms"])[:5],
-            "slowest_requests": slow[:5]}  # fmt: skip
+    at_plans = sum(x["extra_ms"] for x in found if "plan.new" in x["events"])
+    worst = sorted(found, key=lambda x: -x["extra_ms"])[:5]
+    return {
+        "stalls": len(found),
+        "stalled_ms": total,
+        "stalled_at_plans_ms": at_plans,
+        "worst": worst,
+        "slowest_requests": slow[:5],
+    }
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -361,7 +368,8 @@ def main() -> None:
         )
     print(
         f"  the clock stood {where['stalls']} times for {where['stalled_ms']:.0f} ms in all (steps over 20 ms "
-        "beyond their simulated time); the longest, with the simulated events of that instant:"
+        f"beyond their simulated time), {where['stalled_at_plans_ms']:.0f} ms of it at steps that published a "
+        "plan (the solve holds the clock); the longest, with the simulated events of that instant:"
     )
     for x in where["worst"]:
         print(f"    t={x['at']:.4f} s: {x['extra_ms']:.0f} ms  {' '.join(x['events']) or '-'}")
