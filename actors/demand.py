@@ -1,10 +1,11 @@
-"""The demand monitor: per-deployment demand estimates from the router's arrival counts.
+"""The demand monitor: per-deployment demand estimates from the router's arrival counts and queue.
 
 It publishes a ``DemandUpdate`` when the estimate (``coral.demand.DemandEstimator``) moved enough
 (``coral.demand.moved``), or when an operator override was set or cleared; and once at its first tick.
 Delivery is prompt (``actors.base``): the estimate changes only when the router's counts or an override
 arrive, and it is checked (and published) within ``HOP_S`` of that arrival, not at the next tick. The
-estimator and the rule are ``coral.demand``'s, which the simulator uses too.
+estimator and the rule are ``coral.demand``'s, which the simulator uses too. The router's requests waiting
+for an instance (``RoutingStats``, published with the counts) are the estimator's backlog.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from coral.kernel import Envelope
 from coral.messages.control import DEMAND_MONITOR, SetDemand
 from coral.messages.demand import DemandUpdate
 from coral.messages.mesh import DemandTuning
-from coral.messages.requests import ArrivalCounts
+from coral.messages.requests import ArrivalCounts, RoutingStats
 
 
 class DemandMonitor(TickActor):
@@ -35,7 +36,7 @@ class DemandMonitor(TickActor):
         tuning: DemandTuning,
         start: float,
     ) -> None:
-        super().__init__(name, tick_s=tick_s, subscribe=["req.counts"])
+        super().__init__(name, tick_s=tick_s, subscribe=["req.counts", "req.stats"])
         self.tuning = tuning
         self.estimator = DemandEstimator(deployments, prior, tuning, start)
         self.overrides: dict[str, float] = {}
@@ -47,6 +48,8 @@ class DemandMonitor(TickActor):
         msg = env.msg
         if isinstance(msg, ArrivalCounts):
             self.estimator.observe(msg.since, msg.at, msg.counts)
+        elif isinstance(msg, RoutingStats):
+            self.estimator.backlog({t.deployment: t.queued for t in msg.deployments})
 
     async def command(self, msg: object) -> tuple[str, str] | None:
         if not isinstance(msg, SetDemand):

@@ -20,6 +20,12 @@ of the default hour); with it, about 0.1 an hour at 0.5-12 req/s. (b) keeps a la
 fast as the relative test alone: the few seconds after the step in the last report already make it
 real. A small step (2 -> 4 req/s) or a fall is seen up to a report or two later.
 
+Backlog: requests that wait for an instance (the router's queue) are demand too. While ``w`` requests of a
+deployment wait, its estimate is at least ``w / avg_s``, the rate that serves them within the averaging
+window; without it the peak-held mean of a burst that stopped falls to nothing while its requests still
+wait, and a re-plan drops the very instances that were loading for them. A published estimate below that
+floor while requests wait is ``moved`` (the wait is no noise), however small the difference.
+
 The mesh's demand monitor (``actors.demand``) and the simulator (``coral.sim``, ``SimConfig.monitor``)
 both use it, so that they re-plan for the same estimates at the same moments.
 """
@@ -50,6 +56,7 @@ class DemandEstimator:
         self.means: dict[str, deque[tuple[float, float]]] = {
             d: deque([(start, self.prior[d])]) for d in self.deployments
         }
+        self.waiting: dict[str, int] = {}
 
     def observe(self, since: float, at: float, counts: Mapping[str, int]) -> None:
         """Record ``counts[d]`` arrivals in ``[since, at)``; deployments not named had none."""
@@ -94,9 +101,17 @@ class DemandEstimator:
                 worst = max(worst, sign * 2 * (math.sqrt(n + 0.375) - math.sqrt(rate * span + 0.375)))
         return worst
 
+    def backlog(self, waiting: Mapping[str, int]) -> None:
+        """Record the requests waiting now per deployment (those not named wait none)."""
+        self.waiting = {d: int(n) for d, n in waiting.items() if d in self.prior and n > 0}
+
+    def backlog_rate(self, d: str) -> float:
+        """The rate that serves ``d``'s waiting requests within ``avg_s`` (the estimate's floor)."""
+        return self.waiting.get(d, 0) / self.tuning.avg_s
+
     def estimate(self) -> dict[str, float]:
         """The current estimate per deployment (req/s)."""
-        return {d: max(v for _, v in self.means[d]) for d in self.deployments}
+        return {d: max(max(v for _, v in self.means[d]), self.backlog_rate(d)) for d in self.deployments}
 
 
 def moved(old: Mapping[str, float], new: Mapping[str, float], estimator: DemandEstimator) -> bool:
@@ -105,6 +120,8 @@ def moved(old: Mapping[str, float], new: Mapping[str, float], estimator: DemandE
     t = estimator.tuning
     for d, v in new.items():
         last = old.get(d, 0.0)
+        if last < estimator.backlog_rate(d) - 1e-12:
+            return True
         large = (v > last and v - last > max(t.up * last, t.floor)) or (
             v < last and last - v > max(t.down * last, t.floor)
         )

@@ -320,6 +320,7 @@ class _Sim(Fleet):
         """The demand monitor's tick: observe the arrivals since the last, re-plan when the estimate moved."""
         assert self.monitor is not None and self.mon_demand is not None and self.cfg.monitor is not None
         self.monitor.observe(since, t, {d.name: self.mon_counts[d.idx] for d in self.deps})
+        self.monitor.backlog({d.name: len(d.entry.pullq.q) for d in self.deps})  # waiting for an instance
         self.mon_counts = [0] * len(self.deps)
         est = self.monitor.estimate()
         if moved(self.mon_demand, est, self.monitor):

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from actors.demand import DemandMonitor
+from coral.demand import DemandEstimator, moved
 from coral.messages.demand import DemandUpdate
 from coral.messages.mesh import DemandTuning
-from coral.messages.requests import ArrivalCounts
+from coral.messages.requests import ArrivalCounts, DeploymentTraffic, RoutingStats
 
 from .fake import attach, envelope
 
@@ -71,3 +72,37 @@ async def test_a_step_re_plans_as_fast_as_the_thresholds_alone(before: float, af
         assert new_rule and new_rule[0] >= step
         assert new_rule[0] <= first_old + later, (seed, new_rule[0], first_old)
         assert math.isclose(last, after, rel_tol=0.35)
+
+
+def _stats(seq: int, at: float, queued: int) -> RoutingStats:
+    row = DeploymentTraffic("d", 0, 0, 0, 0, {}, 0, 0, queued, 0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+    return RoutingStats(seq, at, (row,))
+
+
+async def test_requests_waiting_for_an_instance_keep_their_demand() -> None:
+    """A burst of 10 req/s for 20 s, then nothing arrives while 8 requests still wait in the router (their
+    instance is loading): the estimate must not fall below the rate that serves them within avg_s, and a
+    published demand below it is raised at once; once nothing waits it may fall."""
+    tuning = DemandTuning()
+    mon = DemandMonitor(tick_s=1.0, deployments=["d"], prior={"d": 0.0}, tuning=tuning, start=0.0)
+    ctx = await attach(mon)
+    floor = 8 / tuning.avg_s
+    for k in range(40):
+        at = (k + 1) * REPORT_S
+        await mon.handle(envelope(ArrivalCounts(at, at - REPORT_S, {"d": 50 if k < 4 else 0}), source="router"))
+        await mon.handle(envelope(_stats(k + 1, at, 8 if k < 30 else 0), source="router", kind="publish"))
+        await ctx.run_until(at + 1.0)
+        assert mon.published is not None
+        if 4 <= k < 30:
+            assert mon.published["d"] >= floor, (k, mon.published)
+    assert mon.published["d"] < floor  # nothing waits any more: the demand fell
+
+
+def test_a_published_demand_below_the_backlog_moves() -> None:
+    est = DemandEstimator(["d"], {"d": 0.0}, DemandTuning(), 0.0)
+    est.observe(0.0, 5.0, {"d": 0})
+    assert not moved({"d": 0.0}, est.estimate(), est)
+    est.backlog({"d": 1})  # one request waits: 0.05 req/s, below the thresholds' floor, and still a change
+    assert est.estimate() == {"d": 1 / DemandTuning().avg_s}
+    assert moved({"d": 0.0}, est.estimate(), est)
+    assert not moved(est.estimate(), est.estimate(), est)
