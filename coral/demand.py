@@ -21,10 +21,11 @@ fast as the relative test alone: the few seconds after the step in the last repo
 real. A small step (2 -> 4 req/s) or a fall is seen up to a report or two later.
 
 Backlog: requests that wait for an instance (the router's queue) are demand too. While ``w`` requests of a
-deployment wait, its estimate is at least ``w / avg_s``, the rate that serves them within the averaging
-window; without it the peak-held mean of a burst that stopped falls to nothing while its requests still
-wait, and a re-plan drops the very instances that were loading for them. A published estimate below that
-floor while requests wait is ``moved`` (the wait is no noise), however small the difference.
+deployment wait, its estimate is at least ``w / avg_s`` (the rate that serves them within the averaging
+window), and ``moved`` takes no fall of it: without this the peak-held mean of a burst that stopped falls
+to nothing while its requests still wait, and a re-plan drops the very instances that were loading for
+them. A deployment published at zero while requests wait has moved, however few wait. A rise passes the
+usual tests (a queue that grows by a few requests per report is not re-planned for at every report).
 
 The mesh's demand monitor (``actors.demand``) and the simulator (``coral.sim``, ``SimConfig.monitor``)
 both use it, so that they re-plan for the same estimates at the same moments.
@@ -120,8 +121,10 @@ def moved(old: Mapping[str, float], new: Mapping[str, float], estimator: DemandE
     t = estimator.tuning
     for d, v in new.items():
         last = old.get(d, 0.0)
-        if last < estimator.backlog_rate(d) - 1e-12:
-            return True
+        if estimator.backlog_rate(d) > 0 and (last <= 0 or v < last):
+            if last <= 0:
+                return True  # requests wait for a deployment planned at nothing
+            continue  # a fall while requests wait: they need what is planned
         large = (v > last and v - last > max(t.up * last, t.floor)) or (
             v < last and last - v > max(t.down * last, t.floor)
         )

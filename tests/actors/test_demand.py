@@ -81,8 +81,7 @@ def _stats(seq: int, at: float, queued: int) -> RoutingStats:
 
 async def test_requests_waiting_for_an_instance_keep_their_demand() -> None:
     """A burst of 10 req/s for 20 s, then nothing arrives while 8 requests still wait in the router (their
-    instance is loading): the estimate must not fall below the rate that serves them within avg_s, and a
-    published demand below it is raised at once; once nothing waits it may fall."""
+    instance is loading): the published demand does not fall; once nothing waits it falls."""
     tuning = DemandTuning()
     mon = DemandMonitor(tick_s=1.0, deployments=["d"], prior={"d": 0.0}, tuning=tuning, start=0.0)
     ctx = await attach(mon)
@@ -106,3 +105,6 @@ def test_a_published_demand_below_the_backlog_moves() -> None:
     assert est.estimate() == {"d": 1 / DemandTuning().avg_s}
     assert moved({"d": 0.0}, est.estimate(), est)
     assert not moved(est.estimate(), est.estimate(), est)
+    assert not moved({"d": 5.0}, est.estimate(), est)  # no fall while a request waits
+    est.backlog({})
+    assert moved({"d": 5.0}, est.estimate(), est)  # nothing waits: the fall is taken
