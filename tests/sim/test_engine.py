@@ -291,6 +291,22 @@ def test_with_the_monitor_a_step_is_planned_for_as_the_mesh_estimates_it(perf: P
         SimConfig(monitor=DemandTuning(avg_s=0.0))
 
 
+def test_with_the_monitor_requests_that_wait_keep_their_instances(perf: PerfModel) -> None:
+    """A burst (8 req/s for 30 s) on one warm instance, its new instances 150 s away: the burst's peak
+    leaves the estimate's window while 160 requests still wait. The demand must not fall while they wait
+    (``coral.demand``'s backlog): before, the plan fell to nothing at 119 s and all 160 failed."""
+    tpl = single(perf, M, "g6.xlarge", 64)
+    sc = h.scenario([h.deployment(rps=[(0.0, 0.5), (10.0, 8.0), (40.0, 0.0)])], duration_s=400, replan_interval_s=1000)
+    planner = GreedyPlanner({tpl.id: tpl}, {"chat": [(tpl.id, h.REGION)]})
+    cfg = SimConfig(monitor=DemandTuning(), queue_timeout_s=1e6, provision_s=150.0)
+    res = simulate(sc, {tpl.id: tpl}, perf, planner, config=cfg)
+    peak = max(planner.requests, key=lambda r: r.demand["chat"])
+    falls = [r for r in planner.requests if r.at > peak.at]
+    assert falls and falls[0].at > 200.0  # not before the new instances served the queue
+    totals = res.to_json()
+    assert (totals["completed"], totals["failed"]) == (totals["requests"], 0)
+
+
 def test_template_paths_decomposes_branching_flow(perf: PerfModel) -> None:
     sts = [
         stage(perf, M, "g6e.xlarge", 0, 16, 32, index=0),
