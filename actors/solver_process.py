@@ -49,8 +49,9 @@ import hashlib
 import math
 import multiprocessing
 import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -218,6 +219,28 @@ def _child_main(conn: Connection) -> None:  # pragma: no cover - runs in the spa
 # -- the owner ----------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _stderr_with_a_descriptor() -> Iterator[None]:
+    """Give ``sys.stderr`` a real descriptor while a process is spawned.
+
+    The spawn context starts multiprocessing's resource tracker on first use and passes it
+    ``sys.stderr.fileno()``; under a Textual app (``coral up --tui``) stderr is a capture whose descriptor is
+    -1, and the spawn fails with ``bad value(s) in fds_to_keep``.
+    """
+    try:
+        ok = sys.stderr.fileno() >= 0
+    except (AttributeError, OSError, ValueError):
+        ok = False
+    if ok or sys.__stderr__ is None:
+        yield
+        return
+    captured, sys.stderr = sys.stderr, sys.__stderr__
+    try:
+        yield
+    finally:
+        sys.stderr = captured
+
+
 class SolverProcessError(RuntimeError):
     """The solver process failed: it died, or a solve raised something other than bad input."""
 
@@ -272,7 +295,8 @@ class SolverProcess:
     def _spawn(self) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_child_main, args=(child,), name="coral-solver", daemon=True)
-        proc.start()
+        with _stderr_with_a_descriptor():
+            proc.start()
         child.close()
         self._proc, self._conn, self._ready, self.pid, self._held = proc, parent, False, None, None
 

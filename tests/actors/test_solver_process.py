@@ -4,6 +4,8 @@ replay, kills, clean shutdown."""
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import threading
 import time
 
@@ -149,3 +151,21 @@ async def test_start_async_waits_for_ready_in_no_thread() -> None:
         assert res.status in ("optimal", "feasible", "no bound")
     finally:
         proc.close()
+
+
+def test_it_starts_where_stderr_has_no_descriptor() -> None:
+    """Under a Textual app stderr is a capture whose ``fileno()`` is -1; the first spawn (which starts
+    multiprocessing's resource tracker) must still work. Run in a fresh interpreter: in this one the tracker
+    may already be running."""
+    code = (
+        "import io, sys\n"
+        "class Capture(io.StringIO):\n"
+        "    def fileno(self): return -1\n"
+        "sys.stderr = Capture()\n"
+        "from actors.solver_process import SolverProcess\n"
+        "with SolverProcess() as p:\n"
+        "    p.start()\n"
+        "    print('alive', p.alive)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0 and "alive True" in out.stdout, out.stderr[-2000:]
