@@ -194,21 +194,25 @@ def _pools(arrays: dict[str, Any]) -> tuple[IntArray, IntArray, IntArray, IntArr
             used.add((*g, float(lv[i])))
     keys = sorted(used)
     pid = {k: q for q, k in enumerate(keys)}
+    by_group: dict[tuple[int, int], list[tuple[float, int]]] = {}  # (m, r) -> its pools' (level, q), highest first
+    for q, k in reversed(list(enumerate(keys))):
+        by_group.setdefault(k[:2], []).append((k[2], q))
     rows: list[int] = []
     pool: list[int] = []
-    for j in range(len(mode)):
-        if mode[j] == _AGG:
+    mode_l, m_l, r_l, pclass_l = mode.tolist(), m.tolist(), r.tolist(), pclass.tolist()
+    for j, mj in enumerate(mode_l):
+        if mj == _AGG:
             rows.append(j)
             pool.append(-1)
-        elif mode[j] == _DEC:
+        elif mj == _DEC:
             if j in dec_level:
                 rows.append(j)
                 pool.append(pid[dec_level[j]])
         else:
-            g = (int(m[j]), int(r[j]))
-            for level in sorted((k[2] for k in keys if k[:2] == g and k[2] <= pclass[j]), reverse=True):
-                rows.append(j)
-                pool.append(pid[(*g, level)])
+            for level, q in by_group.get((m_l[j], r_l[j]), ()):
+                if level <= pclass_l[j]:
+                    rows.append(j)
+                    pool.append(q)
     return (
         np.asarray(rows, dtype=np.int64),
         np.asarray(pool, dtype=np.int64),

@@ -229,6 +229,9 @@ def _highs(
             np.concatenate([objective[v] for v in present]),
         )  # fmt: skip
     if mip:
+        # HiGHS's MIP presolve never checks the interrupt callback: on core's whole cost MIP (177 rows,
+        # 6,484 columns) it ran 2.2 s past a 0.05 s deadline at load 14 and removed 80 columns
+        h.setOptionValue("presolve", "off")
         integer = np.nonzero(cols < len(mat.integer))[0].astype(np.int32)
         kinds = np.full(len(integer), int(highspy.HighsVarType.kInteger), dtype=np.uint8)
         h.changeColsIntegrality(len(integer), integer, kinds)
