@@ -33,7 +33,7 @@ reaches 0.97 of it.
 
 Attention has no measured curve. Decode attention (a paged-attention kernel: one thread block per
 sequence, query head on the GPU and partition of ``coral.perf.roofline.KV_PARTITION`` tokens) streams the
-batch's KV cache and is priced on the bandwidth curve of the residual add (``KV_STREAM_OP``, the measured
+batch's KV cache and is priced on the bandwidth curve of the residual add (``PURE_STREAM_OP``, the measured
 kernel that only streams), waves of blocks included, without the L2 gain: the KV a step reads was written
 in earlier steps and evicted by the layers in between. Query heads that share a KV head (GQA) run side by
 side and read it once from memory. Prefill attention (a flash-attention kernel: one block per 128 query
@@ -58,8 +58,9 @@ from numpy.typing import ArrayLike, NDArray
 
 F = NDArray[np.float64]
 TILES = ((16, 128), (64, 64), (128, 128), (128, 256))
-KV_STREAM_OP = "add"
-"""The measured streaming kernel whose bandwidth curve decode attention's KV reads take (module docstring)."""
+PURE_STREAM_OP = "add"
+"""The measured streaming kernel that only streams (it reaches the bandwidth): decode attention's KV reads
+take its curve, and a derived GPU's streaming kernels its efficiency as their cap (``coral.perf.params``)."""
 
 
 def _arr(x: ArrayLike) -> F:
@@ -84,6 +85,8 @@ class GpuCurve:
     source: str
     l2_bytes: float = 0.0
     derived: bool = False
+    clock_mhz: float = 0.0
+    """SM boost clock (0: not known)."""
 
     def gemm_s(self, m: ArrayLike, k: ArrayLike, n: ArrayLike, weight_bytes: float = 2.0, groups: ArrayLike = 1.0) -> F:
         """Seconds of an (m x k) @ (k x n) GEMM with bf16 activations and ``weight_bytes`` per weight; m may
@@ -116,8 +119,8 @@ class GpuCurve:
     def decode_attention_s(self, kv_bytes: ArrayLike, flops: ArrayLike, blocks: ArrayLike, width: ArrayLike) -> F:
         """Seconds of a decode attention kernel (no measured curve) that streams ``kv_bytes`` of KV cache in
         ``blocks`` thread blocks of ``width`` elements each and does ``flops``: the streaming curve of
-        ``KV_STREAM_OP`` without its L2 gain, or the compute time at the GEMM efficiency if longer."""
-        eff, floor, per_elem, q, r, _ = self.stream[KV_STREAM_OP]
+        ``PURE_STREAM_OP`` without its L2 gain, or the compute time at the GEMM efficiency if longer."""
+        eff, floor, per_elem, q, r, _ = self.stream[PURE_STREAM_OP]
         tb = _arr(kv_bytes) / (self.mem_bw * eff)
         tw = np.ceil(np.maximum(_arr(blocks), 1.0) / (r * self.sm_count)) * _arr(width) * per_elem
         tc = _arr(flops) / (self.peak_flops * self.cmp_eff)
