@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -145,39 +146,32 @@ def test_link_curves_measured_and_derived(perf: PerfModel) -> None:
     assert np.all(perf.link_curve("p5.48xlarge").allreduce_s(x, 8) < small.allreduce_s(x, 8))
 
 
-def test_params_file_bad_values(tmp_path: Path) -> None:
-    text = PARAMS_FILE.read_text()
+_NORM = re.compile(r"(stream\.input_layernorm = \{[^}]*?)rows_per_sm = \d+, ")
+BAD_PARAMS = [
+    (lambda t: t.replace("mem_eff = ", "mem_eff = -", 1), r"\[gpu\.a100-80g\]: key 'mem_eff': must be a number >= 0"),
+    (lambda t: t.replace('[link."pcie-gen4"]', '[link."pcie-x"]'), r"table \[link\.pcie-gen4\] missing"),
+    (
+        lambda t: _NORM.sub(r"\1", t, count=1),
+        r"\[gpu\.a100-80g\.stream\.input_layernorm\]: key 'rows_per_sm' missing",
+    ),
+    (lambda t: _NORM.sub(r"\1rows_per_sm = 0, ", t, count=1), r"\]: blend, rows_per_sm and l2_gain must be >= 1"),
+    (lambda t: t.replace("l2_mb = 40\n", "", 1), r"\[gpu\.a100-80g\]: key 'l2_mb' missing"),
+    (lambda t: t.replace("[l2_mb]", "[l2_cache]"), r"table \[l2_mb\] missing"),
+    (lambda t: t.replace("clock_mhz = 1410\n", "", 1), r"\[gpu\.a100-80g\]: key 'clock_mhz' missing"),
+    (lambda t: t.replace("[clock_mhz]", "[clocks]"), r"table \[clock_mhz\] missing"),
+    (
+        lambda t: t.replace('"l4-24g" = 2040', '"l4-24g" = "fast"'),
+        r"\[clock_mhz\]: key 'l4-24g': must be a number >= 0, got 'fast'",
+    ),
+    (lambda t: t.replace('"t4-16g" = "a40-48g"', '"t4-16g" = "nope"'), r"\[class\]: key 't4-16g': 'nope' has no"),
+]
+
+
+@pytest.mark.parametrize(("edit", "needle"), BAD_PARAMS)
+def test_params_file_bad_values(tmp_path: Path, edit: Callable[[str], str], needle: str) -> None:
     bad = tmp_path / "p.toml"
-    bad.write_text(text.replace("mem_eff = ", "mem_eff = -", 1))
-    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\]: key 'mem_eff': must be a number >= 0"):
-        load_params(bad)
-    bad.write_text(text.replace('[link."pcie-gen4"]', '[link."pcie-x"]'))
-    with pytest.raises(ParamsError, match=r"table \[link\.pcie-gen4\] missing"):
-        load_params(bad)
-    norm = re.compile(r"(stream\.input_layernorm = \{[^}]*?)rows_per_sm = \d+, ")
-    bad.write_text(norm.sub(r"\1", text, count=1))
-    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\.stream\.input_layernorm\]: key 'rows_per_sm' missing"):
-        load_params(bad)
-    bad.write_text(norm.sub(r"\1rows_per_sm = 0, ", text, count=1))
-    with pytest.raises(ParamsError, match=r"\]: blend, rows_per_sm and l2_gain must be >= 1"):
-        load_params(bad)
-    bad.write_text(text.replace("l2_mb = 40\n", "", 1))
-    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\]: key 'l2_mb' missing"):
-        load_params(bad)
-    bad.write_text(text.replace("[l2_mb]", "[l2_cache]"))
-    with pytest.raises(ParamsError, match=r"table \[l2_mb\] missing"):
-        load_params(bad)
-    bad.write_text(text.replace("clock_mhz = 1410\n", "", 1))
-    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\]: key 'clock_mhz' missing"):
-        load_params(bad)
-    bad.write_text(text.replace("[clock_mhz]", "[clocks]"))
-    with pytest.raises(ParamsError, match=r"table \[clock_mhz\] missing"):
-        load_params(bad)
-    bad.write_text(text.replace('"l4-24g" = 2040', '"l4-24g" = "fast"'))
-    with pytest.raises(ParamsError, match=r"\[clock_mhz\]: key 'l4-24g': must be a number >= 0, got 'fast'"):
-        load_params(bad)
-    bad.write_text(text.replace('"t4-16g" = "a40-48g"', '"t4-16g" = "nope"'))
-    with pytest.raises(ParamsError, match=r"\[class\]: key 't4-16g': 'nope' has no"):
+    bad.write_text(edit(PARAMS_FILE.read_text()))
+    with pytest.raises(ParamsError, match=needle):
         load_params(bad)
 
 
