@@ -7,8 +7,8 @@ Fits (``coral.perf.fit``) every measured GPU's GEMM and streaming curves on the 
    operators), on the fit models (in-sample) and the held-out models, next to the previous model
    (``roofline-1``: max of bytes and FLOPs at the catalog's old per-GPU efficiencies, no floor; A40, not a
    catalog type, at the factors the old catalog gave its GDDR class) on the same rows;
-2. the derivation rule for unmeasured GPUs: each measured GPU predicted from another's curve scaled by
-   datasheet ratios, on the held-out models' rows;
+2. the derivation rule for unmeasured GPUs (``coral.perf.params.derive_curve``): each measured GPU
+   predicted from another's curve scaled by datasheet ratios, on the held-out models' rows;
 3. all-reduce curves per interconnect;
 4. whole decode and prefill steps of every Vidur model (held out or not), without attention (not in the
    data): the embedding once plus L layers of the measured operators and, at TP > 1 on the NVSwitch
@@ -19,9 +19,10 @@ Fits (``coral.perf.fit``) every measured GPU's GEMM and streaming curves on the 
    the host floor).
 
 ``--write`` stores the fitted parameters in ``coral/catalog/data/perf_fit.toml`` (keeping its hand-kept
-[class], [sm_count] and [l2_mb] tables); without it the file is untouched and the printed figures are those of a
-fresh fit. ``--data`` points at another copy of the profiling folder (default ``$CORAL_VIDUR_DIR`` or
-``../shared/reference/vidur-profiling`` beside the repository). ``--json`` prints the tables as JSON.
+[class], [sm_count], [l2_mb] and [clock_mhz] tables); without it the file is untouched and the printed
+figures are those of a fresh fit. ``--data`` points at another copy of the profiling folder (default
+``$CORAL_VIDUR_DIR`` or ``../shared/reference/vidur-profiling`` beside the repository). ``--json`` prints the
+tables as JSON.
 """
 
 from __future__ import annotations
@@ -57,16 +58,17 @@ from coral.perf.fit import (
     roofline_rows,
 )
 from coral.perf.ops import HostFloor
-from coral.perf.params import PARAMS_FILE, load_params
+from coral.perf.params import PARAMS_FILE, derive_curve, load_params
 from coral.perf.vidur import GPU_DIRS, default_root, load_vidur
 
 SPECS = {
-    # dense BF16 FLOP/s, bytes/s, SMs, L2: coral/catalog/data/gpus.toml for the first two; A40: NVIDIA A40
-    # datasheet (149.7 TF dense BF16 tensor, 696 GB/s GDDR6), 84 SMs (GA102 as configured for A40); L2:
-    # 40 MB (A100), 50 MB (H100 SXM), 6 MB (GA102) from NVIDIA's architecture whitepapers
-    "a100-80g": Spec(312e12, 2039e9, 108, 40e6),
-    "h100-80g": Spec(989.4e12, 3350e9, 132, 50e6),
-    "a40-48g": Spec(149.7e12, 696e9, 84, 6e6),
+    # dense BF16 FLOP/s, bytes/s, SMs, L2, boost clock: coral/catalog/data/gpus.toml for the first two; A40:
+    # NVIDIA A40 datasheet (149.7 TF dense BF16 tensor, 696 GB/s GDDR6), 84 SMs (GA102 as configured for
+    # A40); L2: 40 MB (A100), 50 MB (H100 SXM), 6 MB (GA102) from NVIDIA's architecture whitepapers; boost
+    # clocks 1,410 (A100), 1,980 (H100 SXM), 1,740 MHz (A40) from the same datasheets
+    "a100-80g": Spec(312e12, 2039e9, 108, 40e6, 1410.0),
+    "h100-80g": Spec(989.4e12, 3350e9, 132, 50e6, 1980.0),
+    "a40-48g": Spec(149.7e12, 696e9, 84, 6e6, 1740.0),
 }
 OLD_FACTORS = {"a100-80g": (0.625, 0.525), "h100-80g": (0.625, 0.4), "a40-48g": (0.85, 0.5)}
 """roofline-1's (mem_efficiency, compute_efficiency) from gpus.toml; a40 takes l40s-48g's (its GDDR class)."""
@@ -177,12 +179,8 @@ def main() -> int:
     by_name = {c.name: c for c in curves}
     for target, base in DERIVE_CHECK:
         spec, rows = SPECS[target], rows_by_gpu[target]
-        d = attrs.evolve(
-            by_name[base],
-            peak_flops=spec.peak_flops,
-            mem_bw=spec.mem_bw,
-            sm_count=spec.sm_count,
-            l2_bytes=spec.l2_bytes,
+        d = derive_curve(
+            by_name[base], target, spec.peak_flops, spec.mem_bw, spec.sm_count, spec.l2_bytes, spec.clock_mhz, ""
         )
         held = np.isin(rows.model, HELD_OUT) & (rows.measured_s > 0)
         pred = predict_rows(d, rows)
@@ -207,13 +205,13 @@ def main() -> int:
                                     "held_out": _stats(np.array(by["held_out"]))})  # fmt: skip
     cat = load_catalog()
     hand = tomllib.loads(PARAMS_FILE.read_text())
-    classes, sms, l2 = dict(hand["class"]), dict(hand["sm_count"]), dict(hand["l2_mb"])
-    draft = render_toml(curves, links, HostFloor(0.0, 0.0, 0.0, 0.0, ""), classes, sms, l2, source)
+    classes, sms, l2, clocks = dict(hand["class"]), dict(hand["sm_count"]), dict(hand["l2_mb"]), dict(hand["clock_mhz"])
+    draft = render_toml(curves, links, HostFloor(0.0, 0.0, 0.0, 0.0, ""), classes, sms, l2, clocks, source)
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"perf_fit-{os.getpid()}.toml"
     tmp.write_text(draft)
     params = load_params(tmp)
     host = fit_host(cat, params)
-    text = render_toml(curves, links, host, classes, sms, l2, source)
+    text = render_toml(curves, links, host, classes, sms, l2, clocks, source)
     tmp.write_text(text)
     params = load_params(tmp)
     tmp.unlink()

@@ -24,7 +24,7 @@ from coral.perf.params import PerfParams, load_params
 from coral.perf.profile import ProfileError, ProfileTable, index_profiles, load_profiles
 from coral.perf.roofline import Ends, TimeEnds
 
-MODEL_VERSION = "opcurve-4"
+MODEL_VERSION = "opcurve-5"
 """Bumped whenever the stage model's formulas change; with the fitted parameters' digest it makes
 ``PerfModel.version``, part of every template's key (a changed model rebuilds the store)."""
 

@@ -48,12 +48,14 @@ LINK_SETUPS = {
 
 @attrs.frozen
 class Spec:
-    """Datasheet figures a curve is fitted against: dense BF16 FLOP/s, bytes/s, SM count, L2 bytes."""
+    """Datasheet figures a curve is fitted against: dense BF16 FLOP/s, bytes/s, SM count, L2 bytes, SM boost
+    clock (MHz)."""
 
     peak_flops: float
     mem_bw: float
     sm_count: int
     l2_bytes: float
+    clock_mhz: float = 0.0
 
 
 @attrs.frozen(eq=False)
@@ -153,8 +155,9 @@ def fit_gpu(name: str, spec: Spec, rows: OpRows, fit_mask: NDArray[np.bool_], so
     def curve(x: F, stream: dict[str, tuple[float, float, float, float, int, float]]) -> GpuCurve:
         em, ec, t0, p, pen = (float(v) for v in np.exp(x))
         return GpuCurve(
-            name, spec.peak_flops, spec.mem_bw, spec.sm_count, em, ec, t0, p, pen, stream, source, spec.l2_bytes
-        )
+            name, spec.peak_flops, spec.mem_bw, spec.sm_count, em, ec, t0, p, pen, stream, source, spec.l2_bytes,
+            clock_mhz=spec.clock_mhz,
+        )  # fmt: skip
 
     x0 = np.log([0.8, 0.7, 3e-6, 2.0, 1.1])
 
@@ -266,13 +269,15 @@ def render_toml(
     classes: dict[str, str],
     sm_counts: dict[str, int],
     l2_mb: dict[str, float],
+    clocks: dict[str, float],
     source: str,
 ) -> str:
     """The text of ``perf_fit.toml`` for fitted curves (``coral.perf.params`` reads it)."""
     out = [
         "# Perf-model parameters fitted by `just bench perf-fit --write` (coral/perf/fit.py); do not edit the",
-        "# [gpu], [link] and [host] tables by hand. [class], [sm_count] and [l2_mb] are facts kept by hand:",
-        "# each catalog GPU type without its own curve is scaled from its class's (coral/perf/params.py).",
+        "# [gpu], [link] and [host] tables by hand. [class], [sm_count], [l2_mb] and [clock_mhz] are facts",
+        "# kept by hand: each catalog GPU type without its own curve is scaled from its class's",
+        "# (coral/perf/params.py).",
         f"source = {_q(source)}",
         f"held_out = [{', '.join(_q(m) for m in HELD_OUT)}]",
         "",
@@ -280,7 +285,7 @@ def render_toml(
     for g in gpus:
         out += [f'[gpu."{g.name}"]', f"source = {_q(g.source)}", f"tflops_bf16 = {g.peak_flops / 1e12:g}",
                 f"mem_bw_gbs = {g.mem_bw / 1e9:g}", f"sm_count = {g.sm_count}"]  # fmt: skip
-        out.append(f"l2_mb = {g.l2_bytes / 1e6:g}")
+        out += [f"l2_mb = {g.l2_bytes / 1e6:g}", f"clock_mhz = {g.clock_mhz:g}"]
         out += [f"{f} = {getattr(g, f)!r}" for f in ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")]
         out += [
             f"stream.{op} = {{ eff = {e!r}, floor_s = {t!r}, row_elem_s = {a!r}, blend = {q!r}, rows_per_sm = {r}, "
@@ -300,6 +305,8 @@ def render_toml(
     out += ["[sm_count]"] + [f'"{k}" = {v}' for k, v in sorted(sm_counts.items())]
     out += ["", "# L2 cache (AMD: the last-level Infinity Cache) in MB: the same datasheets and whitepapers"]
     out += ["[l2_mb]"] + [f'"{k}" = {v:g}' for k, v in sorted(l2_mb.items())]
+    out += ["", "# SM (AMD: engine) boost clock in MHz: the same datasheets"]
+    out += ["[clock_mhz]"] + [f'"{k}" = {v:g}' for k, v in sorted(clocks.items())]
     return "\n".join(out) + "\n"
 
 

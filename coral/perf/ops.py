@@ -31,6 +31,16 @@ measurements, what its own previous run wrote), so a small batch's activations a
 this term the residual add fitted e_s = 1.10 on H100, above the datasheet bandwidth; beyond 3x the L2 it
 reaches 0.97 of it.
 
+Attention has no measured curve. Decode attention (a paged-attention kernel: one thread block per
+sequence, query head on the GPU and partition of ``coral.perf.roofline.KV_PARTITION`` tokens) streams the
+batch's KV cache and is priced on the bandwidth curve of the residual add (``PURE_STREAM_OP``, the measured
+kernel that only streams), waves of blocks included, without the L2 gain: the KV a step reads was written
+in earlier steps and evicted by the layers in between. Query heads that share a KV head (GQA) run side by
+side and read it once from memory. Prefill attention (a flash-attention kernel: one block per 128 query
+rows of a prompt and query head) runs at the GEMM compute efficiency, and no faster than its longest
+block on one SM: the last query rows of a causal prompt attend to all ``s`` keys, so a short prompt's
+few blocks leave most SMs idle.
+
 A ring all-reduce of B bytes over n GPUs takes ``a0 + a1 (n - 1) + 2 (n - 1) / n * B / bw``.
 
 The host floor: a decode or prefill iteration's CPU work (scheduling, kernel launches) runs ahead of the
@@ -48,6 +58,9 @@ from numpy.typing import ArrayLike, NDArray
 
 F = NDArray[np.float64]
 TILES = ((16, 128), (64, 64), (128, 128), (128, 256))
+PURE_STREAM_OP = "add"
+"""The measured streaming kernel that only streams (it reaches the bandwidth): decode attention's KV reads
+take its curve, and a derived GPU's streaming kernels its efficiency as their cap (``coral.perf.params``)."""
 
 
 def _arr(x: ArrayLike) -> F:
@@ -72,6 +85,8 @@ class GpuCurve:
     source: str
     l2_bytes: float = 0.0
     derived: bool = False
+    clock_mhz: float = 0.0
+    """SM boost clock (0: not known)."""
 
     def gemm_s(self, m: ArrayLike, k: ArrayLike, n: ArrayLike, weight_bytes: float = 2.0, groups: ArrayLike = 1.0) -> F:
         """Seconds of an (m x k) @ (k x n) GEMM with bf16 activations and ``weight_bytes`` per weight; m may
@@ -101,10 +116,24 @@ class GpuCurve:
         out: F = floor + (tb**q + tw**q) ** (1.0 / q)
         return out
 
-    def roofline_s(self, flops: ArrayLike, nbytes: ArrayLike) -> F:
-        """Seconds of a kernel with no measured curve (attention): the larger of its compute and memory
-        times at the GEMM efficiencies, plus the GEMM floor."""
+    def decode_attention_s(self, kv_bytes: ArrayLike, flops: ArrayLike, blocks: ArrayLike, width: ArrayLike) -> F:
+        """Seconds of a decode attention kernel (no measured curve) that streams ``kv_bytes`` of KV cache in
+        ``blocks`` thread blocks of ``width`` elements each and does ``flops``: the streaming curve of
+        ``PURE_STREAM_OP`` without its L2 gain, or the compute time at the GEMM efficiency if longer."""
+        eff, floor, per_elem, q, r, _ = self.stream[PURE_STREAM_OP]
+        tb = _arr(kv_bytes) / (self.mem_bw * eff)
+        tw = np.ceil(np.maximum(_arr(blocks), 1.0) / (r * self.sm_count)) * _arr(width) * per_elem
         tc = _arr(flops) / (self.peak_flops * self.cmp_eff)
+        out: F = floor + np.maximum((tb**q + tw**q) ** (1.0 / q), tc)
+        return out
+
+    def prefill_attention_s(self, flops: ArrayLike, longest_block_flops: ArrayLike, nbytes: ArrayLike) -> F:
+        """Seconds of a prefill attention kernel (no measured curve) of ``flops`` in all, whose longest thread
+        block does ``longest_block_flops`` on one SM, reading and writing ``nbytes``: the largest of the
+        balanced compute time, the longest block's time and the memory time, at the GEMM efficiencies,
+        plus the GEMM floor."""
+        rate = self.peak_flops * self.cmp_eff
+        tc = np.maximum(_arr(flops) / rate, _arr(longest_block_flops) * self.sm_count / rate)
         tm = _arr(nbytes) / (self.mem_bw * self.mem_eff)
         out: F = self.floor_s + np.maximum(tc, tm)
         return out

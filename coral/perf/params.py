@@ -2,13 +2,18 @@
 
 The file holds the curves fitted to measurements (``[gpu.NAME]`` with the datasheet figures they were
 fitted against, ``[link.NAME]``, ``[host]``) and per catalog GPU type its class (the measured type it is
-scaled from), SM count and L2 size (``[class]``, ``[sm_count]``, ``[l2_mb]``).
+scaled from), SM count, L2 size and SM clock (``[class]``, ``[sm_count]``, ``[l2_mb]``, ``[clock_mhz]``).
 
 A catalog GPU type with its own curve uses it. Any other takes its class's curve with its own datasheet
-peak FLOP/s, bandwidth, SM count and L2 size (the efficiencies, floors and L2 gains are the class's), and
-is marked derived. Fallback, stated in the curve's ``source``: a GPU type with no class entry takes the
-measured type whose bandwidth-to-FLOP ratio is nearest its own, one with no SM count takes the class's
-scaled by the FLOP/s ratio, and one with no L2 size the class's.
+peak FLOP/s, bandwidth, SM count, L2 size and SM clock (``derive_curve``), and is marked derived. The
+GEMM efficiencies, floors and L2 gains are the class's. A streaming kernel's byte rate is not: most of the
+measured ones (norms, rotary, activation, embedding) run far below the bandwidth, at a rate per SM and
+clock cycle that the GPUs share, so on the derived GPU a kernel moves its class's bytes/s times the ratio
+of SMs x clock, capped at the derived GPU's bandwidth at the class's ``PURE_STREAM_OP`` efficiency (the
+kernel that reaches the bandwidth); a row's latency scales with the clock. Fallback, stated in the
+curve's ``source``: a GPU type with no class entry takes the measured type whose bandwidth-to-FLOP ratio
+is nearest its own, one with no SM count takes the class's scaled by the FLOP/s ratio, and one with no
+L2 size or clock the class's.
 
 Links: NVLink on 4 or more GPUs uses the NVSwitch curve of the node's GPU generation (H100 class for
 Hopper and newer, A100 class otherwise), NVLink on 2 GPUs the NVLink-pair curve, PCIe the Gen5 curve at
@@ -30,7 +35,7 @@ import attrs
 from coral.catalog.loader import DATA_DIR
 from coral.catalog.types import GpuType, NodeType
 from coral.errors import CoralError
-from coral.perf.ops import GpuCurve, HostFloor, LinkCurve
+from coral.perf.ops import PURE_STREAM_OP, GpuCurve, HostFloor, LinkCurve
 
 PARAMS_FILE = DATA_DIR / "perf_fit.toml"
 GPU_FIELDS = ("mem_eff", "cmp_eff", "floor_s", "blend", "small_tile")
@@ -61,6 +66,7 @@ class PerfParams:
     classes: dict[str, str]
     sm_counts: dict[str, int]
     l2_mb: dict[str, float]
+    clocks: dict[str, float]
     links: dict[str, LinkEntry]
     host: HostFloor
 
@@ -85,10 +91,12 @@ class PerfParams:
         if l2 is None:
             why += " (no L2 size given: the class's)"
         l2_bytes = base.l2_bytes if l2 is None else l2 * 1e6
-        return attrs.evolve(
-            base, name=gpu.name, peak_flops=peak, mem_bw=bw, sm_count=sm, l2_bytes=l2_bytes, derived=True,
-            source=f"derived from {cls} by datasheet ratios{why}",
-        )  # fmt: skip
+        clock = self.clocks.get(gpu.name)
+        if clock is None:
+            why += " (no clock given: the class's)"
+        clock = base.clock_mhz if clock is None else clock
+        src = f"derived from {cls} by datasheet ratios{why}"
+        return derive_curve(base, gpu.name, peak, bw, sm, l2_bytes, clock, src)
 
     def link_curve(self, node: NodeType, gpu: GpuType) -> LinkCurve:
         """The all-reduce curve of a node's intra-node link (module docstring)."""
@@ -108,6 +116,23 @@ class PerfParams:
             e.curve, bw=e.curve.bw * scale, derived=True,
             source=f"derived from {name} with bandwidth x {scale:.3g} ({node.intra_link} {node.intra_link_gbs:g} GB/s)",
         )  # fmt: skip
+
+
+def derive_curve(
+    base: GpuCurve, name: str, peak: float, bw: float, sm: int, l2_bytes: float, clock_mhz: float, source: str
+) -> GpuCurve:
+    """``base``'s curve on a GPU of these datasheet figures (module docstring), marked derived."""
+    speed = sm * clock_mhz / (base.sm_count * base.clock_mhz) if base.clock_mhz and clock_mhz else sm / base.sm_count
+    tick = base.clock_mhz / clock_mhz if base.clock_mhz and clock_mhz else 1.0
+    cap = bw * base.stream[PURE_STREAM_OP][0]
+    stream = {
+        op: (min(cap, base.mem_bw * e * speed) / bw, t0, a * tick, q, r, g)
+        for op, (e, t0, a, q, r, g) in base.stream.items()
+    }
+    return attrs.evolve(
+        base, name=name, peak_flops=peak, mem_bw=bw, sm_count=sm, l2_bytes=l2_bytes, clock_mhz=clock_mhz,
+        stream=stream, derived=True, source=source,
+    )  # fmt: skip
 
 
 def _num(path: Path, where: str, table: dict[str, Any], key: str) -> float:
@@ -139,6 +164,7 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
         k: int(_num(path, "sm_count", _table(path, data, "sm_count"), k)) for k in _table(path, data, "sm_count")
     }
     l2_mb = {k: _num(path, "l2_mb", _table(path, data, "l2_mb"), k) for k in _table(path, data, "l2_mb")}
+    clocks = {k: _num(path, "clock_mhz", _table(path, data, "clock_mhz"), k) for k in _table(path, data, "clock_mhz")}
     gpus: dict[str, GpuCurve] = {}
     for name, t in _table(path, data, "gpu").items():
         w = f"gpu.{name}"
@@ -158,7 +184,7 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
             name, _num(path, w, t, "tflops_bf16") * 1e12, _num(path, w, t, "mem_bw_gbs") * 1e9,
             int(_num(path, w, t, "sm_count")),
             vals["mem_eff"], vals["cmp_eff"], vals["floor_s"], vals["blend"], vals["small_tile"], ops,
-            str(t.get("source", "")), _num(path, w, t, "l2_mb") * 1e6,
+            str(t.get("source", "")), _num(path, w, t, "l2_mb") * 1e6, clock_mhz=_num(path, w, t, "clock_mhz"),
         )  # fmt: skip
     for must in ("h100-80g",):
         if must not in gpus:
@@ -191,6 +217,7 @@ def load_params(path: Path = PARAMS_FILE) -> PerfParams:
         classes=classes,
         sm_counts=sm_counts,
         l2_mb=l2_mb,
+        clocks=clocks,
         links=links,
         host=host,
     )

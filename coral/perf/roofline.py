@@ -11,9 +11,11 @@ tokens, run in chunks of at most ``PREFILL_CHUNK_TOKENS``) costs per layer, on o
   projection (a grouped GEMM: the experts' tiles share the waves, the floor is paid once); shared experts
   see all M; the router is an (M, H, E) GEMM;
 - streaming kernels (measured curves): two norms, rotary embedding, activation, residual add;
-- attention (no measured curve: the roofline at the GEMM efficiencies): decode reads b c_eff tokens of
-  KV and does 4 b c_eff h d / t FLOPs; prefill does 2 M s_eff h d / t FLOPs (causal) and reads Q, K, V;
-  c_eff and s_eff are sliding-window aware;
+- attention (no measured curve, ``coral.perf.ops``): decode reads b c_eff tokens of KV and does
+  4 b c_eff h d / t FLOPs in b (h / t) ceil(c_eff / P) blocks of min(c_eff, P) tokens' K and V rows
+  (P = ``KV_PARTITION``), on the streaming bandwidth curve; prefill does 2 M s_eff h d / t FLOPs
+  (causal) in blocks of ``Q_BLOCK`` query rows, the longest of which does 4 Q_BLOCK s_eff d FLOPs, and
+  reads Q, K, V; c_eff and s_eff are sliding-window aware;
 - two all-reduces of M H bf16 values when t > 1 (measured link curve).
 
 The embedding lookup (over the M tokens) is charged to the stage that holds layer 0 and the LM head GEMM
@@ -50,6 +52,10 @@ WORKSPACE_BYTES_PER_GPU = 1.5e9
 PREFILL_CHUNK_TOKENS = 8192
 NET_LATENCY_S = 2e-4
 LOGIT_BYTES = 4.0
+KV_PARTITION = 512
+"""Tokens of one decode attention block (vLLM's paged attention v2 partition)."""
+Q_BLOCK = 128
+"""Query rows of one prefill attention block (flash attention's tile)."""
 
 F = NDArray[np.float64]
 Ends = tuple[bool, bool] | None
@@ -128,10 +134,13 @@ def decode_step_s(
 ) -> F:  # fmt: skip
     """Seconds of one decode iteration of ``batch`` sequences at ``context`` tokens over ``layers`` layers."""
     k, b, c = _arr(layers), _arr(batch), _arr(context)
-    c_eff = _kv_tokens(m, c)
-    attn = g.roofline_s(
-        4.0 * b * c_eff * m.heads * m.head_dim / tp,
-        (b * c_eff * m.kv_bytes_per_token_layer + 4.0 * b * m.heads * m.head_dim * m.dtype_bytes) / tp,
+    c_eff = np.maximum(_kv_tokens(m, c), 1.0)
+    d, hq = m.head_dim, m.heads / tp
+    attn = g.decode_attention_s(
+        (b * c_eff * m.kv_bytes_per_token_layer + 4.0 * b * m.heads * d * m.dtype_bytes) / tp,
+        4.0 * b * c_eff * hq * d,
+        b * np.ceil(hq) * np.ceil(c_eff / KV_PARTITION),
+        2.0 * np.minimum(c_eff, KV_PARTITION) * d,
     )
     gpu = k * (_layer_gpu_s(m, g, link, tp, b) + attn) + _ends_s(m, g, tp, b, b, k, ends)
     out: F = np.maximum(gpu, _host_s(m, host, tp, k, b))
@@ -148,8 +157,9 @@ def prefill_s(
     chunks = np.ceil(tokens / PREFILL_CHUNK_TOKENS)
     per_chunk = tokens / chunks
     s_eff = _kv_tokens(m, s)
-    attn = g.roofline_s(
+    attn = g.prefill_attention_s(
         2.0 * tokens * s_eff * m.heads * m.head_dim / tp,
+        4.0 * np.minimum(Q_BLOCK, np.maximum(s, 1.0)) * s_eff * m.head_dim,
         tokens * 2.0 * (m.heads + 2 * m.kv_heads) * m.head_dim * m.dtype_bytes / tp,
     )
     gpu = k * (chunks * _layer_gpu_s(m, g, link, tp, per_chunk) + attn)

@@ -13,7 +13,7 @@ from coral.catalog import Catalog
 from coral.cli import main
 from coral.perf import PerfError, PerfModel, ProfileError, load_profiles
 from coral.perf.calibration import evaluate
-from coral.perf.ops import HostFloor
+from coral.perf.ops import PURE_STREAM_OP, HostFloor
 from coral.perf.params import load_params
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "profiles"
@@ -56,6 +56,29 @@ def test_prefill_quadratic_attention_term(perf: PerfModel) -> None:
     short = float(perf.prefill_s("qwen3-32b", "p5.4xlarge", layers=64, batch=1, prompt=1024))
     long = float(perf.prefill_s("qwen3-32b", "p5.4xlarge", layers=64, batch=1, prompt=16384))
     assert long > 16 * short  # super-linear in prompt length
+
+
+def test_decode_attention_streams_kv_at_the_streaming_bandwidth(perf: PerfModel, catalog: Catalog) -> None:
+    """The decode step's growth with context is the batch's extra KV bytes over the residual add's bandwidth
+    (no L2 gain), within the waves' and floors' share."""
+    m, g = catalog.models["llama-3.1-8b"], perf.gpu_curve("h100-80g")
+    c = np.array([4096.0, 32768.0])
+    t = perf.decode_step_s("llama-3.1-8b", "p5.4xlarge", layers=32, batch=64, context=c)
+    eff = g.stream[PURE_STREAM_OP][0]
+    extra = 32 * 64 * (c[1] - c[0]) * m.kv_bytes_per_token_layer / (g.mem_bw * eff)
+    assert t[1] - t[0] == pytest.approx(extra, rel=0.005)
+    small = 1e6  # bytes within the L2: the streaming kernel gets its L2 gain, the KV read does not
+    assert float(g.decode_attention_s(small, 0.0, 1, 1)) > float(g.stream_s(PURE_STREAM_OP, small, 1, 1))
+
+
+def test_short_prefill_attention_waits_on_its_longest_block(perf: PerfModel) -> None:
+    """Few blocks leave SMs idle: the kernel takes at least its longest block's time on one SM."""
+    g = perf.gpu_curve("h100-80g")
+    longest = 4.0 * 128 * 2048 * 128
+    t = float(g.prefill_attention_s(10 * longest, longest, 0.0))
+    assert t == pytest.approx(g.floor_s + longest * g.sm_count / (g.peak_flops * g.cmp_eff))
+    many = float(g.prefill_attention_s(1000 * longest, longest, 0.0))
+    assert many == pytest.approx(g.floor_s + 1000 * longest / (g.peak_flops * g.cmp_eff))
 
 
 def test_moe_reads_fewer_bytes_than_dense_of_same_size(perf: PerfModel, catalog: Catalog) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -13,7 +14,7 @@ import pytest
 from coral.catalog import Catalog
 from coral.perf import PerfModel
 from coral.perf.fit import Spec, fit_gpu, fit_link, op_rows, predict_rows
-from coral.perf.ops import GpuCurve, LinkCurve
+from coral.perf.ops import PURE_STREAM_OP, GpuCurve, LinkCurve
 from coral.perf.params import PARAMS_FILE, ParamsError, load_params
 from coral.perf.profile import ProfileError
 from coral.perf.vidur import GEMM_OPS, OPS, OpTable, default_root, load_vidur
@@ -120,6 +121,22 @@ def test_gpu_without_data_is_derived_with_a_stated_fallback(catalog: Catalog, pe
     assert c.sm_count == round(132 * 2000.0 / 989.4)
 
 
+def test_derived_streaming_rate_scales_with_sms_and_clock(perf: PerfModel) -> None:
+    """A derived GPU's streaming kernels move the class's bytes/s times the SMs x clock ratio, capped at its
+    own bandwidth at the class's pure-streaming efficiency; their row latency scales with the clock."""
+    base, l4, l40s = perf.params.gpus["a40-48g"], perf.gpu_curve("l4-24g"), perf.gpu_curve("l40s-48g")
+    cap = base.stream[PURE_STREAM_OP][0]
+    for c in (l4, l40s):
+        speed = c.sm_count * c.clock_mhz / (base.sm_count * base.clock_mhz)
+        for op, (e, _, a, _, _, _) in base.stream.items():
+            rate = min(c.mem_bw * cap, base.mem_bw * e * speed)
+            assert c.stream[op][0] * c.mem_bw == pytest.approx(rate)
+            assert c.stream[op][2] == pytest.approx(a * base.clock_mhz / c.clock_mhz)
+    assert l4.stream["input_layernorm"][0] * l4.mem_bw < base.stream["input_layernorm"][0] * base.mem_bw
+    assert l40s.stream[PURE_STREAM_OP][0] == pytest.approx(cap)  # 2.4x the A40's SMs x clock: bandwidth-bound
+    assert "no clock given" in perf.params.gpu_curve(attrs.evolve(perf.catalog.gpus["l4-24g"], name="l5")).source
+
+
 def test_link_curves_measured_and_derived(perf: PerfModel) -> None:
     assert perf.link_curve("p5.48xlarge").name == "nvswitch-h100" and not perf.link_curve("p5.48xlarge").derived
     assert perf.link_curve("p4de.24xlarge").name == "nvswitch-a100"
@@ -129,30 +146,32 @@ def test_link_curves_measured_and_derived(perf: PerfModel) -> None:
     assert np.all(perf.link_curve("p5.48xlarge").allreduce_s(x, 8) < small.allreduce_s(x, 8))
 
 
-def test_params_file_bad_values(tmp_path: Path) -> None:
-    text = PARAMS_FILE.read_text()
+_NORM = re.compile(r"(stream\.input_layernorm = \{[^}]*?)rows_per_sm = \d+, ")
+BAD_PARAMS = [
+    (lambda t: t.replace("mem_eff = ", "mem_eff = -", 1), r"\[gpu\.a100-80g\]: key 'mem_eff': must be a number >= 0"),
+    (lambda t: t.replace('[link."pcie-gen4"]', '[link."pcie-x"]'), r"table \[link\.pcie-gen4\] missing"),
+    (
+        lambda t: _NORM.sub(r"\1", t, count=1),
+        r"\[gpu\.a100-80g\.stream\.input_layernorm\]: key 'rows_per_sm' missing",
+    ),
+    (lambda t: _NORM.sub(r"\1rows_per_sm = 0, ", t, count=1), r"\]: blend, rows_per_sm and l2_gain must be >= 1"),
+    (lambda t: t.replace("l2_mb = 40\n", "", 1), r"\[gpu\.a100-80g\]: key 'l2_mb' missing"),
+    (lambda t: t.replace("[l2_mb]", "[l2_cache]"), r"table \[l2_mb\] missing"),
+    (lambda t: t.replace("clock_mhz = 1410\n", "", 1), r"\[gpu\.a100-80g\]: key 'clock_mhz' missing"),
+    (lambda t: t.replace("[clock_mhz]", "[clocks]"), r"table \[clock_mhz\] missing"),
+    (
+        lambda t: t.replace('"l4-24g" = 2040', '"l4-24g" = "fast"'),
+        r"\[clock_mhz\]: key 'l4-24g': must be a number >= 0, got 'fast'",
+    ),
+    (lambda t: t.replace('"t4-16g" = "a40-48g"', '"t4-16g" = "nope"'), r"\[class\]: key 't4-16g': 'nope' has no"),
+]
+
+
+@pytest.mark.parametrize(("edit", "needle"), BAD_PARAMS)
+def test_params_file_bad_values(tmp_path: Path, edit: Callable[[str], str], needle: str) -> None:
     bad = tmp_path / "p.toml"
-    bad.write_text(text.replace("mem_eff = ", "mem_eff = -", 1))
-    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\]: key 'mem_eff': must be a number >= 0"):
-        load_params(bad)
-    bad.write_text(text.replace('[link."pcie-gen4"]', '[link."pcie-x"]'))
-    with pytest.raises(ParamsError, match=r"table \[link\.pcie-gen4\] missing"):
-        load_params(bad)
-    norm = re.compile(r"(stream\.input_layernorm = \{[^}]*?)rows_per_sm = \d+, ")
-    bad.write_text(norm.sub(r"\1", text, count=1))
-    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\.stream\.input_layernorm\]: key 'rows_per_sm' missing"):
-        load_params(bad)
-    bad.write_text(norm.sub(r"\1rows_per_sm = 0, ", text, count=1))
-    with pytest.raises(ParamsError, match=r"\]: blend, rows_per_sm and l2_gain must be >= 1"):
-        load_params(bad)
-    bad.write_text(text.replace("l2_mb = 40\n", "", 1))
-    with pytest.raises(ParamsError, match=r"\[gpu\.a100-80g\]: key 'l2_mb' missing"):
-        load_params(bad)
-    bad.write_text(text.replace("[l2_mb]", "[l2_cache]"))
-    with pytest.raises(ParamsError, match=r"table \[l2_mb\] missing"):
-        load_params(bad)
-    bad.write_text(text.replace('"t4-16g" = "a40-48g"', '"t4-16g" = "nope"'))
-    with pytest.raises(ParamsError, match=r"\[class\]: key 't4-16g': 'nope' has no"):
+    bad.write_text(edit(PARAMS_FILE.read_text()))
+    with pytest.raises(ParamsError, match=needle):
         load_params(bad)
 
 
