@@ -80,7 +80,7 @@ class _InstanceModel(_Sim):
 
     def _handoff(self, req: Req, src: Inst, t: float) -> None:
         item = self.items.pop(req)
-        self.out.append(Outcome(item.id, "handoff", t, req.first_t))
+        self.out.append(Outcome(item.id, "handoff", t, req.first_t, tokens=req.gen))
 
     def _retire(self, t: float) -> None:
         """One instance has no fleet to make before breaking: its supervisor retires it."""

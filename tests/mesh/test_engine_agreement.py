@@ -45,7 +45,7 @@ demand = {demand}
 STEP_DISAGREES = pytest.mark.xfail(
     strict=True,
     reason="known, issue 27: after the step the mesh plans chat-8b as a prefill/decode pair, whose decode engine "
-    "runs decode_lag_ticks (2 s) behind the kernel clock, so its SLO attainment is 0.58 against the simulator's "
+    "ran 2 ticks (2 s) behind the kernel clock (now two hops), so its SLO attainment is 0.58 against the simulator's "
     "0.81 (throughput agrees: 0.905 vs 0.909 served)",
 )
 
