@@ -18,7 +18,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 import attrs
-import numpy as np
 
 from actors.price import MarketSource, ScenarioMarket
 from coral.catalog.types import Catalog
@@ -27,7 +26,7 @@ from coral.messages.fleet import FaultInjected
 from coral.messages.mesh import MeshTiming
 from coral.messages.requests import ArrivalBatch, FinishTraffic, RequestSpec
 from coral.scenario import Scenario
-from coral.sim.arrivals import LengthDist, PoissonArrivals, TraceArrivals
+from coral.sim.arrivals import deployment_arrivals
 from coral.sim.engine import SimConfig
 
 MARKET_SOURCE = "feed.market"
@@ -50,17 +49,10 @@ class Traffic:
 
     def __init__(self, scenario: Scenario, *, seed: int, end_s: float, config: SimConfig | None = None) -> None:
         cfg = config or SimConfig()
-        kids = np.random.SeedSequence(seed).spawn(len(scenario.deployments))
-        its: list[Iterator[tuple[float, int, int, int]]] = []
-        for i, d in enumerate(scenario.deployments):
-            rng = np.random.default_rng(kids[i])
-            src: Iterable[tuple[float, int, int]]
-            if d.demand.trace is not None:
-                src = TraceArrivals(d.demand.trace, rng, end_s=end_s, rate_scale=d.demand.scale)
-            else:
-                lengths = LengthDist(d.shape.mean_in, d.shape.mean_out, cfg.length_dist, cfg.cv_in, cfg.cv_out)
-                src = PoissonArrivals(list(d.demand.series), lengths, rng, end_s=end_s)
-            its.append(_tagged(src, i))
+        sources = deployment_arrivals(
+            scenario, seed=seed, end_s=end_s, length_dist=cfg.length_dist, cv_in=cfg.cv_in, cv_out=cfg.cv_out
+        )
+        its = [_tagged(src, i) for i, src in enumerate(sources.values())]
         self.names = [d.name for d in scenario.deployments]
         self._merged = heapq.merge(*its)
         self._next: tuple[float, int, int, int] | None = next(self._merged, None)

@@ -23,17 +23,20 @@ leaves at its simulated time. It reads them from the simulated engine's instance
 one (vLLM serves the gateway over HTTP itself) reports none. Other requests' outcomes leave at the next
 wake or tick: their times are the engine's exact times either way.
 
-Engine time: a decode instance's engine runs ``decode_lag_ticks`` behind the kernel clock, so that a KV
-handoff (reported by the prefill head at its next wake or tick, at most a tick late, then router -> decode
-head, a hop each) is admitted at its exact time. A streamed request's tokens on a decode instance thus
-reach the gateway that much late.
+Engine time: a decode instance's engine runs ``DECODE_LAG_S`` (two hops) behind the kernel clock, so that a KV
+handoff is admitted at its exact time. The prefill head wakes at its engine's next event (as for streamed
+tokens) and so reports a handoff at its engine time ``t``; the router applies it at ``next_instant(t)``
+and the decode head at one hop more, both before ``t + 2 * HOP_S``, which the lag takes back. The decode
+engine then admits it at ``t`` plus the KV transfer (never less than ``NET_LATENCY_S``), which is
+still ahead of its clock. A streamed request's tokens on a decode instance reach the gateway that much
+(about 2 ms) late.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from actors.base import TickActor, next_instant
+from actors.base import HOP_S, TickActor, next_instant
 from coral.engines import Engine, StageAssignment
 from coral.kernel import Envelope
 from coral.messages.control import ROUTER, SUPERVISOR
@@ -53,6 +56,10 @@ from coral.messages.mesh import MeshTiming
 from coral.messages.requests import Completions, Dispatch, Outcome
 from coral.scenario import Deployment
 from coral.templates import Template
+
+DECODE_LAG_S = 2 * HOP_S
+"""How far a decode head's engine runs behind the kernel clock: the two hops of a KV handoff (prefill head ->
+router -> decode head; see the module docstring)."""
 
 
 def worker_name(node_id: str) -> str:
@@ -96,6 +103,7 @@ class StageWorker(TickActor):
         self.instance = ""
         self.head = False
         self.lag = 0.0
+        self.prefill = False  # the head of a prefill instance: wakes at its engine's events to hand off
         self.ready_at: float | None = None
         self.loaded_sent = False
         self.drained_sent = False
@@ -126,7 +134,8 @@ class StageWorker(TickActor):
             self.instance = msg.instance
             self.head = msg.head
             if msg.head and tpl.mode == "decode":
-                self.lag = self.timing.decode_lag_ticks * self.tick_s
+                self.lag = DECODE_LAG_S
+            self.prefill = msg.head and tpl.mode == "prefill"
             stage = StageAssignment(
                 msg.instance, self.deployments[msg.deployment], tpl, msg.stage, msg.region, msg.head, msg.warm
             )
@@ -190,8 +199,8 @@ class StageWorker(TickActor):
             await self._serve(now)
 
     async def _serve(self, now: float) -> None:
-        """Run the head engine up to ``now`` and send what finished; while a request's tokens are watched,
-        ask to be woken at the engine's next event."""
+        """Run the head engine up to ``now`` and send what finished; while a request's tokens are watched, or
+        on a prefill instance's head (its handoffs), ask to be woken at the engine's next event."""
         if not (self.head and self.state in ("serving", "draining")):
             return
         out = self.engine.poll(self.engine_now(now))
@@ -200,21 +209,25 @@ class StageWorker(TickActor):
         if out:
             await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
         nxt = getattr(self.engine, "next_event_at", None)  # an engine that knows when it acts next
-        if self.watched and callable(nxt):
+        if (self.watched or self.prefill) and callable(nxt):
             t = nxt()
             if t is not None:
                 at = t + self.lag
                 self.wake_at(at if at > now else next_instant(now))
 
     def _progress(self, now: float, out: list[Outcome]) -> list[Outcome]:
-        """``out`` with a ``progress`` outcome (before it) for each watched request whose tokens grew."""
+        """``out`` with a ``progress`` outcome (before it) for each watched request whose tokens grew (a
+        handed-over request's with its handoff: the decode instance reports only the tokens it makes)."""
+        grew = []
         for o in out:
-            if o.kind != "progress":
-                self.watched.pop(o.id, None)
+            if o.kind == "progress":
+                continue
+            seen = self.watched.pop(o.id, None)
+            if o.kind == "handoff" and seen is not None and o.tokens > seen:
+                grew.append(Outcome(o.id, "progress", now, o.t_first, tokens=o.tokens))
         progress = getattr(self.engine, "progress", None)  # an engine that reports tokens as they come
         if not callable(progress):
-            return out
-        grew = []
+            return grew + out
         for rid, (tokens, first_t) in progress().items():
             seen = self.watched.get(rid)
             if seen is not None and tokens > seen:

@@ -2,6 +2,8 @@
 
 Two processes: ``coral up``'s mesh with its HTTP gateway (the ``mesh-steady`` scenario without its own
 traffic, paced at ``--speed``, recording a journal), and this client (aiohttp, streamed completions).
+``--policy pd-homo`` plans the deployment as a prefill/decode pair: the first token then comes from the
+prefill instance and the rest from the decode instance, after the KV handoff.
 
 1. Singles: ``--singles`` streamed requests one at a time on the idle mesh (``--tokens`` each).
 2. Burst: ``--burst`` requests, at most ``--concurrency`` in flight.
@@ -19,7 +21,7 @@ Targets: added p50 <= 20 ms, p99 <= 100 ms; the burst's client TTFT p50 at most 
 + 20 ms.
 
 The machine is shared: the load average is printed with the figures. Run
-``python bench/gateway.py [--json] [--speed 1] [--singles 30] [--burst 2000] [--concurrency 64]``
+``python bench/gateway.py [--json] [--speed 1] [--policy coral] [--singles 30] [--burst 2000] [--concurrency 64]``
 (``just bench gateway``).
 """
 
@@ -40,12 +42,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from solvers.planning import POLICIES  # noqa: E402
+
 SCENARIO = "mesh-steady"
 MODEL = "chat-8b"
 PROMPT = "Tell me about coral reefs and the fish that live around them."
 
 
-def serve(store: str, journal: str, speed: float) -> None:
+def serve(store: str, journal: str, speed: float, policy: str) -> None:
     """Child process: run the mesh with its gateway until SIGINT/SIGTERM; print the gateway's URL."""
     import anyio
     import attrs
@@ -66,7 +70,7 @@ def serve(store: str, journal: str, speed: float) -> None:
     perf = PerfModel(catalog)
     world = World(catalog, perf, Path(store))
     sc = attrs.evolve(world.scenario(SCENARIO), duration_s=3600)
-    setup = world.setup(SCENARIO, RECORD_OPTIONS, sc)
+    setup = world.setup(SCENARIO, attrs.evolve(RECORD_OPTIONS, policy=policy), sc)
     sock = bind("127.0.0.1", 0, "gateway")
     inner = CoralMesh(setup, sc, catalog, perf).feed()
 
@@ -284,12 +288,18 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=2000, help="requests of the burst")
     ap.add_argument("--concurrency", type=int, default=64, help="the burst's requests in flight at most")
     ap.add_argument("--tokens", type=int, default=16, help="max_tokens of every request")
+    ap.add_argument(
+        "--policy",
+        default="coral",
+        choices=POLICIES,
+        help="the mesh's planning policy (coral up --policy; pd-homo: prefill/decode)",
+    )
     ap.add_argument("--store", type=Path, help="the mesh-* template store (built in a temporary folder if absent)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--serve", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve[0], args.serve[1], float(args.serve[2]))
+        serve(args.serve[0], args.serve[1], float(args.serve[2]), args.serve[3])
         return
     import anyio
 
@@ -305,7 +315,7 @@ def main() -> None:
             build_store(store, PerfModel(catalog), catalog)
         journal = Path(tmp) / "bench.journal"
         p = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(store), str(journal), str(args.speed)],
+            [sys.executable, __file__, "--serve", str(store), str(journal), str(args.speed), args.policy],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -328,6 +338,7 @@ def main() -> None:
     load1 = os.getloadavg()
     out = {
         "speed": args.speed,
+        "policy": args.policy,
         "tokens": args.tokens,
         "concurrency": args.concurrency,
         "singles": summarize(got["singles"], entered, admitted, times, args.speed),
@@ -342,7 +353,8 @@ def main() -> None:
         sys.stdout.write("\n")
         return
     print(
-        f"gateway over the simulated mesh at --speed {args.speed:g}, {args.tokens} tokens per request "
+        f"gateway over the simulated mesh at --speed {args.speed:g}, policy {args.policy}, "
+        f"{args.tokens} tokens per request "
         f"({os.cpu_count()} CPUs; load average {load0[0]:.1f} / {load0[1]:.1f} before, "
         f"{load1[0]:.1f} / {load1[1]:.1f} after, 1 / 5 min)"
     )

@@ -15,8 +15,9 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
 - per actor (workers summed as ``worker-*``): messages handled, timer calls (ticks) and the wall time
   spent in them, the share of the run's wall time, and the bus totals (routed, published);
 - ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``);
-- ``--compare``: also runs the simulator on the same scenario, seed and planner, with the mesh's
-  provisioning and loading delays and its demand monitor (``SimConfig.for_cloud``), and prints each
+- ``--compare``: also runs the simulator on the same scenario, seed and planner, on the mesh's own
+  requests (``deployment_arrivals``), with the mesh's provisioning and loading delays and its demand
+  monitor (``SimConfig.for_cloud``), and prints each
   deployment's SLO attainment and share of requests served in both (target: within 1 point).
 
 The machine's load average is printed with the figures: they depend on it. Run
@@ -53,6 +54,7 @@ from coral.messages.plan import NewPlan  # noqa: E402
 from coral.perf import PerfModel  # noqa: E402
 from coral.scenario import load_scenario  # noqa: E402
 from coral.sim import SimConfig, simulate  # noqa: E402
+from coral.sim.arrivals import deployment_arrivals  # noqa: E402
 from coral.store import TemplateStore, default_store_path  # noqa: E402
 from solvers.allocation import SolverEffort, solve_allocation  # noqa: E402
 
@@ -185,14 +187,12 @@ def main() -> None:
         with TemplateStore(Path(store), readonly=True) as st:
             plan_fn, templates = make_planner("coral", sc, cat, perf, st, solve=solve)
         dur = args.duration if args.duration is not None else sc.duration_s
+        cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand)
+        arrivals = deployment_arrivals(
+            sc, seed=args.seed, end_s=dur, length_dist=cfg.length_dist, cv_in=cfg.cv_in, cv_out=cfg.cv_out
+        )  # the mesh's own requests
         sim = simulate(
-            sc,
-            templates,
-            perf,
-            plan_fn,
-            seed=args.seed,
-            duration_s=dur,
-            config=SimConfig.for_cloud(setup.cloud, monitor=setup.demand),
+            sc, templates, perf, plan_fn, seed=args.seed, duration_s=dur, config=cfg, arrivals=arrivals
         ).to_json()
         rows = {}
         for name, m in mesh_summary["deployments"].items():

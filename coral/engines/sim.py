@@ -10,6 +10,12 @@ Time: the engine advances only in ``poll(now)``, processing its event heap up to
 submitted with ``avail`` in the engine's past are admitted at the engine's current time. A request handed
 over from a prefill instance (``WorkItem.kv_nic`` > 0) first pays the KV transfer, as in the simulator:
 the network latency plus its tokens' KV bytes over the slower of the two instances' NICs.
+
+Queue timeout: a request that waits in the instance's queue fails ``queue_timeout_s`` after it began to
+wait for this phase, as in the simulator, where it waits in one queue: its arrival (a first attempt) or its
+handoff's KV arriving (a decode request), not its admission here; the mesh's router may have held it
+before (every instance full), and two timeouts in a row would let it wait twice as long and then be
+served late, after its SLO, in front of fresher requests.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class _InstanceModel(_Sim):
         self.kv_bytes = float(self.catalog.models[tpl.model].kv_bytes_per_token)
         self.items: dict[Req, WorkItem] = {}
         self.out: list[Outcome] = []
+        self.since: dict[Req, float] = {}  # when an admitted request began to wait (module docstring)
         self.drained_at: float | None = None
         self.completed = 0
         self.failed = 0
@@ -80,7 +87,7 @@ class _InstanceModel(_Sim):
 
     def _handoff(self, req: Req, src: Inst, t: float) -> None:
         item = self.items.pop(req)
-        self.out.append(Outcome(item.id, "handoff", t, req.first_t))
+        self.out.append(Outcome(item.id, "handoff", t, req.first_t, tokens=req.gen))
 
     def _retire(self, t: float) -> None:
         """One instance has no fleet to make before breaking: its supervisor retires it."""
@@ -153,6 +160,7 @@ class SimEngine:
                 req.kv_ready = True
                 bw = min(item.kv_nic, m.inst.min_nic)
                 avail += NET_LATENCY_S + (item.prompt + req.gen - 1) * m.kv_bytes / bw
+            m.since[req] = avail if item.kv_nic > 0 or item.attempt > 0 else item.t_arr
             m.items[req] = item
             m.seq += 1
             heapq.heappush(m.heap, (max(avail, m.now), m.seq, K_ARRIVAL, req))
@@ -171,10 +179,11 @@ class SimEngine:
                 m._stage_done(obj, t)
             elif kind == K_ARRIVAL:
                 m._route_group(m._group(m.inst), obj, t, False)
+                obj.deadline = min(obj.deadline, m.since.pop(obj, t) + m.qtimeout)
         pq = m._group(m.inst).pullq.q
         while pq and pq[0].deadline < now:
             req = pq.popleft()
-            m.now = req.deadline
+            m.now = max(m.now, req.deadline)
             m._fail(req, "queue_timeout")
         m.now = max(m.now, now)
         out.extend(m.out)
@@ -216,6 +225,8 @@ class SimEngine:
             m.heap = [e for e in m.heap if e[2] != K_ARRIVAL]
             heapq.heapify(m.heap)
             pending.extend(e[3] for e in sorted(arrivals))
+            for e in arrivals:
+                m.since.pop(e[3], None)
         back = [Outcome(m.items.pop(r).id, "returned", now) for r in pending if r in m.items]
         if inst.state == LOADING or inst.n_active == 0:
             m._release(inst, max(m.now, now))

@@ -8,9 +8,10 @@ it a journal is self-contained: ``coral replay`` rebuilds the same mesh from it.
 The run is bulk-synchronous on the kernel clock: every actor ticks at the same instants (multiples of
 ``tick_s``) and a message takes effect at the receiver's first tick after it was received. Chains of
 actors therefore add one tick per hop, which the timing below accounts for: arrivals reach the router
-``lookahead_ticks`` ahead of their time, and decode instances run their engine ``decode_lag_ticks``
-behind the clock so that a KV handoff (prefill worker -> router -> decode worker) arrives before the
-engine passes its time.
+``lookahead_ticks`` ahead of their time. The router and the stage workers apply their messages within a
+1/1024 s hop instead (``actors.base``), and decode instances run their engine two hops behind the clock
+so that a KV handoff (prefill worker -> router -> decode worker) arrives before the engine passes its
+time (``actors.worker``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,6 @@ class MeshTiming:
     heartbeat_timeout_s: float = 15.0
     report_s: float = 5.0
     lookahead_ticks: int = 2
-    decode_lag_ticks: int = 2
     warmup_s: float = 10.0
     drain_s: float = 60.0
     queue_timeout_s: float = 60.0
@@ -93,8 +93,6 @@ class MeshTiming:
             )
         if self.lookahead_ticks < 2:
             raise SetupError(f"lookahead_ticks: must be at least 2, got {self.lookahead_ticks}")
-        if self.decode_lag_ticks < 2:
-            raise SetupError(f"decode_lag_ticks: must be at least 2, got {self.decode_lag_ticks}")
         if not self.warmup_s >= 6 * self.tick_s:
             raise SetupError(f"warmup_s: must be at least 6 ticks ({6 * self.tick_s} s), got {self.warmup_s}")
         if not (self.warmup_s / self.tick_s).is_integer():

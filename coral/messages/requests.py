@@ -103,7 +103,7 @@ class Dispatch:
 class Outcome:
     """What happened to a request on an instance: ``kind`` in OUTCOME_KINDS at time ``t``;
     ``t_first`` is its first token's time (-1 if none); ``tokens``: output tokens generated so far
-    (``progress``)."""
+    (``progress``, and ``handoff`` from an engine that counts them)."""
 
     id: int
     kind: str

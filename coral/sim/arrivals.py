@@ -17,6 +17,9 @@ sampling keeps a bounded reservoir.
   ring of recent rows, so the length mix follows the trace locally. The trace loops when the
   simulation outlasts it.
 - :class:`ShareSplitter`: tags each arrival of one source with a deployment, drawn by demand share.
+- :func:`deployment_arrivals`: every deployment's own source, seeded per deployment: the mesh's traffic
+  (``actors.feed.Traffic``); given to the simulator (``simulate(arrivals=...)``), it runs on the same
+  requests as a mesh run of the same seed.
 
 Lengths: :class:`LengthDist` (``fixed``, ``exponential`` or ``lognormal`` around given means, clipped at
 ``clip`` times the mean) or :class:`TraceLengths` (a seeded reservoir sample of a trace's rows).
@@ -34,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from coral.errors import CoralError
+from coral.scenario import Scenario
 from coral.traces import iter_trace
 
 BLOCK = 4096
@@ -414,3 +418,21 @@ class ShareSplitter:
             while i < n - 1 and x >= cum[i]:
                 i += 1
             yield t, i, tin, tout
+
+
+def deployment_arrivals(
+    scenario: Scenario, *, seed: int, end_s: float, length_dist: str, cv_in: float, cv_out: float
+) -> dict[str, ArrivalSource]:
+    """Per deployment, in the scenario's order: Poisson arrivals over its demand series with ``length_dist``
+    lengths around its shape (CVs ``cv_in``, ``cv_out``), or its trace; deployment i draws from child i of
+    ``SeedSequence(seed)``."""
+    kids = np.random.SeedSequence(seed).spawn(len(scenario.deployments))
+    out: dict[str, ArrivalSource] = {}
+    for i, d in enumerate(scenario.deployments):
+        rng = np.random.default_rng(kids[i])
+        if d.demand.trace is not None:
+            out[d.name] = TraceArrivals(d.demand.trace, rng, end_s=end_s, rate_scale=d.demand.scale)
+        else:
+            lengths = LengthDist(d.shape.mean_in, d.shape.mean_out, length_dist, cv_in, cv_out)
+            out[d.name] = PoissonArrivals(list(d.demand.series), lengths, rng, end_s=end_s)
+    return out

@@ -50,8 +50,9 @@ class SimConfig:
     whose defaults (``coral.messages.mesh.CloudSetup``) these share; ``for_cloud`` copies a run's.
 
     ``monitor``: plan for the demand that the mesh's demand monitor would estimate from the simulated
-    arrivals (``coral.demand``, observed every ``monitor_tick_s``), re-planning when it moves, instead of
-    the scenario's demand at the moment (the default).
+    arrivals (``coral.demand``), re-planning when it moves, instead of the scenario's demand at the moment
+    (the default). The monitor observes the arrivals of each ``monitor_tick_s``, as the mesh's observes
+    each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows.
     """
 
     token_budget: int = 2048
@@ -60,7 +61,7 @@ class SimConfig:
     provision_s: float = _CLOUD.provision_s
     startup_s: float = _CLOUD.startup_s
     monitor: DemandTuning | None = None
-    monitor_tick_s: float = MeshTiming().tick_s
+    monitor_tick_s: float = MeshTiming().report_s
     warm_start: bool = True
     drain_limit_s: float = 600.0
     length_dist: str = "lognormal"
