@@ -73,15 +73,15 @@ def run_replay(args: argparse.Namespace) -> int:
                 f"[green]replay matches[/]: {total} decisions ({kinds}) from {report.inputs} inputs, "
                 f"up to t={report.end:g} s"
             )
+        else:
+            con.print(f"[red]replay differs[/] from {args.journal} ({total} decisions recorded):")
+            for d in report.diffs:
+                con.print(f"  {d}", markup=False, highlight=False)
         if incomplete:
             con.print(
                 f"[yellow]journal incomplete[/]: {incomplete}; checked only up to its last record",
                 highlight=False,
             )
-        else:
-            con.print(f"[red]replay differs[/] from {args.journal} ({total} decisions recorded):")
-            for d in report.diffs:
-                con.print(f"  {d}", markup=False, highlight=False)
     return 1 if not report.ok else 3 if incomplete else 0
 
 

@@ -47,7 +47,8 @@ def test_up_records_and_replay_matches(
     dep = summary["deployments"]["chat-8b"]
     assert dep["arrivals"] == dep["completed"] + dep["failed"] > 200 and dep["open"] == 0
     assert coral.cli.main(["replay", str(journal)]) == 0
-    assert "replay matches" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "replay matches" in out_text and "differs" not in out_text
     assert coral.cli.main(["replay", str(journal), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["diffs"] == [] and out["decisions"]["plan.new"] == summary["plans"]
