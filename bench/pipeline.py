@@ -23,7 +23,9 @@ Rules checked, measured / predicted (same load, same run):
 - throughput: ``min_i cap_i`` (requests/s, with the bubble factor g) times the mean output, against the
   measured output tokens/s (and the same without g, g = 1);
 - KV: each stage reserves KV for n * b sequences at the shape's maximum context, against the peak KV
-  tokens the stage held (vLLM's block use times its block size);
+  tokens the stage held (vLLM's block use times its block size) and the peak requests running, both read
+  from vLLM's own log lines (one per engine step, and the running count every 0.25 s: ``pm.LOG_ARGS``),
+  which the server writes whatever the load; polls of ``/metrics`` missed the busy phase under load;
 - prompt interference: one long prompt adds its whole prompt pass to the others' decode steps (a round
   takes the heaviest micro-batch's loop, sum_i (tau_i + K pre_1,i)), against the measured stall; and the
   open-loop TPOT p90 against the template (the smallest b whose capacity covers the rate).
@@ -68,7 +70,11 @@ NODE, GPU = "cpu-local", "cpu-avx512"
 SHAPE = WorkloadShape(64, 16)
 ATTAINMENT = 0.9
 TOLERANCE = 0.10
-SCHED_ARGS = ("--enable-chunked-prefill", "--max-num-batched-tokens", "128", "--max-num-seqs", "64")
+SCHED_ARGS = (
+    "--enable-chunked-prefill", "--max-num-batched-tokens", "128", "--max-num-seqs", "64",
+    "--num-gpu-blocks-override", "512", *pm.LOG_ARGS,
+)  # fmt: skip
+"""512 KV blocks (of 128 tokens on CPU), so that the KV use vLLM logs to 0.1% resolves half a block."""
 MAX_LEN = 1024
 
 
@@ -207,7 +213,8 @@ def start(backend: VllmBackend, split: Sequence[int], name: str) -> tuple[list[V
             raise pm.PipelineMeasureError(f"split {','.join(map(str, split))}: vLLM did not start: {engines[0].fault}")
         time.sleep(0.5)
     head = engines[0]
-    return engines, pm.Target(head.endpoint, dep.name, head.api_key, 1024, MAX_LEN)
+    log = str(head.server.log_path) if head.server is not None else ""
+    return engines, pm.Target(head.endpoint, dep.name, head.api_key, 1024, MAX_LEN, log)
 
 
 def measure_split(
@@ -245,7 +252,10 @@ def measure_split(
             rec["closed"].append(row)
             print(
                 f"  {name} c={c}: {row['tok_s']:.1f} tok/s, TPOT p90 {row['tpot_p90'] * 1e3:.1f} ms, "
-                f"micro-batch {row['micro_batch']:.2f} (load {row['load']})",
+                f"micro-batch {row['micro_batch']:.2f}; vLLM's log: {row['log_steps']:.0f} steps, running "
+                f"peak {row['log_peak_running']:.0f} mean {row['log_mean_running']:.1f} over "
+                f"{row['log_ticks']:.0f} ticks, KV peak {row['log_peak_kv_frac']:.1%}; {row['polls']:.0f} polls "
+                f"(load {row['load']})",
                 flush=True,
             )
         top = max(r["req_s"] for r in rec["closed"])
@@ -305,9 +315,12 @@ def compare(doc: dict[str, Any], perf: PerfModel) -> list[dict[str, Any]]:
             held = r["peak_kv_frac"] * rec["kv"]["num_blocks"] * rec["kv"]["block_size"]
             bs = rec["kv"]["block_size"]
             whole = n * b * math.ceil(SHAPE.max_context / bs) * bs
-            note = f"tokens held (peak, blocks of {bs}); the rule in whole blocks: {whole}"
+            ticks, steps, polls = (r.get(k, 0.0) for k in ("log_ticks", "log_steps", "polls"))
+            seen = f"{ticks:.0f} log ticks, {steps:.0f} log steps, {polls:.0f} polls"
+            note = f"tokens held (peak, blocks of {bs}); the rule in whole blocks: {whole}; {seen}"
             add(sp, "KV n*b seqs: tokens", f"c={c} b={b}", held, pr["kv_tokens"], r["load"], note)
-            add(sp, "KV n*b seqs: sequences", f"c={c} b={b}", r["peak_running"], n * b, r["load"], "peak running")
+            note = f"peak running; {seen}"
+            add(sp, "KV n*b seqs: sequences", f"c={c} b={b}", r["peak_running"], n * b, r["load"], note)
         for r in rec["open"]:
             b = template_b_for_rate(perf, split, r["rate"])
             pr = predict(perf, split, b)
@@ -438,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = VllmBackend(
             {TINY_MODEL: str(model)}, device="cpu", dtype="float32", enforce_eager=True, max_model_len=MAX_LEN,
             work_dir=str(work / "vllm"), startup_timeout_s=900.0, extra_args=SCHED_ARGS,
-            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **pm.LOG_ENV},
         )  # fmt: skip
         # The engine core in a process of its own at every PP: with it in the API server's process (Coral's
         # CPU default), PP=1 runs HTTP, scheduling and the model in one process pinned to one core, while

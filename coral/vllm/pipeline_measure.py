@@ -8,9 +8,14 @@ Prometheus figures (``cache_config``, ``histogram``, ``gauge``), the KV bytes of
 streamed token of a request (``stream_timed``), closed-loop runs at a fixed concurrency (``run_closed``),
 open-loop Poisson arrivals (``run_open``), single prompts of growing length (``run_ttft``) and the stall that
 one long prompt causes the decode streams already running (``run_stall``). While a run lasts, a
-``Scraper`` polls ``/metrics`` for the peak KV-cache use and counts the engine's steps and their tokens
+``Scraper`` counts the engine's steps and their tokens from ``/metrics`` at its start and end
 (``vllm:iteration_tokens_total``): the mean decode micro-batch a step carried is (scheduled tokens - prompt
-tokens) / steps.
+tokens) / steps. What the engine held during the run (KV-cache use, requests running) comes from vLLM's
+own log lines, which the server writes from its own loop whatever the load (``LOG_ARGS``, ``LOG_ENV``:
+one line per engine step with its requests and KV use, and every 0.25 s the running count):
+``engine_log_stats`` reads the lines the run added to the server's log. Polls of ``/metrics`` are kept
+beside them, but the API server answers them only between steps: on a loaded 2-core machine a 10 s PP=2
+run got 3 polls, all outside the busy phase.
 
 Workload of the closed and open runs: prompts exponential with mean ``mean_in`` (at least 4 tokens), outputs
 geometric with mean ``mean_out`` (at least 2 tokens), as ``solvers.options`` assumes; seeded per run.
@@ -22,6 +27,7 @@ import hashlib
 import http.client
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -42,6 +48,18 @@ from coral.vllm.launch import VllmLaunchError, cpu_threads_bind
 
 class PipelineMeasureError(CoralError):
     """A pipeline measurement cannot run or be read (bad split, mismatched file, failed request)."""
+
+
+LOG_ARGS = ("--enable-logging-iteration-details",)
+"""vLLM server flags for ``engine_log_stats``: a log line per engine step (its requests and KV use)."""
+LOG_ENV = {"VLLM_LOG_STATS_INTERVAL": "0.25", "PYTHONUNBUFFERED": "1"}
+"""The server's environment for ``engine_log_stats``: the running count every 0.25 s, lines unbuffered."""
+
+_ITERATION = re.compile(
+    r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
+    r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms.*?KV cache usage: ([\d.]+)%"
+)
+_PERIODIC = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs.*?KV cache usage: ([\d.]+)%")
 
 
 # -- pure: input checks --------------------------------------------------------------------------------
@@ -188,6 +206,27 @@ def histogram(text: str, name: str) -> tuple[float, float]:
     return gauge(text, name + "_sum"), gauge(text, name + "_count")
 
 
+def engine_log_stats(text: str) -> dict[str, float]:
+    """What vLLM's own log lines (``LOG_ARGS``, ``LOG_ENV``) say the engine did and held.
+
+    Per engine step (``Iteration(i)`` lines): the steps, the mean decode sequences per step and the peak KV
+    use; every 0.25 s (``Running:`` lines, written only while the engine is busy): the peak and mean
+    requests running and the peak KV use. KV use is the fraction of the block pool in use."""
+    steps = [tuple(float(x) for x in m.groups()) for m in _ITERATION.finditer(text)]
+    ticks = [tuple(float(x) for x in m.groups()) for m in _PERIODIC.finditer(text)]
+    kv = [s[6] / 100.0 for s in steps] + [t[2] / 100.0 for t in ticks]
+    running = [t[0] for t in ticks]
+    return {
+        "log_steps": float(len(steps)),
+        "log_micro_batch": float(np.mean([s[3] for s in steps])) if steps else math.nan,
+        "log_step_ms": float(np.median([s[5] for s in steps])) if steps else math.nan,
+        "log_ticks": float(len(ticks)),
+        "log_peak_running": max(running, default=0.0),
+        "log_mean_running": float(np.mean(running)) if running else math.nan,
+        "log_peak_kv_frac": max(kv, default=0.0),
+    }
+
+
 def kv_bytes_per_block(info: ModelInfo, block_size: int, layers: int) -> int:
     """Bytes one KV block takes on a stage of ``layers`` layers (keys and values of every layer)."""
     return 2 * block_size * info.kv_heads * info.head_dim * info.dtype_bytes * layers
@@ -269,15 +308,19 @@ def stream_timed(base: str, served: str, prompt: Sequence[int], max_tokens: int,
 
 
 class Scraper:
-    """Polls a server's ``/metrics`` in a thread while a run lasts: the peak KV-cache use and running
-    count, and the step and token counters at the start and at the end."""
+    """While a run lasts: the step and token counters of ``/metrics`` at its start and end, the lines the
+    run added to the server's log (``log``: its path, "" for none; see ``engine_log_stats``), and polls of
+    ``/metrics`` in a thread for the peak KV-cache use and running count."""
 
-    def __init__(self, base: str, api_key: str = "", every_s: float = 0.25) -> None:
-        self.base, self.api_key, self.every_s = base, api_key, every_s
+    def __init__(self, base: str, api_key: str = "", every_s: float = 0.1, log: str = "") -> None:
+        self.base, self.api_key, self.every_s, self.log = base, api_key, every_s, log
         self.peak_kv = 0.0
         self.peak_running = 0.0
+        self.polls = 0
         self.first = ""
         self.last = ""
+        self.log_text = ""
+        self._log_at = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pipeline-scraper", daemon=True)
 
@@ -292,12 +335,21 @@ class Scraper:
             try:
                 t = self.text()
             except (PipelineMeasureError, client.HttpError):
-                continue
-            self.peak_kv = max(self.peak_kv, gauge(t, "vllm:kv_cache_usage_perc"))
-            self.peak_running = max(self.peak_running, gauge(t, "vllm:num_requests_running"))
+                t = ""
+            if t:
+                self.polls += 1
+                self.peak_kv = max(self.peak_kv, gauge(t, "vllm:kv_cache_usage_perc"))
+                self.peak_running = max(self.peak_running, gauge(t, "vllm:num_requests_running"))
             self._stop.wait(self.every_s)
 
+    def _log_size(self) -> int:
+        try:
+            return Path(self.log).stat().st_size if self.log else 0
+        except OSError as e:
+            raise PipelineMeasureError(f"server log {self.log}: {e}") from None
+
     def __enter__(self) -> Scraper:
+        self._log_at = self._log_size()
         self.first = self.text()
         self._thread.start()
         return self
@@ -305,7 +357,11 @@ class Scraper:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.last = self.text()
+        self.last = self.text()  # answered after the run's last step: its log lines are written by now
+        if self.log:
+            with Path(self.log).open("rb") as f:
+                f.seek(self._log_at)
+                self.log_text = f.read().decode(errors="replace")
 
     def steps(self) -> dict[str, float]:
         """Engine steps, their scheduled tokens and the prompt tokens over the run; the mean decode
@@ -314,13 +370,18 @@ class Scraper:
         s1, c1 = histogram(self.last, "vllm:iteration_tokens_total")
         p = gauge(self.last, "vllm:prompt_tokens_total") - gauge(self.first, "vllm:prompt_tokens_total")
         steps = c1 - c0
+        logged = engine_log_stats(self.log_text)
         return {
             "steps": steps,
             "tokens": s1 - s0,
             "prompt_tokens": p,
             "micro_batch": (s1 - s0 - p) / steps if steps > 0 else math.nan,
-            "peak_kv_frac": self.peak_kv,
-            "peak_running": self.peak_running,
+            "peak_kv_frac": max(self.peak_kv, logged["log_peak_kv_frac"]),
+            "peak_running": max(self.peak_running, logged["log_peak_running"]),
+            "polls": float(self.polls),
+            "poll_peak_kv_frac": self.peak_kv,
+            "poll_peak_running": self.peak_running,
+            **logged,
         }
 
 
@@ -350,6 +411,7 @@ class Target:
     api_key: str = ""
     vocab: int = 1024
     max_len: int = 1024
+    log: str = ""
 
 
 def run_closed(
@@ -366,7 +428,7 @@ def run_closed(
             out.append(stream_timed(tg.endpoint, tg.served, prompt_ids(seed, i, p, tg.vocab), o, api_key=tg.api_key))
         return out
 
-    with Scraper(tg.endpoint, tg.api_key) as sc, ThreadPoolExecutor(concurrency) as pool:
+    with Scraper(tg.endpoint, tg.api_key, log=tg.log) as sc, ThreadPoolExecutor(concurrency) as pool:
         t0 = time.monotonic()
         reqs = [r for f in [pool.submit(worker, w) for w in range(concurrency)] for r in f.result()]
         span = time.monotonic() - t0
@@ -381,7 +443,7 @@ def run_open(
     n = max(1, int(rng.poisson(rate * duration_s)))
     gaps = rng.exponential(1.0 / rate, n)
     jobs = workload(seed + 1, n, mean_in, mean_out, tg.max_len)
-    with Scraper(tg.endpoint, tg.api_key) as sc, ThreadPoolExecutor(min(n, 128)) as pool:
+    with Scraper(tg.endpoint, tg.api_key, log=tg.log) as sc, ThreadPoolExecutor(min(n, 128)) as pool:
         t0 = time.monotonic()
         futs = []
         at = 0.0
@@ -462,6 +524,8 @@ def stall(runs: Sequence[Timed], w0: float, w1: float) -> dict[str, float]:
 
 
 __all__ = [
+    "LOG_ARGS",
+    "LOG_ENV",
     "ModelInfo",
     "PipelineMeasureError",
     "Scraper",
@@ -471,6 +535,7 @@ __all__ = [
     "check_profile",
     "check_results",
     "check_split",
+    "engine_log_stats",
     "gauge",
     "histogram",
     "kv_bytes_per_block",
