@@ -11,7 +11,7 @@ one long prompt causes the decode streams already running (``run_stall``). While
 ``Scraper`` counts the engine's steps and their tokens from ``/metrics`` at its start and end
 (``vllm:iteration_tokens_total``): the mean decode micro-batch a step carried is (scheduled tokens - prompt
 tokens) / steps. What the engine held during the run (KV-cache use, requests running) comes from vLLM's
-own log lines, which the server writes from its own loop whatever the load (``LOG_ARGS``, ``LOG_ENV``:
+own log lines, which the server writes from its own loop whatever the load (``SERVER_ARGS``, ``SERVER_ENV``:
 one line per engine step with its requests and KV use, and every 0.25 s the running count):
 ``engine_log_stats`` reads the lines the run added to the server's log. Polls of ``/metrics`` are kept
 beside them, but the API server answers them only between steps: on a loaded 2-core machine a 10 s PP=2
@@ -50,9 +50,17 @@ class PipelineMeasureError(CoralError):
     """A pipeline measurement cannot run or be read (bad split, mismatched file, failed request)."""
 
 
-LOG_ARGS = ("--enable-logging-iteration-details",)
-"""vLLM server flags for ``engine_log_stats``: a log line per engine step (its requests and KV use)."""
-LOG_ENV = {"VLLM_LOG_STATS_INTERVAL": "0.25", "PYTHONUNBUFFERED": "1"}
+TPOT_BUCKETS = tuple(round(1e-3 * 1.04**k, 7) for k in range(213))
+"""Bucket bounds (1 ms to 4 s, 4% apart) of vLLM's per-request TPOT histogram, so that its quantiles
+(``histogram_quantile``) resolve 2% (vLLM's default buckets are 25-50% apart)."""
+SERVER_ARGS = (
+    "--enable-logging-iteration-details",
+    "--custom-histogram-buckets",
+    json.dumps({"inter_token_latency": list(TPOT_BUCKETS)}),
+)
+"""vLLM server flags the measurement reads: a log line per engine step (its requests and KV use,
+``engine_log_stats``) and fine buckets for the per-request TPOT (``histogram_quantile``)."""
+SERVER_ENV = {"VLLM_LOG_STATS_INTERVAL": "0.25", "PYTHONUNBUFFERED": "1"}
 """The server's environment for ``engine_log_stats``: the running count every 0.25 s, lines unbuffered."""
 
 _ITERATION = re.compile(
@@ -207,7 +215,7 @@ def histogram(text: str, name: str) -> tuple[float, float]:
 
 
 def engine_log_stats(text: str) -> dict[str, float]:
-    """What vLLM's own log lines (``LOG_ARGS``, ``LOG_ENV``) say the engine did and held.
+    """What vLLM's own log lines (``SERVER_ARGS``, ``SERVER_ENV``) say the engine did and held.
 
     Per engine step (``Iteration(i)`` lines): the steps, the mean decode sequences per step and the peak KV
     use; every 0.25 s (``Running:`` lines, written only while the engine is busy): the peak and mean
@@ -225,6 +233,38 @@ def engine_log_stats(text: str) -> dict[str, float]:
         "log_mean_running": float(np.mean(running)) if running else math.nan,
         "log_peak_kv_frac": max(kv, default=0.0),
     }
+
+
+def histogram_quantile(first: str, last: str, name: str, q: float) -> tuple[float, float, float]:
+    """(q-quantile, mean, count) of the observations a histogram gained between two ``/metrics`` texts:
+    the quantile interpolated linearly inside its bucket (NaN for none, or beyond the last finite bound)."""
+
+    def cumulative(text: str) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for n, labels, v in samples(text):
+            if n == name + "_bucket" and "le" in labels:
+                le = float(labels["le"])
+                out[le] = out.get(le, 0.0) + v
+        return out
+
+    a, z = cumulative(first), cumulative(last)
+    bounds = sorted(z)
+    cum = [z[b] - a.get(b, 0.0) for b in bounds]
+    s0, c0 = histogram(first, name)
+    s1, c1 = histogram(last, name)
+    count = c1 - c0
+    mean = (s1 - s0) / count if count > 0 else math.nan
+    if count <= 0 or not bounds:
+        return math.nan, mean, count
+    want = q * count
+    lo_b, lo_c = 0.0, 0.0
+    for b, c in zip(bounds, cum, strict=True):
+        if c >= want:
+            if not math.isfinite(b):
+                return math.nan, mean, count
+            return lo_b + (b - lo_b) * ((want - lo_c) / (c - lo_c) if c > lo_c else 1.0), mean, count
+        lo_b, lo_c = b, c
+    return math.nan, mean, count
 
 
 def kv_bytes_per_block(info: ModelInfo, block_size: int, layers: int) -> int:
@@ -365,13 +405,22 @@ class Scraper:
 
     def steps(self) -> dict[str, float]:
         """Engine steps, their scheduled tokens and the prompt tokens over the run; the mean decode
-        micro-batch (decode sequences per step) and the peak KV use (fraction of the blocks)."""
+        micro-batch (decode sequences per step), the peak KV use (fraction of the blocks) and running
+        count, and the requests' TPOT as the engine timed their tokens (``engine_tpot_*``: vLLM's
+        per-request histogram, from the engine core's timestamps, so free of the HTTP stream's batching)."""
         s0, c0 = histogram(self.first, "vllm:iteration_tokens_total")
         s1, c1 = histogram(self.last, "vllm:iteration_tokens_total")
         p = gauge(self.last, "vllm:prompt_tokens_total") - gauge(self.first, "vllm:prompt_tokens_total")
         steps = c1 - c0
         logged = engine_log_stats(self.log_text)
+        tpot = "vllm:request_time_per_output_token_seconds"
+        p50, mean, count = histogram_quantile(self.first, self.last, tpot, 0.5)
+        p90 = histogram_quantile(self.first, self.last, tpot, 0.9)[0]
         return {
+            "engine_tpot_mean": mean,
+            "engine_tpot_p50": p50,
+            "engine_tpot_p90": p90,
+            "engine_tpot_n": count,
             "steps": steps,
             "tokens": s1 - s0,
             "prompt_tokens": p,
@@ -388,7 +437,9 @@ class Scraper:
 def _summary(reqs: Sequence[Timed], span: float) -> dict[str, float]:
     tp = [r.tpot for r in reqs if r.out > 1]
     tt = [r.ttft for r in reqs]
+    gaps = np.concatenate([np.diff(r.tokens) for r in reqs]) if reqs else np.zeros(0)
     return {
+        "coalesced": float(np.mean(gaps <= 0.0)) if gaps.size else math.nan,  # tokens that came in one chunk
         "requests": len(reqs),
         "span_s": span,
         "req_s": len(reqs) / span,
@@ -524,8 +575,9 @@ def stall(runs: Sequence[Timed], w0: float, w1: float) -> dict[str, float]:
 
 
 __all__ = [
-    "LOG_ARGS",
-    "LOG_ENV",
+    "SERVER_ARGS",
+    "SERVER_ENV",
+    "TPOT_BUCKETS",
     "ModelInfo",
     "PipelineMeasureError",
     "Scraper",
@@ -538,6 +590,7 @@ __all__ = [
     "engine_log_stats",
     "gauge",
     "histogram",
+    "histogram_quantile",
     "kv_bytes_per_block",
     "model_info",
     "parse_split",

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm"
 
 SCHED = (
     "--enable-chunked-prefill", "--max-num-batched-tokens", "128", "--max-num-seqs", "64",
-    "--num-gpu-blocks-override", "512", *pm.LOG_ARGS,
+    "--num-gpu-blocks-override", "512", *pm.SERVER_ARGS,
 )  # fmt: skip
 """The scheduler and logging settings of ``just bench pipeline``, which the measurement test runs under."""
 
@@ -36,7 +36,7 @@ def pp2(tiny_model: Path, vllm_dir: Path) -> Iterator[tuple[list[VllmEngine], fl
     wall time its clock started at."""
     # a PP=2 start took 8-10 min on this 2-core machine under a load of 30-40: more than conftest's 400 s
     backend = cpu_backend(tiny_model, vllm_dir)
-    backend = attrs.evolve(backend, extra_args=SCHED, env={**backend.env, **pm.LOG_ENV}, startup_timeout_s=900.0)
+    backend = attrs.evolve(backend, extra_args=SCHED, env={**backend.env, **pm.SERVER_ENV}, startup_timeout_s=900.0)
     engines, t0 = start(backend, [1, 3], "pp")
     yield engines, t0
     for e in engines:

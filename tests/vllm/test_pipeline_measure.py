@@ -81,6 +81,29 @@ def test_engine_log_lines() -> None:
     assert np.isnan(empty["log_micro_batch"])
 
 
+def _tpot_hist(counts: dict[str, float], total: float, n: float) -> str:
+    name = "vllm:request_time_per_output_token_seconds"
+    rows = [f'{name}_bucket{{engine="0",le="{le}",model_name="tiny"}} {c}' for le, c in counts.items()]
+    return "\n".join([*rows, f'{name}_sum{{engine="0",model_name="tiny"}} {total}',
+                      f'{name}_count{{engine="0",model_name="tiny"}} {n}']) + "\n"  # fmt: skip
+
+
+def test_histogram_quantile_of_the_observations_a_run_added() -> None:
+    name = "vllm:request_time_per_output_token_seconds"
+    first = _tpot_hist({"0.01": 2, "0.02": 2, "0.04": 2, "+Inf": 2}, 0.02, 2)
+    # the run added 10 observations: 4 in (0.01, 0.02], 6 in (0.02, 0.04], summing to 0.3 s
+    last = _tpot_hist({"0.01": 2, "0.02": 6, "0.04": 12, "+Inf": 12}, 0.32, 12)
+    p50, mean, n = pm.histogram_quantile(first, last, name, 0.5)
+    assert n == 10 and mean == pytest.approx(0.03)
+    assert p50 == pytest.approx(0.02 + 0.02 * (1 / 6))  # the 5th of 10: the first of the bucket's 6
+    assert pm.histogram_quantile(first, last, name, 0.9)[0] == pytest.approx(0.02 + 0.02 * (5 / 6))
+    assert pm.histogram_quantile(first, last, name, 0.3)[0] == pytest.approx(0.01 + 0.01 * (3 / 4))
+    beyond = _tpot_hist({"0.01": 2, "0.02": 2, "0.04": 2, "+Inf": 5}, 9.0, 5)
+    assert np.isnan(pm.histogram_quantile(first, beyond, name, 0.9)[0])  # past the last finite bound
+    assert np.isnan(pm.histogram_quantile(first, first, name, 0.5)[0])  # nothing added
+    assert pm.TPOT_BUCKETS[0] == 1e-3 and 4.0 < pm.TPOT_BUCKETS[-1] < 4.5
+
+
 def _config(tmp_path: Path, **over: object) -> Path:
     cfg = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
     cfg.update(over)
