@@ -63,6 +63,8 @@ def test_pp2_measurement_is_sane_and_kv_blocks_cover_the_sequences(pp2: tuple[li
     assert 0 < row["log_micro_batch"] <= 4 and row["log_ticks"] > 0
     assert 1 <= row["log_peak_running"] <= 4
     assert row["log_peak_kv_frac"] * blocks >= row["log_peak_running"] - 0.5
+    # and the engine timed every request's tokens (its TPOT histogram, free of the stream's chunking)
+    assert row["engine_tpot_n"] == 8 and 0 < row["engine_tpot_p50"] <= row["engine_tpot_p90"] < 4.0
     ttft = pm.run_ttft(tg, [16, 256], 1, seed=1)
     assert all(math.isfinite(r["ttft_p50"]) and r["ttft_p50"] > 0 for r in ttft)
 
