@@ -223,7 +223,12 @@ class CoralMesh:
             self.allocator.last_plan = rs.fleet.plan.plan
             self.allocator.last_plan_at = rs.fleet.plan.plan.at
         await mesh.spawn(self.allocator)
-        self.router = Router(timing=t, deployments=sc.deployments, seed=self.setup.seed)
+        self.router = Router(
+            timing=t,
+            deployments=sc.deployments,
+            seed=self.setup.seed,
+            kv_need={k: v.kv_min_nic for k, v in self.templates.items() if v.mode == "decode"},
+        )
         await mesh.spawn(self.router)
         self.supervisor = Supervisor(
             timing=t,

@@ -7,6 +7,14 @@ on the order in which requests are handled. A prefill instance's ``handoff`` is 
 a serving decode instance of the same region with the KV transfer's bandwidth. A request with no
 instance to go to waits (``queue_timeout_s``, then it fails as ``no_capacity``).
 
+KV pairing: a decode template meets its TPOT only behind a prefill sender whose slowest NIC reaches its
+``kv_min_nic`` (``kv_need``: template id -> bytes/s), so a handoff goes only to such decode instances, as
+the allocation pairs pools and the simulator hands off. When all of them are full it waits for one (and
+fails as ``no_decode_capacity`` after ``queue_timeout_s``). When the region has none at all (a plan change
+or a loss left only slower-priced pairs) it goes to any decode instance rather than fail: the engine
+prices the transfer at the pair's actual NIC (``WorkItem.kv_nic``), so the late tokens are counted
+against the SLO as they are.
+
 Bounds (overload): an instance holds at most ``weight × (service_s + instance_queue_s)`` of the
 router's requests at once (a full instance is skipped): by Little's law the requests it serves at its
 capacity ``weight`` while each takes ``service_s`` (the SLO's time for one request in its mode: TTFT plus
@@ -39,7 +47,7 @@ instance's own HTTP endpoint (``req.proxied``) are only counted as arrivals, for
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -63,7 +71,7 @@ from coral.messages.requests import (
     RoutingStats,
     WorkItem,
 )
-from coral.routing import pick, uniform
+from coral.routing import kv_compatible, pick, uniform
 from coral.scenario import Deployment
 from coral.sim.report import LogHist
 from coral.workload import Slo
@@ -114,10 +122,19 @@ class Router(TickActor):
 
     prompt = True
 
-    def __init__(self, name: str = ROUTER, *, timing: MeshTiming, deployments: Sequence[Deployment], seed: int) -> None:
+    def __init__(
+        self,
+        name: str = ROUTER,
+        *,
+        timing: MeshTiming,
+        deployments: Sequence[Deployment],
+        seed: int,
+        kv_need: Mapping[str, float] | None = None,
+    ) -> None:
         super().__init__(name, tick_s=timing.tick_s, subscribe=["fleet.update", "slo.changed"])
         self.timing = timing
         self.seed = seed
+        self.kv_need = dict(kv_need or {})
         self.slo: dict[str, Slo] = {d.name: d.slo for d in deployments}
         self.mean_out = {d.name: d.shape.mean_out for d in deployments}
         self.stats: dict[str, TrafficStats] = {d.name: TrafficStats() for d in deployments}
@@ -241,6 +258,9 @@ class Router(TickActor):
         if r.origin:
             self.replies.setdefault(r.origin, []).append(o)
 
+    def _need(self, i: InstanceInfo) -> float:
+        return self.kv_need.get(i.template_id, 0.0)
+
     def bound(self, i: InstanceInfo) -> int:
         """The most of the router's requests instance ``i`` holds at once (see the module docstring)."""
         slo = self.slo[i.deployment]
@@ -298,6 +318,7 @@ class Router(TickActor):
                 cands = entry.get(spec.deployment, [])
             else:
                 cands = decode.get((spec.deployment, r.region), [])
+                cands = kv_compatible(cands, r.kv_nic, self._need) or cands
             if cands and any(held.get(c.id, 0) >= cap[c.id] for c in cands):
                 cands = [c for c in cands if held.get(c.id, 0) < cap[c.id]]
             if not cands:

@@ -18,12 +18,17 @@ predictions. Then on every split (``coral.vllm.pipeline_measure``):
 Rules checked, measured / predicted (same load, same run):
 
 - TPOT: the template's TPOT at its micro-batch b is ``n * max_i t_i`` (``t_i``: the stage's lat[0], with the
-  prompt tail at the attainment quantile), against the measured TPOT p90 of the closed loop at c = n * b;
+  prompt tail at the attainment quantile), against the measured TPOT p90 of the closed loop at c = n * b,
+  as the client saw the stream and as the engine timed the tokens (vLLM's per-request TPOT histogram, with
+  buckets 4% apart: ``pm.TPOT_BUCKETS``; under load the API server sends several tokens in one chunk, which
+  the client's figure cannot tell from a fast engine);
   also at the micro-batch the engine actually formed (interpolated between grid points);
 - throughput: ``min_i cap_i`` (requests/s, with the bubble factor g) times the mean output, against the
   measured output tokens/s (and the same without g, g = 1);
 - KV: each stage reserves KV for n * b sequences at the shape's maximum context, against the peak KV
-  tokens the stage held (vLLM's block use times its block size);
+  tokens the stage held (vLLM's block use times its block size) and the peak requests running, both read
+  from vLLM's own log lines (one per engine step, and the running count every 0.25 s: ``pm.SERVER_ARGS``),
+  which the server writes whatever the load; polls of ``/metrics`` missed the busy phase under load;
 - prompt interference: one long prompt adds its whole prompt pass to the others' decode steps (a round
   takes the heaviest micro-batch's loop, sum_i (tau_i + K pre_1,i)), against the measured stall; and the
   open-loop TPOT p90 against the template (the smallest b whose capacity covers the rate).
@@ -68,7 +73,11 @@ NODE, GPU = "cpu-local", "cpu-avx512"
 SHAPE = WorkloadShape(64, 16)
 ATTAINMENT = 0.9
 TOLERANCE = 0.10
-SCHED_ARGS = ("--enable-chunked-prefill", "--max-num-batched-tokens", "128", "--max-num-seqs", "64")
+SCHED_ARGS = (
+    "--enable-chunked-prefill", "--max-num-batched-tokens", "128", "--max-num-seqs", "64",
+    "--num-gpu-blocks-override", "512", *pm.SERVER_ARGS,
+)  # fmt: skip
+"""512 KV blocks (of 128 tokens on CPU), so that the KV use vLLM logs to 0.1% resolves half a block."""
 MAX_LEN = 1024
 
 
@@ -207,7 +216,8 @@ def start(backend: VllmBackend, split: Sequence[int], name: str) -> tuple[list[V
             raise pm.PipelineMeasureError(f"split {','.join(map(str, split))}: vLLM did not start: {engines[0].fault}")
         time.sleep(0.5)
     head = engines[0]
-    return engines, pm.Target(head.endpoint, dep.name, head.api_key, 1024, MAX_LEN)
+    log = str(head.server.log_path) if head.server is not None else ""
+    return engines, pm.Target(head.endpoint, dep.name, head.api_key, 1024, MAX_LEN, log)
 
 
 def measure_split(
@@ -244,8 +254,12 @@ def measure_split(
             row["load"] = uptime()
             rec["closed"].append(row)
             print(
-                f"  {name} c={c}: {row['tok_s']:.1f} tok/s, TPOT p90 {row['tpot_p90'] * 1e3:.1f} ms, "
-                f"micro-batch {row['micro_batch']:.2f} (load {row['load']})",
+                f"  {name} c={c}: {row['tok_s']:.1f} tok/s, TPOT p90 {row['tpot_p90'] * 1e3:.1f} ms "
+                f"(engine {row['engine_tpot_p90'] * 1e3:.1f} ms; {row['coalesced']:.0%} of tokens in shared chunks), "
+                f"micro-batch {row['micro_batch']:.2f}; vLLM's log: {row['log_steps']:.0f} steps, running "
+                f"peak {row['log_peak_running']:.0f} mean {row['log_mean_running']:.1f} over "
+                f"{row['log_ticks']:.0f} ticks, KV peak {row['log_peak_kv_frac']:.1%}; {row['polls']:.0f} polls "
+                f"(load {row['load']})",
                 flush=True,
             )
         top = max(r["req_s"] for r in rec["closed"])
@@ -293,7 +307,10 @@ def compare(doc: dict[str, Any], perf: PerfModel) -> list[dict[str, Any]]:
             pr = predict(perf, split, b)
             alt = predict_one_batch(perf, split, c)
             note = f"mb={r['micro_batch']:.1f}; one-mb path sum {alt * 1e3:.1f}ms"
-            add(sp, "TPOT n*t (p90)", f"c={c} b={b}", r["tpot_p90"], pr["tpot"], r["load"], note)
+            add(sp, "TPOT n*t (p90)", f"c={c} b={b}", r["tpot_p90"], pr["tpot"], r["load"],
+                f"{note}; {r.get('coalesced', math.nan):.0%} of tokens came in a shared chunk")  # fmt: skip
+            add(sp, "TPOT n*t (engine p90)", f"c={c} b={b}", r.get("engine_tpot_p90", math.nan), pr["tpot"],
+                r["load"], f"{r.get('engine_tpot_n', 0):.0f} requests")  # fmt: skip
             add(sp, "TPOT p50 vs n*t", f"c={c} b={b}", r["tpot_p50"], pr["tpot"], r["load"])
             mb = r["micro_batch"]
             at = predict_at(perf, split, mb)
@@ -305,14 +322,19 @@ def compare(doc: dict[str, Any], perf: PerfModel) -> list[dict[str, Any]]:
             held = r["peak_kv_frac"] * rec["kv"]["num_blocks"] * rec["kv"]["block_size"]
             bs = rec["kv"]["block_size"]
             whole = n * b * math.ceil(SHAPE.max_context / bs) * bs
-            note = f"tokens held (peak, blocks of {bs}); the rule in whole blocks: {whole}"
+            ticks, steps, polls = (r.get(k, 0.0) for k in ("log_ticks", "log_steps", "polls"))
+            seen = f"{ticks:.0f} log ticks, {steps:.0f} log steps, {polls:.0f} polls"
+            note = f"tokens held (peak, blocks of {bs}); the rule in whole blocks: {whole}; {seen}"
             add(sp, "KV n*b seqs: tokens", f"c={c} b={b}", held, pr["kv_tokens"], r["load"], note)
-            add(sp, "KV n*b seqs: sequences", f"c={c} b={b}", r["peak_running"], n * b, r["load"], "peak running")
+            note = f"peak running; {seen}"
+            add(sp, "KV n*b seqs: sequences", f"c={c} b={b}", r["peak_running"], n * b, r["load"], note)
         for r in rec["open"]:
             b = template_b_for_rate(perf, split, r["rate"])
             pr = predict(perf, split, b)
             note = f"rate {r['rate']:.2f}/s; mb={r['micro_batch']:.1f}"
             add(sp, "open TPOT p90", f"{r['frac']:.1f}cap b={b}", r["tpot_p90"], pr["tpot"], r["load"], note)
+            add(sp, "open TPOT (engine p90)", f"{r['frac']:.1f}cap b={b}", r.get("engine_tpot_p90", math.nan),
+                pr["tpot"], r["load"])  # fmt: skip
             add(sp, "open TTFT p90", f"{r['frac']:.1f}cap b={b}", r["ttft_p90"], pr["ttft"], r["load"])
         st = rec["stall"]
         if "error" in st:
@@ -371,6 +393,7 @@ def summary(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r["rule"] in (
             "TPOT n*t (p90)",
+            "TPOT n*t (engine p90)",
             "decode tok/s (g)",
             "TPOT n*t at engine mb (p90)",
             "decode tok/s at engine mb",
@@ -438,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = VllmBackend(
             {TINY_MODEL: str(model)}, device="cpu", dtype="float32", enforce_eager=True, max_model_len=MAX_LEN,
             work_dir=str(work / "vllm"), startup_timeout_s=900.0, extra_args=SCHED_ARGS,
-            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **pm.SERVER_ENV},
         )  # fmt: skip
         # The engine core in a process of its own at every PP: with it in the API server's process (Coral's
         # CPU default), PP=1 runs HTTP, scheduling and the model in one process pinned to one core, while

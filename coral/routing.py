@@ -1,4 +1,5 @@
-"""Seeded routing draws: a call-order-free uniform number, and the weighted pick it drives.
+"""Seeded routing draws: a call-order-free uniform number, the weighted pick it drives, and which decode
+instances may take a prefill instance's KV cache.
 
 The router actor and the gateway route the same way, so both take these from here: a request's
 instance depends only on the seed, the request's keys and the instances' weights.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from coral.messages.fleet import InstanceInfo
 
@@ -34,3 +35,12 @@ def pick(instances: Sequence[InstanceInfo], u: float) -> InstanceInfo:
     """The instance whose share of the total weight holds ``u`` in [0, 1)."""
     cum = list(itertools.accumulate(i.weight for i in instances))
     return instances[min(bisect.bisect_right(cum, u * cum[-1]), len(instances) - 1)]
+
+
+def kv_compatible(
+    decoders: Sequence[InstanceInfo], sender_nic: float, need: Callable[[InstanceInfo], float]
+) -> list[InstanceInfo]:
+    """The decode instances whose template holds its TPOT behind a sender of NIC ``sender_nic`` (bytes/s):
+    those with ``need(i)`` (the template's ``kv_min_nic``) at most ``sender_nic``, as the allocation pairs
+    them (``solvers.allocation.columns``) and the simulator hands off (``coral.sim.batching``)."""
+    return [i for i in decoders if need(i) <= sender_nic * (1.0 + 1e-12)]

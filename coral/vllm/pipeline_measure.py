@@ -8,9 +8,14 @@ Prometheus figures (``cache_config``, ``histogram``, ``gauge``), the KV bytes of
 streamed token of a request (``stream_timed``), closed-loop runs at a fixed concurrency (``run_closed``),
 open-loop Poisson arrivals (``run_open``), single prompts of growing length (``run_ttft``) and the stall that
 one long prompt causes the decode streams already running (``run_stall``). While a run lasts, a
-``Scraper`` polls ``/metrics`` for the peak KV-cache use and counts the engine's steps and their tokens
+``Scraper`` counts the engine's steps and their tokens from ``/metrics`` at its start and end
 (``vllm:iteration_tokens_total``): the mean decode micro-batch a step carried is (scheduled tokens - prompt
-tokens) / steps.
+tokens) / steps. What the engine held during the run (KV-cache use, requests running) comes from vLLM's
+own log lines, which the server writes from its own loop whatever the load (``SERVER_ARGS``, ``SERVER_ENV``:
+one line per engine step with its requests and KV use, and every 0.25 s the running count):
+``engine_log_stats`` reads the lines the run added to the server's log. Polls of ``/metrics`` are kept
+beside them, but the API server answers them only between steps: on a loaded 2-core machine a 10 s PP=2
+run got 3 polls, all outside the busy phase.
 
 Workload of the closed and open runs: prompts exponential with mean ``mean_in`` (at least 4 tokens), outputs
 geometric with mean ``mean_out`` (at least 2 tokens), as ``solvers.options`` assumes; seeded per run.
@@ -22,6 +27,7 @@ import hashlib
 import http.client
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -42,6 +48,26 @@ from coral.vllm.launch import VllmLaunchError, cpu_threads_bind
 
 class PipelineMeasureError(CoralError):
     """A pipeline measurement cannot run or be read (bad split, mismatched file, failed request)."""
+
+
+TPOT_BUCKETS = tuple(round(1e-3 * 1.04**k, 7) for k in range(213))
+"""Bucket bounds (1 ms to 4 s, 4% apart) of vLLM's per-request TPOT histogram, so that its quantiles
+(``histogram_quantile``) resolve 2% (vLLM's default buckets are 25-50% apart)."""
+SERVER_ARGS = (
+    "--enable-logging-iteration-details",
+    "--custom-histogram-buckets",
+    json.dumps({"inter_token_latency": list(TPOT_BUCKETS)}),
+)
+"""vLLM server flags the measurement reads: a log line per engine step (its requests and KV use,
+``engine_log_stats``) and fine buckets for the per-request TPOT (``histogram_quantile``)."""
+SERVER_ENV = {"VLLM_LOG_STATS_INTERVAL": "0.25", "PYTHONUNBUFFERED": "1"}
+"""The server's environment for ``engine_log_stats``: the running count every 0.25 s, lines unbuffered."""
+
+_ITERATION = re.compile(
+    r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
+    r"(\d+) generation tokens, iteration elapsed time: ([\d.]+) ms.*?KV cache usage: ([\d.]+)%"
+)
+_PERIODIC = re.compile(r"Running: (\d+) reqs, Waiting: (\d+) reqs.*?KV cache usage: ([\d.]+)%")
 
 
 # -- pure: input checks --------------------------------------------------------------------------------
@@ -188,6 +214,59 @@ def histogram(text: str, name: str) -> tuple[float, float]:
     return gauge(text, name + "_sum"), gauge(text, name + "_count")
 
 
+def engine_log_stats(text: str) -> dict[str, float]:
+    """What vLLM's own log lines (``SERVER_ARGS``, ``SERVER_ENV``) say the engine did and held.
+
+    Per engine step (``Iteration(i)`` lines): the steps, the mean decode sequences per step and the peak KV
+    use; every 0.25 s (``Running:`` lines, written only while the engine is busy): the peak and mean
+    requests running and the peak KV use. KV use is the fraction of the block pool in use."""
+    steps = [tuple(float(x) for x in m.groups()) for m in _ITERATION.finditer(text)]
+    ticks = [tuple(float(x) for x in m.groups()) for m in _PERIODIC.finditer(text)]
+    kv = [s[6] / 100.0 for s in steps] + [t[2] / 100.0 for t in ticks]
+    running = [t[0] for t in ticks]
+    return {
+        "log_steps": float(len(steps)),
+        "log_micro_batch": float(np.mean([s[3] for s in steps])) if steps else math.nan,
+        "log_step_ms": float(np.median([s[5] for s in steps])) if steps else math.nan,
+        "log_ticks": float(len(ticks)),
+        "log_peak_running": max(running, default=0.0),
+        "log_mean_running": float(np.mean(running)) if running else math.nan,
+        "log_peak_kv_frac": max(kv, default=0.0),
+    }
+
+
+def histogram_quantile(first: str, last: str, name: str, q: float) -> tuple[float, float, float]:
+    """(q-quantile, mean, count) of the observations a histogram gained between two ``/metrics`` texts:
+    the quantile interpolated linearly inside its bucket (NaN for none, or beyond the last finite bound)."""
+
+    def cumulative(text: str) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for n, labels, v in samples(text):
+            if n == name + "_bucket" and "le" in labels:
+                le = float(labels["le"])
+                out[le] = out.get(le, 0.0) + v
+        return out
+
+    a, z = cumulative(first), cumulative(last)
+    bounds = sorted(z)
+    cum = [z[b] - a.get(b, 0.0) for b in bounds]
+    s0, c0 = histogram(first, name)
+    s1, c1 = histogram(last, name)
+    count = c1 - c0
+    mean = (s1 - s0) / count if count > 0 else math.nan
+    if count <= 0 or not bounds:
+        return math.nan, mean, count
+    want = q * count
+    lo_b, lo_c = 0.0, 0.0
+    for b, c in zip(bounds, cum, strict=True):
+        if c >= want:
+            if not math.isfinite(b):
+                return math.nan, mean, count
+            return lo_b + (b - lo_b) * ((want - lo_c) / (c - lo_c) if c > lo_c else 1.0), mean, count
+        lo_b, lo_c = b, c
+    return math.nan, mean, count
+
+
 def kv_bytes_per_block(info: ModelInfo, block_size: int, layers: int) -> int:
     """Bytes one KV block takes on a stage of ``layers`` layers (keys and values of every layer)."""
     return 2 * block_size * info.kv_heads * info.head_dim * info.dtype_bytes * layers
@@ -269,15 +348,19 @@ def stream_timed(base: str, served: str, prompt: Sequence[int], max_tokens: int,
 
 
 class Scraper:
-    """Polls a server's ``/metrics`` in a thread while a run lasts: the peak KV-cache use and running
-    count, and the step and token counters at the start and at the end."""
+    """While a run lasts: the step and token counters of ``/metrics`` at its start and end, the lines the
+    run added to the server's log (``log``: its path, "" for none; see ``engine_log_stats``), and polls of
+    ``/metrics`` in a thread for the peak KV-cache use and running count."""
 
-    def __init__(self, base: str, api_key: str = "", every_s: float = 0.25) -> None:
-        self.base, self.api_key, self.every_s = base, api_key, every_s
+    def __init__(self, base: str, api_key: str = "", every_s: float = 0.1, log: str = "") -> None:
+        self.base, self.api_key, self.every_s, self.log = base, api_key, every_s, log
         self.peak_kv = 0.0
         self.peak_running = 0.0
+        self.polls = 0
         self.first = ""
         self.last = ""
+        self.log_text = ""
+        self._log_at = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pipeline-scraper", daemon=True)
 
@@ -292,12 +375,21 @@ class Scraper:
             try:
                 t = self.text()
             except (PipelineMeasureError, client.HttpError):
-                continue
-            self.peak_kv = max(self.peak_kv, gauge(t, "vllm:kv_cache_usage_perc"))
-            self.peak_running = max(self.peak_running, gauge(t, "vllm:num_requests_running"))
+                t = ""
+            if t:
+                self.polls += 1
+                self.peak_kv = max(self.peak_kv, gauge(t, "vllm:kv_cache_usage_perc"))
+                self.peak_running = max(self.peak_running, gauge(t, "vllm:num_requests_running"))
             self._stop.wait(self.every_s)
 
+    def _log_size(self) -> int:
+        try:
+            return Path(self.log).stat().st_size if self.log else 0
+        except OSError as e:
+            raise PipelineMeasureError(f"server log {self.log}: {e}") from None
+
     def __enter__(self) -> Scraper:
+        self._log_at = self._log_size()
         self.first = self.text()
         self._thread.start()
         return self
@@ -305,29 +397,49 @@ class Scraper:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.last = self.text()
+        self.last = self.text()  # answered after the run's last step: its log lines are written by now
+        if self.log:
+            with Path(self.log).open("rb") as f:
+                f.seek(self._log_at)
+                self.log_text = f.read().decode(errors="replace")
 
     def steps(self) -> dict[str, float]:
         """Engine steps, their scheduled tokens and the prompt tokens over the run; the mean decode
-        micro-batch (decode sequences per step) and the peak KV use (fraction of the blocks)."""
+        micro-batch (decode sequences per step), the peak KV use (fraction of the blocks) and running
+        count, and the requests' TPOT as the engine timed their tokens (``engine_tpot_*``: vLLM's
+        per-request histogram, from the engine core's timestamps, so free of the HTTP stream's batching)."""
         s0, c0 = histogram(self.first, "vllm:iteration_tokens_total")
         s1, c1 = histogram(self.last, "vllm:iteration_tokens_total")
         p = gauge(self.last, "vllm:prompt_tokens_total") - gauge(self.first, "vllm:prompt_tokens_total")
         steps = c1 - c0
+        logged = engine_log_stats(self.log_text)
+        tpot = "vllm:request_time_per_output_token_seconds"
+        p50, mean, count = histogram_quantile(self.first, self.last, tpot, 0.5)
+        p90 = histogram_quantile(self.first, self.last, tpot, 0.9)[0]
         return {
+            "engine_tpot_mean": mean,
+            "engine_tpot_p50": p50,
+            "engine_tpot_p90": p90,
+            "engine_tpot_n": count,
             "steps": steps,
             "tokens": s1 - s0,
             "prompt_tokens": p,
             "micro_batch": (s1 - s0 - p) / steps if steps > 0 else math.nan,
-            "peak_kv_frac": self.peak_kv,
-            "peak_running": self.peak_running,
+            "peak_kv_frac": max(self.peak_kv, logged["log_peak_kv_frac"]),
+            "peak_running": max(self.peak_running, logged["log_peak_running"]),
+            "polls": float(self.polls),
+            "poll_peak_kv_frac": self.peak_kv,
+            "poll_peak_running": self.peak_running,
+            **logged,
         }
 
 
 def _summary(reqs: Sequence[Timed], span: float) -> dict[str, float]:
     tp = [r.tpot for r in reqs if r.out > 1]
     tt = [r.ttft for r in reqs]
+    gaps = np.concatenate([np.diff(r.tokens) for r in reqs]) if reqs else np.zeros(0)
     return {
+        "coalesced": float(np.mean(gaps <= 0.0)) if gaps.size else math.nan,  # tokens that came in one chunk
         "requests": len(reqs),
         "span_s": span,
         "req_s": len(reqs) / span,
@@ -350,6 +462,7 @@ class Target:
     api_key: str = ""
     vocab: int = 1024
     max_len: int = 1024
+    log: str = ""
 
 
 def run_closed(
@@ -366,7 +479,7 @@ def run_closed(
             out.append(stream_timed(tg.endpoint, tg.served, prompt_ids(seed, i, p, tg.vocab), o, api_key=tg.api_key))
         return out
 
-    with Scraper(tg.endpoint, tg.api_key) as sc, ThreadPoolExecutor(concurrency) as pool:
+    with Scraper(tg.endpoint, tg.api_key, log=tg.log) as sc, ThreadPoolExecutor(concurrency) as pool:
         t0 = time.monotonic()
         reqs = [r for f in [pool.submit(worker, w) for w in range(concurrency)] for r in f.result()]
         span = time.monotonic() - t0
@@ -381,7 +494,7 @@ def run_open(
     n = max(1, int(rng.poisson(rate * duration_s)))
     gaps = rng.exponential(1.0 / rate, n)
     jobs = workload(seed + 1, n, mean_in, mean_out, tg.max_len)
-    with Scraper(tg.endpoint, tg.api_key) as sc, ThreadPoolExecutor(min(n, 128)) as pool:
+    with Scraper(tg.endpoint, tg.api_key, log=tg.log) as sc, ThreadPoolExecutor(min(n, 128)) as pool:
         t0 = time.monotonic()
         futs = []
         at = 0.0
@@ -462,6 +575,9 @@ def stall(runs: Sequence[Timed], w0: float, w1: float) -> dict[str, float]:
 
 
 __all__ = [
+    "SERVER_ARGS",
+    "SERVER_ENV",
+    "TPOT_BUCKETS",
     "ModelInfo",
     "PipelineMeasureError",
     "Scraper",
@@ -471,8 +587,10 @@ __all__ = [
     "check_profile",
     "check_results",
     "check_split",
+    "engine_log_stats",
     "gauge",
     "histogram",
+    "histogram_quantile",
     "kv_bytes_per_block",
     "model_info",
     "parse_split",

@@ -55,9 +55,11 @@ def _dispatched(ctx: FakeContext) -> dict[str, list[int]]:
     return out
 
 
-async def _router(scenario: Scenario, seed: int = 1, **timing: float) -> tuple[Router, FakeContext]:
+async def _router(
+    scenario: Scenario, seed: int = 1, kv_need: dict[str, float] | None = None, **timing: float
+) -> tuple[Router, FakeContext]:
     r = Router(timing=attrs.evolve(MeshTiming(instance_queue_s=1e6), **timing), deployments=scenario.deployments,
-               seed=seed)  # fmt: skip
+               seed=seed, kv_need=kv_need)  # fmt: skip
     return r, await attach(r)
 
 
@@ -155,3 +157,58 @@ async def test_an_instance_holds_what_it_serves_at_capacity_plus_its_queue(scena
     await r.handle(envelope(_arrivals(range(40))))
     await ctx.run_until(1.0)
     assert len(_dispatched(ctx)["w-i1"]) == r.bound(inst)  # the rest wait in the router
+
+
+def _pd(iid: str, mode: str, weight: float, nic: float, tid: str = "t1") -> InstanceInfo:
+    return InstanceInfo(iid, DEP, tid, "us-east", mode, "serving", ("n",), (f"{iid}-n0",), f"w-{iid}", weight, nic,
+                        0.0)  # fmt: skip
+
+
+async def _handoffs(r: Router, ctx: FakeContext, ids: range, at: float) -> dict[str, list[int]]:
+    """Send ``ids`` in through prefill instance p1 and hand each off at ``at``; where their decode went."""
+    await r.handle(envelope(_arrivals(ids)))
+    await ctx.run_until(at - 0.5)
+    ctx.take()
+    outs = tuple(Outcome(i, "handoff", at - 0.5, at - 0.6) for i in ids)
+    await r.handle(envelope(Completions("p1", at - 0.5, outs), source="w-p1"))
+    await ctx.run_until(at)
+    return _dispatched(ctx)
+
+
+async def test_a_handoff_goes_only_to_decode_instances_priced_for_the_sender_s_nic(scenario: Scenario) -> None:
+    # p1 sends at 1.25 GB/s: "fast" was priced for senders of at least 1 GB/s, "slow" needs 5 GB/s
+    r, ctx = await _router(scenario, kv_need={"fast": 1e9, "slow": 5e9})
+    fleet = _fleet(1, _pd("p1", "prefill", 10.0, 1.25e9), _pd("d1", "decode", 1.0, 25e9, "fast"),
+                   _pd("d2", "decode", 9.0, 25e9, "slow"))  # fmt: skip
+    await r.handle(envelope(fleet))
+    got = await _handoffs(r, ctx, range(300), 2.0)
+    assert got == {"w-d1": list(range(300))}  # never to d2, though it weighs 9 of 10
+    items = [i for d, m in ctx.sent if isinstance(m, Dispatch) for i in m.items]
+    assert {(i.kv_nic, i.attempt) for i in items} == {(1.25e9, 0)}
+
+
+async def test_handoffs_wait_for_a_full_compatible_instance_and_fall_back_only_when_none_is_left(
+    scenario: Scenario,
+) -> None:
+    r, ctx = await _router(scenario, kv_need={"fast": 1e9, "slow": 5e9}, instance_queue_s=1.0, queue_timeout_s=30.0)
+    d1 = _pd("d1", "decode", 0.05, 25e9, "fast")
+    await r.handle(envelope(_fleet(1, _pd("p1", "prefill", 10.0, 1.25e9), d1, _pd("d2", "decode", 9.0, 25e9, "slow"))))
+    got = await _handoffs(r, ctx, range(20), 2.0)
+    assert got == {"w-d1": list(range(r.bound(d1)))}  # the rest wait for d1 rather than go to d2
+    assert r.bound(d1) < 20 and r.stats[DEP].failed == 0
+    ctx.take()
+    await r.handle(envelope(_fleet(2, _pd("p1", "prefill", 10.0, 1.25e9), _pd("d2", "decode", 9.0, 25e9, "slow"),
+                                   lost=("d1",))))  # fmt: skip
+    await ctx.run_until(3.0)
+    # d1's requests start again from their prompt; the waiting ones go to d2, the only decode left
+    sent = _dispatched(ctx)
+    assert sorted(sent["w-d2"]) == list(range(r.bound(d1), 20))
+    assert sorted(sent["w-p1"]) == list(range(r.bound(d1)))
+
+
+async def test_without_kv_needs_every_decode_instance_of_the_region_takes_handoffs(scenario: Scenario) -> None:
+    r, ctx = await _router(scenario)
+    await r.handle(envelope(_fleet(1, _pd("p1", "prefill", 10.0, 1.25e9), _pd("d1", "decode", 1.0, 25e9, "fast"),
+                                   _pd("d2", "decode", 1.0, 25e9, "slow"))))  # fmt: skip
+    got = await _handoffs(r, ctx, range(200), 2.0)
+    assert set(got) == {"w-d1", "w-d2"} and 0.7 < len(got["w-d1"]) / 100 < 1.3

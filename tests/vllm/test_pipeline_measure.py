@@ -51,6 +51,59 @@ def test_prometheus_figures() -> None:
         pm.cache_config("vllm:kv_cache_usage_perc 0.1\n")
 
 
+LOG = """\
+(APIServer pid=7124) INFO 12-01 15:40:27 [loggers.py:210] Engine 000: Iteration(40): 1 context requests, 64 context \
+tokens, 3 generation requests, 3 generation tokens, iteration elapsed time: 12.50 ms, CPU KV cache usage: 0.6%
+(APIServer pid=7124) INFO 12-01 15:40:27 [loggers.py:210] Engine 000: Iteration(41): 0 context requests, 0 context \
+tokens, 4 generation requests, 4 generation tokens, iteration elapsed time: 10.00 ms, CPU KV cache usage: 0.8%
+(APIServer pid=7124) INFO 12-01 15:40:27 [loggers.py:335] Engine 000: Avg prompt throughput: 168.4 tokens/s, Avg \
+generation throughput: 13.8 tokens/s, Running: 4 reqs, Waiting: 0 reqs, CPU KV cache usage: 0.8%, Prefix cache hit \
+rate: 0.0%
+(APIServer pid=7124) INFO 12-01 15:40:28 [loggers.py:335] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg \
+generation throughput: 13.8 tokens/s, Running: 2 reqs, Waiting: 1 reqs, CPU KV cache usage: 0.4%
+(APIServer pid=7124) INFO:     127.0.0.1:40000 - "GET /metrics HTTP/1.1" 200 OK
+"""
+
+
+def test_engine_log_lines() -> None:
+    got = pm.engine_log_stats(LOG)
+    assert got == {
+        "log_steps": 2.0,
+        "log_micro_batch": 3.5,
+        "log_step_ms": 11.25,
+        "log_ticks": 2.0,
+        "log_peak_running": 4.0,
+        "log_mean_running": 3.0,
+        "log_peak_kv_frac": 0.008,
+    }
+    empty = pm.engine_log_stats("INFO: nothing of the engine\n")
+    assert empty["log_steps"] == empty["log_ticks"] == empty["log_peak_running"] == 0.0
+    assert np.isnan(empty["log_micro_batch"])
+
+
+def _tpot_hist(counts: dict[str, float], total: float, n: float) -> str:
+    name = "vllm:request_time_per_output_token_seconds"
+    rows = [f'{name}_bucket{{engine="0",le="{le}",model_name="tiny"}} {c}' for le, c in counts.items()]
+    return "\n".join([*rows, f'{name}_sum{{engine="0",model_name="tiny"}} {total}',
+                      f'{name}_count{{engine="0",model_name="tiny"}} {n}']) + "\n"  # fmt: skip
+
+
+def test_histogram_quantile_of_the_observations_a_run_added() -> None:
+    name = "vllm:request_time_per_output_token_seconds"
+    first = _tpot_hist({"0.01": 2, "0.02": 2, "0.04": 2, "+Inf": 2}, 0.02, 2)
+    # the run added 10 observations: 4 in (0.01, 0.02], 6 in (0.02, 0.04], summing to 0.3 s
+    last = _tpot_hist({"0.01": 2, "0.02": 6, "0.04": 12, "+Inf": 12}, 0.32, 12)
+    p50, mean, n = pm.histogram_quantile(first, last, name, 0.5)
+    assert n == 10 and mean == pytest.approx(0.03)
+    assert p50 == pytest.approx(0.02 + 0.02 * (1 / 6))  # the 5th of 10: the first of the bucket's 6
+    assert pm.histogram_quantile(first, last, name, 0.9)[0] == pytest.approx(0.02 + 0.02 * (5 / 6))
+    assert pm.histogram_quantile(first, last, name, 0.3)[0] == pytest.approx(0.01 + 0.01 * (3 / 4))
+    beyond = _tpot_hist({"0.01": 2, "0.02": 2, "0.04": 2, "+Inf": 5}, 9.0, 5)
+    assert np.isnan(pm.histogram_quantile(first, beyond, name, 0.9)[0])  # past the last finite bound
+    assert np.isnan(pm.histogram_quantile(first, first, name, 0.5)[0])  # nothing added
+    assert pm.TPOT_BUCKETS[0] == 1e-3 and 4.0 < pm.TPOT_BUCKETS[-1] < 4.5
+
+
 def _config(tmp_path: Path, **over: object) -> Path:
     cfg = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
     cfg.update(over)
