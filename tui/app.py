@@ -109,6 +109,7 @@ class CoralTui(App[int]):
         self.blink = True
         """Whether text inputs blink their cursor (tests turn it off for stable snapshots)."""
         self._asked: set[str] = set()
+        self._asked_run = 0
         self._asks = 0
         self._previews: dict[str, ConfirmScreen] = {}
         self.set_reactive(CoralTui.state, M.initial_state(gpu_of=gpu_of, link=M.Link("connecting", "", source.address)))
@@ -215,7 +216,10 @@ class CoralTui(App[int]):
         self.bus.ack()
 
     def _ask_templates(self, ids: list[str], deployment: str = "") -> None:
-        """Ask the allocator for templates the state lacks (each id once)."""
+        """Ask the allocator for templates the state lacks (each id once a run)."""
+        if self.state.runs != self._asked_run:
+            self._asked_run = self.state.runs
+            self._asked.clear()
         todo = [i for i in ids if i not in self._asked]
         if not todo and not deployment:
             return

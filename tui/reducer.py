@@ -263,6 +263,7 @@ def _on_setup(state: State, env: Envelope) -> State:
         command_count=state.command_count,
         unanswered=state.unanswered,
         plan_count=state.plan_count,
+        runs=state.runs + 1,
     )
     state = add_templates(state, m.templates)
     text = f"run set up: scenario {m.scenario_name}, policy {m.policy}, {len(m.templates)} templates, seed {m.seed}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import anyio
 import attrs
 
 from coral.kernel import Actor, Envelope
@@ -357,6 +358,8 @@ class FakeInspector(Actor):
         super().__init__(name)
         self.coral = coral
         self.asked: list[Any] = []
+        self.templates_delay_s = 0.0
+        """How long a templates answer takes (a loaded mesh answers after the TUI drew what it had)."""
 
     async def handle(self, env: Envelope) -> None:
         msg = env.msg
@@ -369,6 +372,7 @@ class FakeInspector(Actor):
             gpus = tuple(sorted({(s.node, s.gpu) for t in TEMPLATES for s in t.stages}))
             await self.ctx.reply(env, ScenarioInfo("fake", REGIONS, tuple(sorted({n for _, n in MARKET})), deps, gpus))
         elif isinstance(msg, TemplatesRequest):
+            await anyio.sleep(self.templates_delay_s)
             ids = [i for i in msg.ids if i in BY_ID]
             ids += [t.id for t in TEMPLATES if DEPLOYMENT_OF[t.id] == msg.deployment and t.id not in ids]
             usable = {d: set(self.coral._allowed(d)) for d in DEPLOYMENTS}

@@ -110,6 +110,25 @@ async def test_the_pin_form_lists_templates_with_mode_nodes_and_capacity(tmp_pat
         assert any("×" in line or "g6" in line for line in lines), "nodes are shown"
 
 
+@pytest.mark.parametrize(("action", "context"), [("pin", {"deployment": "chat-8b"}), ("forbid", {})])
+async def test_a_template_list_shows_the_capacity_the_mesh_answers_after_it_was_drawn(
+    tmp_path: Path, action: str, context: dict[str, str]
+) -> None:
+    async with live(tmp_path, size=(80, 24)) as lv:
+        assert lv.inspector is not None
+        lv.inspector.templates_delay_s = 1.0  # a loaded mesh: the list is drawn before the answer comes
+        form = await open_form(lv, action, context)
+
+        def listed() -> list[str]:
+            return [str(o.prompt) for o in form.query_one("#form-templates").options]  # type: ignore[attr-defined]
+
+        await until(lv.pilot, lambda: bool(form.query("#form-templates")) and "req/s" in " ".join(listed()), "list")
+        await until(lv.pilot, lambda: not any("? req/s" in line for line in listed()), "every capacity", 10)
+        for line in listed():
+            t = lv.app.state.templates[lv.app.state.resolve_template(line.split()[0]) or ""]
+            assert t.capacity_rps > 0 and f"{t.capacity_rps:.2f} req/s" in line, line
+
+
 async def test_enter_on_the_forbid_form_sends_after_a_preview(tmp_path: Path) -> None:
     async with live(tmp_path, size=(80, 24)) as lv:
         tid = lv.app.state.plans[-1].instances[0].template_id
