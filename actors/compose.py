@@ -4,8 +4,10 @@
 (which spawns a stage worker per node as the cloud delivers nodes). ``drive`` moves the mesh's virtual
 clock from tick to tick and delivers each external input at its time after every actor went idle; with
 ``pace`` it keeps the virtual clock at most ``pace`` times faster than the wall clock (``coral up``), and
-forwards commands that reached the ``operator`` gateway at those quiet points. Paced, it also stops at
-every deadline between ticks (a prompt actor's wake, ``actors.base``) at its own wall time, and an input
+forwards commands that reached the ``operator`` gateway at those quiet points; a ``SetSpeed`` there
+changes the pace from the clock's time then (the request is journaled; a replay, unpaced, skips it).
+Paced, it also stops at every deadline between ticks (a prompt actor's wake, ``actors.base``) at its own
+wall time, and an input
 that arrives in wall time (the mesh's doorbell: an HTTP request at the gateway) makes it step at once to
 the paced time of that arrival, where ``on_step`` delivers it: nothing waits for the next tick. Unpaced,
 the clock still stops at each of those deadlines inside ``VirtualClock.advance_to``: the same decisions.
@@ -380,18 +382,24 @@ async def drive(
             wake = clock.next_deadline()  # an actor's wake between ticks: step there at its wall time
             if wake is not None and now < wake < nxt:
                 nxt = wake
-            due = wall0 + (nxt - v0) / pace
-            while (left := due - time.monotonic()) > 0 and not (stop is not None and stop.is_set()):
-                env, rang = await _wait_input(mesh, left, gateway, stop)
-                if gateway is not None and env is not None:
-                    await gateway.handle(mesh, env)
-                if rang:  # an input arrived in wall time: it enters the mesh now, at the paced time
-                    nxt = min(nxt, max(now, v0 + (time.monotonic() - wall0) * pace))
-                    break
-            if stop is not None and stop.is_set():
-                continue
+        while pace is not None and not (stop is not None and stop.is_set()):
+            left = wall0 + (nxt - v0) / pace - time.monotonic()
+            if left <= 0:
+                break
+            env, rang = await _wait_input(mesh, left, gateway, stop)
+            if gateway is not None and env is not None:
+                await gateway.handle(mesh, env)
+                if gateway.speeds:  # the operator changed the pace: it counts from here
+                    pace, wall0, v0 = _repace(gateway, clock.now())
+            if rang and pace is not None:  # an input arrived in wall time: it enters now, at the paced time
+                nxt = min(nxt, max(now, v0 + (time.monotonic() - wall0) * pace))
+                break
+        if stop is not None and stop.is_set():
+            continue
         if gateway is not None:
             await gateway.pump(mesh)
+            if gateway.speeds:
+                pace, wall0, v0 = _repace(gateway, clock.now())
         if gateway is not None and gateway.forwarded:
             gateway.forwarded = 0
             await mesh.quiesce()
@@ -403,6 +411,16 @@ async def drive(
             if res is not None:
                 await res
             await mesh.quiesce()
+
+
+def _repace(desk: OperatorDesk, now: float) -> tuple[float | None, float, float]:
+    """Apply the latest speed the operator asked for (``SetSpeed``) from kernel time ``now`` on: the new
+    (pace, wall time, kernel time) origin, also given to the desk for ``ClockRequest``. The lag behind the
+    old pace is forgotten: the new speed counts from where the clock is."""
+    pace = desk.speeds[-1]
+    desk.speeds.clear()
+    desk.pace = (pace, time.monotonic(), now)
+    return desk.pace
 
 
 async def _wait_input(

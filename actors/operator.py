@@ -15,6 +15,7 @@ from coral.kernel.codec import encode
 from coral.messages.control import (
     OPERATOR,
     CommandResult,
+    SetSpeed,
     Snapshot,
     SnapshotRecord,
     SnapshotRequest,
@@ -45,6 +46,8 @@ class OperatorDesk:
         self.plans: deque[Envelope] = deque(maxlen=SNAPSHOT_PLANS)
         self.pace: tuple[float | None, float, float] | None = None
         """(speed, wall and kernel time at the start), set by ``drive``, for ``ClockRequest``."""
+        self.speeds: list[float | None] = []
+        """Speeds asked for by ``SetSpeed`` that ``drive`` has not applied yet, oldest first."""
 
     async def pump(self, mesh: Mesh) -> None:
         """Handle everything queued now."""
@@ -80,6 +83,9 @@ class OperatorDesk:
             if env.kind == "request":
                 await self.bus.reply(env, self.snapshot(mesh.clock.now()))
             return
+        if isinstance(msg, SetSpeed):
+            await self._set_speed(mesh, env, msg)
+            return
         if not is_command(msg):
             if env.kind == "request":
                 reason = f"{env.tag} is not a control command"
@@ -90,3 +96,15 @@ class OperatorDesk:
             self.pending[self.next_ref] = env
         mesh.send(owner_of(msg), attrs.evolve(msg, ref=self.next_ref), source=OPERATOR)
         self.forwarded += 1
+
+    async def _set_speed(self, mesh: Mesh, env: Envelope, msg: SetSpeed) -> None:
+        """Queue a pace change for ``drive`` (checked here: it is no actor's setting), and answer."""
+        problem = msg.problems()
+        if problem is None and self.pace is None:
+            problem = ("speed", "this run has no paced driver to change")
+        if problem is None:
+            self.speeds.append(msg.speed)
+        if env.kind == "request":
+            field, reason = problem or ("", "")
+            res = CommandResult(env.tag, problem is None, OPERATOR, mesh.clock.now(), field, reason)
+            await self.bus.reply(env, res)

@@ -45,6 +45,7 @@ from coral.messages import (
     SetDemand,
     SetPrice,
     SetSlo,
+    SetSpeed,
     SloChanged,
     TemplateEntry,
     TemplatesReply,
@@ -94,6 +95,8 @@ class FakeCoral(Actor):
         self.seq = {"plan": 0, "fleet": 0, "market": 0, "demand": 0, "num": 0}
         self.t = 0.0
         self.behind_s = 0.0
+        self.speed = 10.0
+        """The pace ``ClockInfo`` says (kernel s per wall s), as ``coral up --speed 10``; ``SetSpeed`` sets it."""
         """What the fake says when asked how far behind the wall clock it is (``ClockRequest``)."""
 
     async def on_start(self) -> None:
@@ -252,7 +255,15 @@ class FakeCoral(Actor):
     async def handle(self, env: Envelope) -> None:
         msg = env.msg
         if isinstance(msg, ClockRequest) and env.kind == "request":
-            await self.ctx.reply(env, ClockInfo(self.t, 10.0 if self.behind_s else 0.0, self.behind_s))
+            await self.ctx.reply(env, ClockInfo(self.t, self.speed, self.behind_s))
+            return
+        if isinstance(msg, SetSpeed):  # the pace is the driver's, as at coral up's gateway
+            self.received.append(msg)
+            bad = msg.problems()
+            if bad is None:
+                self.speed = msg.speed or 0.0
+            field, reason = bad or ("", "")
+            await self.ctx.reply(env, CommandResult(env.tag, bad is None, "operator", self.t, field, reason))
             return
         if not is_command(msg):
             return

@@ -17,7 +17,7 @@ import pytest
 from textual import events
 from textual.widgets import DataTable, Input
 
-from coral.messages import ForbidTemplate, PinTemplate, SetDemand
+from coral.messages import ForbidTemplate, PinTemplate, SetDemand, SetSpeed
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.form import CommandForm
 from tui.screens.plan import PlanScreen
@@ -190,8 +190,22 @@ async def test_the_header_says_a_plan_is_pending_while_paused(tmp_path: Path) ->
 
 async def test_the_header_says_how_far_the_mesh_is_behind(tmp_path: Path) -> None:
     async with live(tmp_path, size=(80, 24)) as lv:
-        lv.fake.behind_s = 42.0
-        await until(lv.pilot, lambda: "42 s behind" in header(lv), "the lag in the header", 10)
+        await open_form(lv, "demand", {"deployment": "chat-32b"})
+        seq = lv.last_plan_seq()
+        await lv.pilot.press(*"500", "enter")  # demand left unmet: the header's longest first part
+        await lv.wait_plan(seq)
+        await lv.pilot.press("p", "y")
+        await until(lv.pilot, lambda: lv.app.state.paused, "the pause")
+        await open_form(lv, "demand", {"deployment": "chat-8b"})
+        await lv.pilot.press(*"7", "enter")
+        await until(lv.pilot, lambda: lv.app.state.plan_pending, "a plan pending")
+        lv.fake.behind_s = 1234.0
+        await until(lv.pilot, lambda: "1,234" in header(lv), "the lag in the header", 10)
+        line = header(lv).splitlines()[0]
+        unmet = sum(d.unmet for d in lv.app.state.deployments.values())
+        for whole in (f"unmet {unmet:.0f} req/s", "plan $", "run $", "PAUSED", "lag 1,234s", "● live"):
+            assert whole in line, (whole, line)  # at 80 columns the link keeps its name beside the lag
+        assert "…" not in line, line
 
 
 async def test_the_header_labels_cost_and_keeps_unmet_whole_at_80_columns(tmp_path: Path) -> None:
@@ -222,3 +236,16 @@ async def test_the_market_summary_is_whole_at_80_columns_and_wraps_when_narrower
         shown = " ".join(line.strip() for line in screen[top : top + rows])
         assert shown == "10 offers  1 stockout  2 changed <60s  0 ⚑ operator  upd #2", screen
         assert screen[top + rows].split()[:2] == ["Region", "Node"], "the table starts right under the summary"
+
+
+async def test_brackets_change_the_live_mesh_speed(tmp_path: Path) -> None:
+    async with live(tmp_path, size=(80, 24)) as lv:
+        await until(lv.pilot, lambda: lv.app.state.speed == 10.0, "the mesh's speed")
+        assert "speed x10" in header(lv).splitlines()[1]
+        await lv.pilot.press("right_square_bracket")
+        await until(lv.pilot, lambda: "speed x20" in header(lv), "the faster speed on screen")
+        assert lv.fake.received[-1] == SetSpeed(20.0) and lv.fake.speed == 20.0
+        await lv.pilot.press("left_square_bracket", "left_square_bracket")
+        await until(lv.pilot, lambda: lv.fake.received[-1] == SetSpeed(5.0), "two halvings")
+        await until(lv.pilot, lambda: "speed x5" in header(lv), "the slower speed on screen")
+        assert [c.status for c in lv.app.state.commands] == ["ok"] * 3
