@@ -54,7 +54,6 @@ from coral.errors import CoralError
 from coral.kernel import (
     ActorState,
     Endpoints,
-    Envelope,
     Fsync,
     Mesh,
     RestartPolicy,
@@ -360,7 +359,29 @@ async def drive(
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     after_step: Callable[[float], Awaitable[None]] | None = None,
 ) -> tuple[float, str]:
-    """Run the mesh's virtual clock to ``until`` (see the module docstring); return (end time, reason)."""
+    """Run the mesh's virtual clock to ``until`` (see the module docstring); return (end time, reason).
+    The operator desk, if any, relays results and answers inquiries meanwhile (``OperatorDesk.relay``)."""
+    args = (mesh, feed, tick_s, until, pace, stop, gateway, on_step, after_step)
+    if gateway is None:
+        return await _drive(*args)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(gateway.relay, mesh)
+        out = await _drive(*args)
+        tg.cancel_scope.cancel()
+    return out
+
+
+async def _drive(
+    mesh: Mesh,
+    feed: Feed,
+    tick_s: float,
+    until: float,
+    pace: float | None,
+    stop: anyio.Event | None,
+    gateway: OperatorDesk | None,
+    on_step: Callable[[float], Awaitable[None] | None] | None,
+    after_step: Callable[[float], Awaitable[None]] | None,
+) -> tuple[float, str]:
     clock = mesh.clock
     if not isinstance(clock, VirtualClock):
         raise CoralError(f"drive: needs a mesh on a VirtualClock, got {type(clock).__name__}")
@@ -386,9 +407,9 @@ async def drive(
             left = wall0 + (nxt - v0) / pace - time.monotonic()
             if left <= 0:
                 break
-            env, rang = await _wait_input(mesh, left, gateway, stop)
-            if gateway is not None and env is not None:
-                await gateway.handle(mesh, env)
+            held, rang = await _wait_input(mesh, left, gateway, stop)
+            if gateway is not None and held:
+                await gateway.pump(mesh)
                 if gateway.speeds:  # the operator changed the pace: it counts from here
                     pace, wall0, v0 = _repace(gateway, clock.now())
             if rang and pace is not None:  # an input arrived in wall time: it enters now, at the paced time
@@ -425,18 +446,21 @@ def _repace(desk: OperatorDesk, now: float) -> tuple[float | None, float, float]
 
 async def _wait_input(
     mesh: Mesh, timeout: float, desk: OperatorDesk | None, stop: anyio.Event | None
-) -> tuple[Envelope | None, bool]:
-    """Wait at most ``timeout`` wall seconds for the first of: a message to the operator desk (returned),
-    the mesh's doorbell (True), ``stop``."""
-    env: Envelope | None = None
-    rang = False
+) -> tuple[bool, bool]:
+    """Wait at most ``timeout`` wall seconds for the first of: a command held by the operator desk (first
+    True), the mesh's doorbell (second True), ``stop``."""
+    held = rang = False
+    if desk is not None and desk.held:
+        return True, False
     with anyio.move_on_after(timeout):
         async with anyio.create_task_group() as tg:
 
             async def receive() -> None:
-                nonlocal env
+                nonlocal held
                 assert desk is not None
-                env = await desk.bus.receive()
+                await desk.waiting.wait()
+                desk.waiting = anyio.Event()
+                held = True
                 tg.cancel_scope.cancel()
 
             async def bell() -> None:
@@ -455,7 +479,7 @@ async def _wait_input(
             if stop is not None:
                 tg.start_soon(stopped)
             tg.start_soon(bell)
-    return env, rang
+    return held, rang
 
 
 async def _step(mesh: Mesh, clock: VirtualClock, feed: Feed, t: float) -> None:

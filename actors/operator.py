@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import anyio
 import attrs
 
 from actors.inspect import clock_info
@@ -48,11 +49,30 @@ class OperatorDesk:
         """(speed, wall and kernel time at the start), set by ``drive``, for ``ClockRequest``."""
         self.speeds: list[float | None] = []
         """Speeds asked for by ``SetSpeed`` that ``drive`` has not applied yet, oldest first."""
+        self.held: deque[Envelope] = deque()
+        """Commands ``relay`` received, for ``pump`` to forward at the driver's next quiet point."""
+        self.waiting = anyio.Event()
+        """Set by ``relay`` when a command arrives (the driver replaces it after it waited on it)."""
 
     async def pump(self, mesh: Mesh) -> None:
-        """Handle everything queued now."""
+        """Handle everything queued now (the mesh must be quiet: commands are forwarded)."""
         while self.bus.backlog:
             await self.handle(mesh, self.bus.receive_nowait())
+        while self.held:
+            await self.handle(mesh, self.held.popleft())
+
+    async def relay(self, mesh: Mesh) -> None:
+        """Receive for ever: answer what needs no quiet mesh at once (a result back to its sender, a
+        published state, a clock or snapshot request), and hold commands and ``SetSpeed`` for the driver
+        (``pump`` at its next quiet point; ``waiting`` is set when one arrives). A result is thus relayed as
+        soon as its owner sends it, not after the re-plan it triggered."""
+        while True:
+            env = await self.bus.receive()
+            if env.kind in ("send", "request") and (is_command(env.msg) or isinstance(env.msg, SetSpeed)):
+                self.held.append(env)
+                self.waiting.set()
+            else:
+                await self.handle(mesh, env)
 
     def snapshot(self, at: float) -> Snapshot:
         """The latest state seen: one record per ``SNAPSHOT_TOPICS`` tag, then the recent plans."""
