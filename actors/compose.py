@@ -4,8 +4,10 @@
 (which spawns a stage worker per node as the cloud delivers nodes). ``drive`` moves the mesh's virtual
 clock from tick to tick and delivers each external input at its time after every actor went idle; with
 ``pace`` it keeps the virtual clock at most ``pace`` times faster than the wall clock (``coral up``), and
-forwards commands that reached the ``operator`` gateway at those quiet points. Paced, it also stops at
-every deadline between ticks (a prompt actor's wake, ``actors.base``) at its own wall time, and an input
+forwards commands that reached the ``operator`` gateway at those quiet points; a ``SetSpeed`` there
+changes the pace from the clock's time then (the request is journaled; a replay, unpaced, skips it).
+Paced, it also stops at every deadline between ticks (a prompt actor's wake, ``actors.base``) at its own
+wall time, and an input
 that arrives in wall time (the mesh's doorbell: an HTTP request at the gateway) makes it step at once to
 the paced time of that arrival, where ``on_step`` delivers it: nothing waits for the next tick. Unpaced,
 the clock still stops at each of those deadlines inside ``VirtualClock.advance_to``: the same decisions.
@@ -52,7 +54,6 @@ from coral.errors import CoralError
 from coral.kernel import (
     ActorState,
     Endpoints,
-    Envelope,
     Fsync,
     Mesh,
     RestartPolicy,
@@ -363,7 +364,29 @@ async def drive(
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     after_step: Callable[[float], Awaitable[None]] | None = None,
 ) -> tuple[float, str]:
-    """Run the mesh's virtual clock to ``until`` (see the module docstring); return (end time, reason)."""
+    """Run the mesh's virtual clock to ``until`` (see the module docstring); return (end time, reason).
+    The operator desk, if any, relays results and answers inquiries meanwhile (``OperatorDesk.relay``)."""
+    args = (mesh, feed, tick_s, until, pace, stop, gateway, on_step, after_step)
+    if gateway is None:
+        return await _drive(*args)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(gateway.relay, mesh)
+        out = await _drive(*args)
+        tg.cancel_scope.cancel()
+    return out
+
+
+async def _drive(
+    mesh: Mesh,
+    feed: Feed,
+    tick_s: float,
+    until: float,
+    pace: float | None,
+    stop: anyio.Event | None,
+    gateway: OperatorDesk | None,
+    on_step: Callable[[float], Awaitable[None] | None] | None,
+    after_step: Callable[[float], Awaitable[None]] | None,
+) -> tuple[float, str]:
     clock = mesh.clock
     if not isinstance(clock, VirtualClock):
         raise CoralError(f"drive: needs a mesh on a VirtualClock, got {type(clock).__name__}")
@@ -385,18 +408,24 @@ async def drive(
             wake = clock.next_deadline()  # an actor's wake between ticks: step there at its wall time
             if wake is not None and now < wake < nxt:
                 nxt = wake
-            due = wall0 + (nxt - v0) / pace
-            while (left := due - time.monotonic()) > 0 and not (stop is not None and stop.is_set()):
-                env, rang = await _wait_input(mesh, left, gateway, stop)
-                if gateway is not None and env is not None:
-                    await gateway.handle(mesh, env)
-                if rang:  # an input arrived in wall time: it enters the mesh now, at the paced time
-                    nxt = min(nxt, max(now, v0 + (time.monotonic() - wall0) * pace))
-                    break
-            if stop is not None and stop.is_set():
-                continue
+        while pace is not None and not (stop is not None and stop.is_set()):
+            left = wall0 + (nxt - v0) / pace - time.monotonic()
+            if left <= 0:
+                break
+            held, rang = await _wait_input(mesh, left, gateway, stop)
+            if gateway is not None and held:
+                await gateway.pump(mesh)
+                if gateway.speeds:  # the operator changed the pace: it counts from here
+                    pace, wall0, v0 = _repace(gateway, clock.now())
+            if rang and pace is not None:  # an input arrived in wall time: it enters now, at the paced time
+                nxt = min(nxt, max(now, v0 + (time.monotonic() - wall0) * pace))
+                break
+        if stop is not None and stop.is_set():
+            continue
         if gateway is not None:
             await gateway.pump(mesh)
+            if gateway.speeds:
+                pace, wall0, v0 = _repace(gateway, clock.now())
         if gateway is not None and gateway.forwarded:
             gateway.forwarded = 0
             await mesh.quiesce()
@@ -410,20 +439,33 @@ async def drive(
             await mesh.quiesce()
 
 
+def _repace(desk: OperatorDesk, now: float) -> tuple[float | None, float, float]:
+    """Apply the latest speed the operator asked for (``SetSpeed``) from kernel time ``now`` on: the new
+    (pace, wall time, kernel time) origin, also given to the desk for ``ClockRequest``. The lag behind the
+    old pace is forgotten: the new speed counts from where the clock is."""
+    pace = desk.speeds[-1]
+    desk.speeds.clear()
+    desk.pace = (pace, time.monotonic(), now)
+    return desk.pace
+
+
 async def _wait_input(
     mesh: Mesh, timeout: float, desk: OperatorDesk | None, stop: anyio.Event | None
-) -> tuple[Envelope | None, bool]:
-    """Wait at most ``timeout`` wall seconds for the first of: a message to the operator desk (returned),
-    the mesh's doorbell (True), ``stop``."""
-    env: Envelope | None = None
-    rang = False
+) -> tuple[bool, bool]:
+    """Wait at most ``timeout`` wall seconds for the first of: a command held by the operator desk (first
+    True), the mesh's doorbell (second True), ``stop``."""
+    held = rang = False
+    if desk is not None and desk.held:
+        return True, False
     with anyio.move_on_after(timeout):
         async with anyio.create_task_group() as tg:
 
             async def receive() -> None:
-                nonlocal env
+                nonlocal held
                 assert desk is not None
-                env = await desk.bus.receive()
+                await desk.waiting.wait()
+                desk.waiting = anyio.Event()
+                held = True
                 tg.cancel_scope.cancel()
 
             async def bell() -> None:
@@ -442,7 +484,7 @@ async def _wait_input(
             if stop is not None:
                 tg.start_soon(stopped)
             tg.start_soon(bell)
-    return env, rang
+    return held, rang
 
 
 async def _step(mesh: Mesh, clock: VirtualClock, feed: Feed, t: float) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
+import anyio
 import attrs
 
 from actors.inspect import clock_info
@@ -15,6 +16,7 @@ from coral.kernel.codec import encode
 from coral.messages.control import (
     OPERATOR,
     CommandResult,
+    SetSpeed,
     Snapshot,
     SnapshotRecord,
     SnapshotRequest,
@@ -45,11 +47,32 @@ class OperatorDesk:
         self.plans: deque[Envelope] = deque(maxlen=SNAPSHOT_PLANS)
         self.pace: tuple[float | None, float, float] | None = None
         """(speed, wall and kernel time at the start), set by ``drive``, for ``ClockRequest``."""
+        self.speeds: list[float | None] = []
+        """Speeds asked for by ``SetSpeed`` that ``drive`` has not applied yet, oldest first."""
+        self.held: deque[Envelope] = deque()
+        """Commands ``relay`` received, for ``pump`` to forward at the driver's next quiet point."""
+        self.waiting = anyio.Event()
+        """Set by ``relay`` when a command arrives (the driver replaces it after it waited on it)."""
 
     async def pump(self, mesh: Mesh) -> None:
-        """Handle everything queued now."""
+        """Handle everything queued now (the mesh must be quiet: commands are forwarded)."""
         while self.bus.backlog:
             await self.handle(mesh, self.bus.receive_nowait())
+        while self.held:
+            await self.handle(mesh, self.held.popleft())
+
+    async def relay(self, mesh: Mesh) -> None:
+        """Receive for ever: answer what needs no quiet mesh at once (a result back to its sender, a
+        published state, a clock or snapshot request), and hold commands and ``SetSpeed`` for the driver
+        (``pump`` at its next quiet point; ``waiting`` is set when one arrives). A result is thus relayed as
+        soon as its owner sends it, not after the re-plan it triggered."""
+        while True:
+            env = await self.bus.receive()
+            if env.kind in ("send", "request") and (is_command(env.msg) or isinstance(env.msg, SetSpeed)):
+                self.held.append(env)
+                self.waiting.set()
+            else:
+                await self.handle(mesh, env)
 
     def snapshot(self, at: float) -> Snapshot:
         """The latest state seen: one record per ``SNAPSHOT_TOPICS`` tag, then the recent plans."""
@@ -80,6 +103,9 @@ class OperatorDesk:
             if env.kind == "request":
                 await self.bus.reply(env, self.snapshot(mesh.clock.now()))
             return
+        if isinstance(msg, SetSpeed):
+            await self._set_speed(mesh, env, msg)
+            return
         if not is_command(msg):
             if env.kind == "request":
                 reason = f"{env.tag} is not a control command"
@@ -90,3 +116,15 @@ class OperatorDesk:
             self.pending[self.next_ref] = env
         mesh.send(owner_of(msg), attrs.evolve(msg, ref=self.next_ref), source=OPERATOR)
         self.forwarded += 1
+
+    async def _set_speed(self, mesh: Mesh, env: Envelope, msg: SetSpeed) -> None:
+        """Queue a pace change for ``drive`` (checked here: it is no actor's setting), and answer."""
+        problem = msg.problems()
+        if problem is None and self.pace is None:
+            problem = ("speed", "this run has no paced driver to change")
+        if problem is None:
+            self.speeds.append(msg.speed)
+        if env.kind == "request":
+            field, reason = problem or ("", "")
+            res = CommandResult(env.tag, problem is None, OPERATOR, mesh.clock.now(), field, reason)
+            await self.bus.reply(env, res)

@@ -12,8 +12,10 @@ pop-up, fills it, and presses the key that sends it (Enter or ``y``), then polls
   action changes the plan, the header's planned cost changing (the next plan, or ``-`` when it did not
   change within the time limit).
 
-The TUI has no live speed control (``[``/``]`` change the speed of a journal replay only), so ``speed``
-is not driven. Reported per action: seconds from the key press to the answer and to the plan change
+- ``faster`` / ``slower``: ``]`` / ``[`` (``SetSpeed`` to the mesh's driver), until the header's second
+  line reads the new speed (``speed x20``, then ``speed x10``).
+
+Reported per action: seconds from the key press to the answer and to the plan change
 (target: within 2 s at ``--speed 10``), with the load average; ``--transcript FILE`` keeps every pane
 captured at an effect. Run ``python bench/tui_steer.py --store PATH`` (``just bench tui-steer``).
 """
@@ -69,6 +71,11 @@ def header(text: str) -> str:
 def flat(text: str) -> str:
     """The pane as one line: a notification wraps over several rows, behind a bar."""
     return re.sub(r"[\s▌]+", " ", text)
+
+
+def header2(text: str) -> str:
+    lines = text.splitlines()
+    return lines[1] if len(lines) > 1 else ""
 
 
 def plan_cost(text: str) -> str | None:
@@ -171,6 +178,9 @@ def main() -> None:
         measure("pin", form("n", "Pin template", "chat-8b", pick=2, preview=True), said("pin"), True)
         measure("allow", form("l", "Allow template", pick=1, preview=True), said("allow template"), False)
         measure("churn", form("c", "Set churn penalty", "0.5"), said("churn"), False)
+        x = float(args.speed)
+        measure("faster", lambda: keys("]", literal=True), lambda s: f"speed x{2 * x:g}" in header2(s), False)
+        measure("slower", lambda: keys("[", literal=True), lambda s: f"speed x{x:g}" in header2(s), False)
     finally:
         tail = pane()
         tmux("send-keys", "-t", SESSION, "q")

@@ -63,9 +63,11 @@ VIEWS = (
     ("events", "5 Events"),
 )
 STEER_ACTIONS = frozenset({"steer", "replan", "pause", "steer_menu"})
-HOTKEY_ACTIONS = STEER_ACTIONS | {"view", "quit", "replay_pause", "replay_speed"}
+HOTKEY_ACTIONS = STEER_ACTIONS | {"view", "quit", "replay_pause", "speed"}
 """Actions bound to printable keys: never fired while a text box has focus."""
-REPLAY_ACTIONS = frozenset({"replay_pause", "replay_speed"})
+REPLAY_ACTIONS = frozenset({"replay_pause"})
+SPEED_RANGE = (1e-3, 1e6)
+"""The slowest and fastest speed ``[`` and ``]`` go to (kernel seconds per wall second)."""
 
 
 class CoralTui(App[int]):
@@ -83,8 +85,8 @@ class CoralTui(App[int]):
         *(Binding(a.key if a.key != "$" else "dollar_sign", f"steer('{a.name}')", a.title, show=False)
           for a in ACTIONS.values() if a.name not in ("replan", "pause")),
         Binding("space", "replay_pause", "Pause replay"),
-        Binding("left_square_bracket", "replay_speed(0.5)", "Slower", key_display="["),
-        Binding("right_square_bracket", "replay_speed(2.0)", "Faster", key_display="]"),
+        Binding("left_square_bracket", "speed(0.5)", "Slower", key_display="["),
+        Binding("right_square_bracket", "speed(2.0)", "Faster", key_display="]"),
         Binding("q", "quit", "Quit"),
     ]  # fmt: skip
 
@@ -109,6 +111,7 @@ class CoralTui(App[int]):
         self.blink = True
         """Whether text inputs blink their cursor (tests turn it off for stable snapshots)."""
         self._asked: set[str] = set()
+        self._asked_run = 0
         self._asks = 0
         self._previews: dict[str, ConfirmScreen] = {}
         self.set_reactive(CoralTui.state, M.initial_state(gpu_of=gpu_of, link=M.Link("connecting", "", source.address)))
@@ -215,7 +218,10 @@ class CoralTui(App[int]):
         self.bus.ack()
 
     def _ask_templates(self, ids: list[str], deployment: str = "") -> None:
-        """Ask the allocator for templates the state lacks (each id once)."""
+        """Ask the allocator for templates the state lacks (each id once a run)."""
+        if self.state.runs != self._asked_run:
+            self._asked_run = self.state.runs
+            self._asked.clear()
         todo = [i for i in ids if i not in self._asked]
         if not todo and not deployment:
             return
@@ -386,11 +392,19 @@ class CoralTui(App[int]):
             if self.state.link.state == "replay":
                 self.state = R.with_link(self.state, self.source.link_state())
 
-    def action_replay_speed(self, factor: float) -> None:
+    def action_speed(self, factor: float) -> None:
+        """Halve or double the speed: of the replay, or of the live mesh (``SetSpeed`` to its driver)."""
+        lo, hi = SPEED_RANGE
         if isinstance(self.source, ReplaySource):
-            self.source.set_speed(min(1e6, max(1e-3, self.source.speed * factor)))
+            self.source.set_speed(min(hi, max(lo, self.source.speed * factor)))
             if self.state.link.state == "replay":
                 self.state = R.with_link(self.state, self.source.link_state())
+            return
+        cmd = St.speed_command(self.state, factor, SPEED_RANGE)
+        if cmd is None:
+            self.notify("the mesh's speed is not known (not paced, or not said yet)", severity="warning")
+            return
+        self.send_command("speed", cmd)
 
 
 def make_app(

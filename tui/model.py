@@ -324,6 +324,8 @@ class State:
     down: frozenset[str] = frozenset()
     errors: int = 0
     unknown_templates: frozenset[str] = frozenset()
+    runs: int = 0
+    """Run setups seen (a new run's templates have no capacity until the mesh is asked again)."""
     changed_since_plan: bool = False
     """An input the allocator re-plans on (demand, market, an accepted command) came after the last plan."""
     speed: float = 0.0

@@ -263,6 +263,7 @@ def _on_setup(state: State, env: Envelope) -> State:
         command_count=state.command_count,
         unanswered=state.unanswered,
         plan_count=state.plan_count,
+        runs=state.runs + 1,
     )
     state = add_templates(state, m.templates)
     text = f"run set up: scenario {m.scenario_name}, policy {m.policy}, {len(m.templates)} templates, seed {m.seed}"
@@ -674,7 +675,7 @@ def note_sent(state: State, action: str, cmd: Any, at: float = 0.0) -> tuple[Sta
 def note_result(state: State, n: int, cmd: Any, result: Any | None, error: str = "") -> State:
     """Record the answer to command ``n``: a ``CommandResult``, or ``error`` when none came back.
 
-    An accepted pause, churn, forbid or pin is reflected in the state at once; the allocator's next
+    An accepted pause, churn, forbid, pin or speed is reflected in the state at once; the allocator's next
     ``ctl.alloc_state`` confirms it (and tells every other client). A failure of a command already
     settled (failed when the link was lost, or timed out) changes nothing; a late answer is recorded.
     """
@@ -692,6 +693,8 @@ def note_result(state: State, n: int, cmd: Any, result: Any | None, error: str =
             state = attrs.evolve(state, paused=cmd.paused)
         elif isinstance(cmd, ctl.SetChurn):
             state = attrs.evolve(state, churn=float(cmd.factor))
+        elif isinstance(cmd, ctl.SetSpeed):  # the lag counts from the change (``actors.compose.drive``)
+            state = attrs.evolve(state, speed=float(cmd.speed or 0.0), behind_s=0.0)
         elif isinstance(cmd, ctl.ForbidTemplate):
             fb = state.forbidden | {cmd.template_id} if cmd.forbid else state.forbidden - {cmd.template_id}
             state = attrs.evolve(state, forbidden=frozenset(fb))

@@ -368,9 +368,19 @@ def describe_command(cmd: Any) -> str:
         return "pause allocator" if cmd.paused else "resume allocator"
     if isinstance(cmd, ctl.SetChurn):
         return f"churn factor = {cmd.factor:g}"
+    if isinstance(cmd, ctl.SetSpeed):
+        return "speed = " + ("as fast as possible" if cmd.speed is None else f"x{cmd.speed:g}")
     return type(cmd).__name__
 
 
 def owner_of(cmd: Any) -> str:
-    """The actor that owns a command's setting."""
-    return ctl.owner_of(cmd)
+    """The actor that owns a command's setting (the pace is the ``operator`` gateway's driver's)."""
+    return ctl.OPERATOR if isinstance(cmd, ctl.SetSpeed) else ctl.owner_of(cmd)
+
+
+def speed_command(state: State, factor: float, bounds: tuple[float, float]) -> ctl.SetSpeed | None:
+    """The live mesh's speed times ``factor`` (within ``bounds``, 4 significant digits), or None while the
+    speed is not known (an unpaced run, or no ``ClockInfo`` yet)."""
+    if state.speed <= 0:
+        return None
+    return ctl.SetSpeed(float(f"{min(bounds[1], max(bounds[0], state.speed * factor)):.4g}"))

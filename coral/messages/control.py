@@ -20,6 +20,8 @@ command                owner               effect
 ``Replan``             allocator           re-plan now
 ``PauseAllocator``     allocator           pause (no new plans) or resume
 ``SetChurn``           allocator           set the churn-penalty factor (>= 0)
+``SetSpeed``           operator gateway    set the run's pace (``coral up --speed``); not an actor's
+                                           setting, so a replay (unpaced) skips it
 =====================  ==================  =========================================================
 """
 
@@ -221,6 +223,20 @@ class SetChurn(_Checked):
     def problems(self) -> tuple[str, str] | None:
         if (r := _bad_number(self.factor)) is not None:
             return ("factor", r)
+        return None
+
+
+@message("ctl.speed")
+@attrs.frozen
+class SetSpeed(_Checked):
+    """Run the mesh at ``speed`` kernel seconds per wall second from now on; ``None``: as fast as possible."""
+
+    speed: float | None
+    ref: int = 0
+
+    def problems(self) -> tuple[str, str] | None:
+        if self.speed is not None and (r := _bad_number(self.speed, positive=True)) is not None:
+            return ("speed", r)
         return None
 
 

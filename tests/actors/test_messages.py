@@ -62,6 +62,8 @@ SAMPLES: list[object] = [
     m.Replan(),
     m.PauseAllocator(False),
     m.SetChurn(0.5),
+    m.SetSpeed(20.0),
+    m.SetSpeed(None),
     m.CommandResult("ctl.price", False, "price-watcher", 1.0, "price", "must be positive", -3),
     m.SloChanged("chat", 1.0, 0.05, 0.95, 2.0),
     m.AllocatorState(3.0, True, 0.5, (("chat", "t1"),), ("t2", "t3")),
@@ -118,6 +120,8 @@ def test_every_protocol_class_is_sampled() -> None:
         (m.SetChurn(-0.5), "factor", "negative"),
         (m.PinTemplate("chat", ""), "template_id", "non-empty"),
         (m.DrainInstance(""), "instance", "non-empty"),
+        (m.SetSpeed(0.0), "speed", "positive"),
+        (m.SetSpeed(math.inf), "speed", "finite"),
     ],
 )
 def test_commands_name_the_bad_field(cmd: m.SetDemand, field: str, needle: str) -> None:

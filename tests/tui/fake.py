@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import anyio
 import attrs
 
 from coral.kernel import Actor, Envelope
@@ -44,6 +45,7 @@ from coral.messages import (
     SetDemand,
     SetPrice,
     SetSlo,
+    SetSpeed,
     SloChanged,
     TemplateEntry,
     TemplatesReply,
@@ -93,6 +95,8 @@ class FakeCoral(Actor):
         self.seq = {"plan": 0, "fleet": 0, "market": 0, "demand": 0, "num": 0}
         self.t = 0.0
         self.behind_s = 0.0
+        self.speed = 10.0
+        """The pace ``ClockInfo`` says (kernel s per wall s), as ``coral up --speed 10``; ``SetSpeed`` sets it."""
         """What the fake says when asked how far behind the wall clock it is (``ClockRequest``)."""
 
     async def on_start(self) -> None:
@@ -251,7 +255,15 @@ class FakeCoral(Actor):
     async def handle(self, env: Envelope) -> None:
         msg = env.msg
         if isinstance(msg, ClockRequest) and env.kind == "request":
-            await self.ctx.reply(env, ClockInfo(self.t, 10.0 if self.behind_s else 0.0, self.behind_s))
+            await self.ctx.reply(env, ClockInfo(self.t, self.speed, self.behind_s))
+            return
+        if isinstance(msg, SetSpeed):  # the pace is the driver's, as at coral up's gateway
+            self.received.append(msg)
+            bad = msg.problems()
+            if bad is None:
+                self.speed = msg.speed or 0.0
+            field, reason = bad or ("", "")
+            await self.ctx.reply(env, CommandResult(env.tag, bad is None, "operator", self.t, field, reason))
             return
         if not is_command(msg):
             return
@@ -357,6 +369,8 @@ class FakeInspector(Actor):
         super().__init__(name)
         self.coral = coral
         self.asked: list[Any] = []
+        self.templates_delay_s = 0.0
+        """How long a templates answer takes (a loaded mesh answers after the TUI drew what it had)."""
 
     async def handle(self, env: Envelope) -> None:
         msg = env.msg
@@ -369,6 +383,7 @@ class FakeInspector(Actor):
             gpus = tuple(sorted({(s.node, s.gpu) for t in TEMPLATES for s in t.stages}))
             await self.ctx.reply(env, ScenarioInfo("fake", REGIONS, tuple(sorted({n for _, n in MARKET})), deps, gpus))
         elif isinstance(msg, TemplatesRequest):
+            await anyio.sleep(self.templates_delay_s)
             ids = [i for i in msg.ids if i in BY_ID]
             ids += [t.id for t in TEMPLATES if DEPLOYMENT_OF[t.id] == msg.deployment and t.id not in ids]
             usable = {d: set(self.coral._allowed(d)) for d in DEPLOYMENTS}

@@ -65,6 +65,7 @@ class Live:
     app: CoralTui
     pilot: Pilot[Any]
     journal: Path
+    inspector: FakeInspector | None = None
 
     def last_plan_seq(self) -> int:
         return self.app.state.plans[-1].seq if self.app.state.plans else 0
@@ -97,10 +98,11 @@ async def live(tmp: Path, size: tuple[int, int] = (120, 40), fake_name: str = "o
             await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
             fake = FakeCoral(fake_name)
             await mesh.spawn(fake)
-            if fake_name != "allocator":
-                await mesh.spawn(FakeInspector(fake))
+            inspector = FakeInspector(fake) if fake_name != "allocator" else None
+            if inspector is not None:
+                await mesh.spawn(inspector)
             await until(pilot, lambda: bool(app.state.plans) and bool(app.state.instances), "the first plan")
-            yield Live(mesh, fake, app, pilot, journal)
+            yield Live(mesh, fake, app, pilot, journal, inspector)
 
 
 def screen_text(app: CoralTui) -> list[str]:

@@ -4,6 +4,7 @@ confirmed, and the next plan shows the change."""
 
 from __future__ import annotations
 
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import anyio
@@ -49,6 +50,9 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
         return next((p for p in app.state.plans if p.seq > after and trigger in p.trigger.split("+")), None)
 
     app = live_app(eps)  # attached after the run's setup: templates and deployments are asked of the mesh
+    # the solver process's first spawn starts multiprocessing's resource tracker, which passes on stderr's
+    # file descriptor: inside run_test stderr has none ("bad value(s) in fds_to_keep"), so start it here
+    resource_tracker.ensure_running()
     async with anyio.create_task_group() as tg:
 
         async def mesh() -> None:
@@ -161,3 +165,65 @@ async def test_attaching_late_shows_the_whole_state(
             await until(pilot, lambda: not R.missing_templates(app.state), "the templates, from the allocator")
             await until(pilot, lambda: all(d.slo for d in app.state.deployments.values()), "the scenario, asked")
         stop.set()
+
+
+@pytest.mark.slow
+async def test_the_mesh_pace_follows_set_speed_and_the_run_still_replays(
+    tmp_path: Path, catalog: Catalog, perf: PerfModel, steady_store: Path
+) -> None:
+    """``SetSpeed`` at the operator gateway changes the driver's pace from then on: slowed to 2, the clock
+    moves at most 2 kernel seconds per wall second (plus one tick); as fast as possible, well past the
+    10 it started at. The request is journaled and the run replays exactly."""
+    from actors.compose import RunOptions, library_for, make_setup, run_mesh
+    from actors.replay import replay_journal
+    from coral.kernel import BusClient, read_journal
+    from coral.messages import ClockInfo, ClockRequest, CommandResult, SetSpeed
+    from coral.messages.control import OPERATOR
+    from coral.scenario import load_scenario
+    from coral.store import TemplateStore
+
+    sc = load_scenario("mesh-steady", catalog)
+    with TemplateStore(steady_store, readonly=True) as store:
+        setup = make_setup(sc, catalog, perf, library_for(store, sc), RunOptions(seed=3, deterministic=True))
+    eps = endpoints(tmp_path)
+    journal = tmp_path / "run.jrnl"
+    tick = setup.timing.tick_s
+    until_s = 600.0
+    async with anyio.create_task_group() as tg:
+
+        async def mesh() -> None:
+            await run_mesh(
+                setup, sc, catalog, perf, journal=journal, endpoints=eps, pace=10.0, gateway=True, until=until_s
+            )
+
+        tg.start_soon(mesh)
+        async with BusClient("speed-test", eps) as bus:
+
+            async def clock() -> tuple[float, ClockInfo]:
+                info = await bus.request(OPERATOR, ClockRequest(), timeout=10)
+                assert isinstance(info, ClockInfo)
+                return anyio.current_time(), info
+
+            with anyio.fail_after(60):
+                while (await clock())[1].at < 10 * tick:
+                    await anyio.sleep(0.1)
+            res = await bus.request(OPERATOR, SetSpeed(0.0), timeout=10)
+            assert isinstance(res, CommandResult) and not res.ok and res.field == "speed", res
+            res = await bus.request(OPERATOR, SetSpeed(2.0), timeout=10)
+            assert isinstance(res, CommandResult) and res.ok, res
+            w0, c0 = await clock()
+            await anyio.sleep(2.0)
+            w1, c1 = await clock()
+            assert c0.speed == c1.speed == 2.0
+            assert c1.at - c0.at <= 2.0 * (w1 - w0) + tick, (c0, c1, w1 - w0)
+            res = await bus.request(OPERATOR, SetSpeed(None), timeout=10)
+            assert isinstance(res, CommandResult) and res.ok, res
+            w2, c2 = await clock()
+            await anyio.sleep(1.0)
+            w3, c3 = await clock()
+            assert c3.speed == 0.0
+            assert c3.at >= until_s or c3.at - c2.at > 10.0 * (w3 - w2) + tick, (c2, c3, w3 - w2)
+    speeds = [r.decode() for r in read_journal(journal) if r.tag == "ctl.speed"]
+    assert speeds == [SetSpeed(0.0), SetSpeed(2.0), SetSpeed(None)]
+    report = await replay_journal(journal)
+    assert report.ok, report.diffs

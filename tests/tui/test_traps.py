@@ -17,7 +17,7 @@ import pytest
 from textual import events
 from textual.widgets import DataTable, Input
 
-from coral.messages import ForbidTemplate, PinTemplate, SetDemand
+from coral.messages import ForbidTemplate, PinTemplate, SetDemand, SetSpeed
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.form import CommandForm
 from tui.screens.plan import PlanScreen
@@ -110,6 +110,25 @@ async def test_the_pin_form_lists_templates_with_mode_nodes_and_capacity(tmp_pat
         assert any("×" in line or "g6" in line for line in lines), "nodes are shown"
 
 
+@pytest.mark.parametrize(("action", "context"), [("pin", {"deployment": "chat-8b"}), ("forbid", {})])
+async def test_a_template_list_shows_the_capacity_the_mesh_answers_after_it_was_drawn(
+    tmp_path: Path, action: str, context: dict[str, str]
+) -> None:
+    async with live(tmp_path, size=(80, 24)) as lv:
+        assert lv.inspector is not None
+        lv.inspector.templates_delay_s = 1.0  # a loaded mesh: the list is drawn before the answer comes
+        form = await open_form(lv, action, context)
+
+        def listed() -> list[str]:
+            return [str(o.prompt) for o in form.query_one("#form-templates").options]  # type: ignore[attr-defined]
+
+        await until(lv.pilot, lambda: bool(form.query("#form-templates")) and "req/s" in " ".join(listed()), "list")
+        await until(lv.pilot, lambda: not any("? req/s" in line for line in listed()), "every capacity", 10)
+        for line in listed():
+            t = lv.app.state.templates[lv.app.state.resolve_template(line.split()[0]) or ""]
+            assert t.capacity_rps > 0 and f"{t.capacity_rps:.2f} req/s" in line, line
+
+
 async def test_enter_on_the_forbid_form_sends_after_a_preview(tmp_path: Path) -> None:
     async with live(tmp_path, size=(80, 24)) as lv:
         tid = lv.app.state.plans[-1].instances[0].template_id
@@ -171,8 +190,22 @@ async def test_the_header_says_a_plan_is_pending_while_paused(tmp_path: Path) ->
 
 async def test_the_header_says_how_far_the_mesh_is_behind(tmp_path: Path) -> None:
     async with live(tmp_path, size=(80, 24)) as lv:
-        lv.fake.behind_s = 42.0
-        await until(lv.pilot, lambda: "42 s behind" in header(lv), "the lag in the header", 10)
+        await open_form(lv, "demand", {"deployment": "chat-32b"})
+        seq = lv.last_plan_seq()
+        await lv.pilot.press(*"500", "enter")  # demand left unmet: the header's longest first part
+        await lv.wait_plan(seq)
+        await lv.pilot.press("p", "y")
+        await until(lv.pilot, lambda: lv.app.state.paused, "the pause")
+        await open_form(lv, "demand", {"deployment": "chat-8b"})
+        await lv.pilot.press(*"7", "enter")
+        await until(lv.pilot, lambda: lv.app.state.plan_pending, "a plan pending")
+        lv.fake.behind_s = 1234.0
+        await until(lv.pilot, lambda: "1,234" in header(lv), "the lag in the header", 10)
+        line = header(lv).splitlines()[0]
+        unmet = sum(d.unmet for d in lv.app.state.deployments.values())
+        for whole in (f"unmet {unmet:.0f} req/s", "plan $", "run $", "PAUSED", "lag 1,234s", "● live"):
+            assert whole in line, (whole, line)  # at 80 columns the link keeps its name beside the lag
+        assert "…" not in line, line
 
 
 async def test_the_header_labels_cost_and_keeps_unmet_whole_at_80_columns(tmp_path: Path) -> None:
@@ -203,3 +236,16 @@ async def test_the_market_summary_is_whole_at_80_columns_and_wraps_when_narrower
         shown = " ".join(line.strip() for line in screen[top : top + rows])
         assert shown == "10 offers  1 stockout  2 changed <60s  0 ⚑ operator  upd #2", screen
         assert screen[top + rows].split()[:2] == ["Region", "Node"], "the table starts right under the summary"
+
+
+async def test_brackets_change_the_live_mesh_speed(tmp_path: Path) -> None:
+    async with live(tmp_path, size=(80, 24)) as lv:
+        await until(lv.pilot, lambda: lv.app.state.speed == 10.0, "the mesh's speed")
+        assert "speed x10" in header(lv).splitlines()[1]
+        await lv.pilot.press("right_square_bracket")
+        await until(lv.pilot, lambda: "speed x20" in header(lv), "the faster speed on screen")
+        assert lv.fake.received[-1] == SetSpeed(20.0) and lv.fake.speed == 20.0
+        await lv.pilot.press("left_square_bracket", "left_square_bracket")
+        await until(lv.pilot, lambda: lv.fake.received[-1] == SetSpeed(5.0), "two halvings")
+        await until(lv.pilot, lambda: "speed x5" in header(lv), "the slower speed on screen")
+        assert [c.status for c in lv.app.state.commands] == ["ok"] * 3

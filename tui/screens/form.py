@@ -61,6 +61,7 @@ class CommandForm(ModalScreen[Any]):
         self.values = values
         self.error: FormError | None = None
         self._choices: list[str] | None = None
+        self._lines: list[str] = []
 
     def compose(self) -> ComposeResult:
         state = self.state_fn()
@@ -115,18 +116,21 @@ class CommandForm(ModalScreen[Any]):
             return
         ts = template_choices(state, self.action_name, vals)
         ids = [t.id for t in ts]
-        if ids == self._choices:
-            return
-        self._choices = ids
+        lines = [template_line(t, t.id in state.forbidden) for t in ts]
+        if (ids, [ln.plain for ln in lines]) == (self._choices, self._lines):
+            return  # redrawn when a line changes too: capacities come from the mesh after the list is drawn
+        same = ids == self._choices
+        self._choices, self._lines = ids, [ln.plain for ln in lines]
         ol = self.query_one("#form-templates", OptionList)
+        held = ol.highlighted if same else None  # only the figures changed: the cursor stays
         ol.clear_options()
-        ol.add_options([Option(template_line(t, t.id in state.forbidden), id=t.id) for t in ts])
+        ol.add_options([Option(line, id=t.id) for t, line in zip(ts, lines, strict=True)])
         if not ts:
             ol.add_option(Option(Text("no template to choose (yet)", style="dim"), disabled=True))
         else:  # Enter on the list chooses what the field names (or the first): never a surprise
             typed = vals.get("template_id", "").strip()
             tid = state.resolve_template(typed) if typed else None
-            ol.highlighted = ids.index(tid) if tid in ids else 0
+            ol.highlighted = held if held is not None else ids.index(tid) if tid in ids else 0
         ol.border_title = f"{len(ts)} templates: mode, nodes, capacity per instance"
 
     def current(self) -> dict[str, str]:

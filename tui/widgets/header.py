@@ -2,10 +2,11 @@
 
 Line 1, in order of priority: unmet demand, cost (the latest plan's and the running fleet's, labelled),
 the allocator's state (running, or paused with a plan pending), how far the mesh is behind the wall
-clock, and the link. Line 2: the clock, the run's end, what is down, why the link is lost, commands
-awaiting an answer, SLO attainment, instances, goodput, crashes, errors, spend and the scenario. A line
-too long for the terminal first shortens its lowest-priority parts, then leaves them out (the link last of
-line 1's, as a symbol); unmet, cost and the allocator's state are never cut.
+clock, and the link. Line 2: the clock, the live mesh's speed (``[``/``]``), the run's end, what is down,
+why the link is lost, commands awaiting an answer, SLO attainment, instances, goodput, crashes, errors,
+spend and the scenario. A line too long for the terminal first shortens its parts, lowest priority first
+(line 1's costs to whole dollars last), then closes up the gaps, then leaves out what may go; unmet,
+cost, the allocator's state and the link (by name) are never cut, and fit 80 columns whole.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from tui.model import State
 from tui.widgets.bars import clock, money, pct, rate
 
 _LINK_STYLE = {
-    "connected": ("● live", "●", "bold green"),
-    "connecting": ("○ connecting", "○", "yellow"),
+    "connected": ("● live", "● live", "bold green"),
+    "connecting": ("○ connecting", "○ connecting", "yellow"),
     "lost": ("✖ mesh lost", "✖ lost", "bold white on red"),
-    "replay": ("▶ replay", "▶", "bold cyan"),
-    "replay-ended": ("■ replay ended", "■", "cyan"),
+    "replay": ("▶ replay", "▶ replay", "bold cyan"),
+    "replay-ended": ("■ replay ended", "■ ended", "cyan"),
 }
 BEHIND_S = 5.0
 """The mesh counts as behind the wall clock from this many kernel seconds."""
@@ -33,36 +34,51 @@ Pieces = tuple[tuple[str, str], ...]
 """(text, style) pieces of one part of a line."""
 
 
-def part(long: Pieces, short: Pieces | None = None, *, keep: bool = False) -> tuple[Pieces, Pieces, bool]:
-    """A part of a line: its long form, a shorter one, and whether it must never be left out."""
-    return (long, short if short is not None else long, keep)
+Part = tuple[tuple[Pieces, ...], bool]
+"""A part of a line: its forms, longest first, and whether it must never be left out."""
 
 
-def _fit(parts: Sequence[tuple[Pieces, Pieces, bool]], width: int, sep: str = "  ") -> Text:
-    """Join ``parts`` (highest priority first), shortening from the last one, then leaving out the last
-    ones that may go, until the line fits ``width``."""
-    forms: list[Pieces | None] = [long for long, _, _ in parts]
+def part(*forms: Pieces, keep: bool = False) -> Part:
+    """A part of a line from its forms, longest first (module docstring)."""
+    return (forms, keep)
+
+
+def _fit(parts: Sequence[Part], width: int, order: Sequence[int] | None = None) -> Text:
+    """Join ``parts`` (highest priority first) to fit ``width`` cells: shorten the parts one form at a time,
+    each in turn in ``order`` (default: lowest priority first), and again with their next forms; then close
+    up the gaps between them; then leave out the last ones that may go. A part that must stay is never cut."""
+    level = [0] * len(parts)
+    shown = [True] * len(parts)
+    sep = "  "
+    turns = list(order) if order is not None else list(reversed(range(len(parts))))
 
     def size() -> int:
-        shown = [f for f in forms if f is not None]
-        return 1 + sum(len(t) for f in shown for t, _ in f) + len(sep) * max(0, len(shown) - 1)
+        forms = [parts[i][0][level[i]] for i in range(len(parts)) if shown[i]]
+        return 1 + sum(len(t) for f in forms for t, _ in f) + len(sep) * max(0, len(forms) - 1)
 
+    for step in range(1, max(len(p[0]) for p in parts) if parts else 1):
+        for i in turns:
+            if size() > width and step < len(parts[i][0]):
+                level[i] = step
+    if size() > width:
+        sep = " "
     for i in reversed(range(len(parts))):
         if size() <= width:
             break
-        forms[i] = parts[i][1]
-    for i in reversed(range(len(parts))):
-        if size() <= width:
-            break
-        if not parts[i][2]:
-            forms[i] = None
+        if not parts[i][1]:
+            shown[i] = False
     out = Text(" ", no_wrap=True, overflow="ellipsis")
-    for n, f in enumerate(x for x in forms if x is not None):
+    for n, i in enumerate(i for i in range(len(parts)) if shown[i]):
         if n:
             out.append(sep)
-        for text, style in f:
+        for text, style in parts[i][0][level[i]]:
             out.append(text, style=style)
     return out
+
+
+def _dollars(x: float) -> str:
+    """Whole dollars from $100 on (the shortest cost form), cents below."""
+    return f"${x:,.0f}" if x >= 100 else money(x)
 
 
 PAUSED = "bold black on yellow"
@@ -80,14 +96,20 @@ def line_one(state: State, width: int) -> Text:
     plan, run = state.planned_cost, state.fleet_cost
     p_txt = money(plan) if plan is not None else "-"
     r_txt = money(run) if run is not None else "-"
+    p_short = _dollars(plan) if plan is not None else "-"
+    r_short = _dollars(run) if run is not None else "-"
     cost = part(
         (("cost/h ", "dim"), ("plan ", "dim"), (p_txt, "bold"), (" running ", "dim"), (r_txt, "bold")),
         (("$/h ", "dim"), ("plan ", "dim"), (p_txt, "bold"), (" run ", "dim"), (r_txt, "bold")),
+        (("$/h ", "dim"), ("plan ", "dim"), (p_short, "bold"), (" run ", "dim"), (r_short, "bold")),
         keep=True,
     )
     if state.plan_pending:
         alloc = part(
-            (("allocator ", "dim"), ("PAUSED, plan pending", PAUSED)), (("PAUSED+pending", PAUSED),), keep=True
+            (("allocator ", "dim"), ("PAUSED, plan pending", PAUSED)),
+            (("PAUSED, plan pending", PAUSED),),
+            (("PAUSED+pending", PAUSED),),
+            keep=True,
         )
     elif state.paused:
         alloc = part((("allocator ", "dim"), ("PAUSED", PAUSED)), (("PAUSED", PAUSED),), keep=True)
@@ -98,13 +120,17 @@ def line_one(state: State, width: int) -> Text:
         lag = state.behind_s
         parts.append(part(((f"{lag:,.0f} s behind", "bold yellow"),), ((f"lag {lag:,.0f}s", "bold yellow"),)))
     label, short, style = _LINK_STYLE.get(state.link.state, (state.link.state, state.link.state[:1], "bold"))
-    parts.append(part(((label, style),), ((short, style),)))
-    return _fit(parts, width)
+    parts.append(part(((label, style),), ((short, style),), keep=True))
+    # the costs' short labels lose nothing, so they shorten first; the allocator's words last
+    return _fit(parts, width, order=[1, *range(len(parts) - 1, 2, -1), 2])
 
 
 def line_two(state: State, width: int) -> Text:
     """The clock, scenario, goodput, SLO, instances, spend and health (module docstring)."""
     parts = [part((("t=", "dim"), (clock(state.now), "")), keep=True)]
+    if state.speed > 0 and state.link.state == "connected":  # ``[``/``]`` change it
+        x = f"x{state.speed:g}"
+        parts.append(part((("speed ", "dim"), (x, "bold")), ((x, "bold"),), keep=True))
     if state.link.state.startswith("replay"):
         parts.append(part(((f"{state.link.detail} read-only", "cyan"),), (("read-only", "cyan"),), keep=True))
     if state.ended:
