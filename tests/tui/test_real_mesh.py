@@ -4,7 +4,6 @@ confirmed, and the next plan shows the change."""
 
 from __future__ import annotations
 
-from multiprocessing import resource_tracker
 from pathlib import Path
 
 import anyio
@@ -50,9 +49,6 @@ async def test_steering_the_real_mesh(tmp_path: Path, catalog: Catalog, perf: Pe
         return next((p for p in app.state.plans if p.seq > after and trigger in p.trigger.split("+")), None)
 
     app = live_app(eps)  # attached after the run's setup: templates and deployments are asked of the mesh
-    # the solver process's first spawn starts multiprocessing's resource tracker, which passes on stderr's
-    # file descriptor: inside run_test stderr has none ("bad value(s) in fds_to_keep"), so start it here
-    resource_tracker.ensure_running()
     async with anyio.create_task_group() as tg:
 
         async def mesh() -> None:
