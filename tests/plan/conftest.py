@@ -1,4 +1,7 @@
-"""The planning tests' shared store: a small two-deployment scenario and its template library, built once."""
+"""The planning tests' shared store: a small two-deployment scenario and its template library, built once.
+
+Under pytest-xdist a session fixture is built once per worker that runs a test needing it, so every test
+that uses ``small_env`` goes to one xdist group (``--dist loadgroup``): the library is built once a run."""
 
 from __future__ import annotations
 
@@ -39,3 +42,10 @@ def small_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     store = d / "store.sqlite"
     assert main(["templates", "build", "--scenario", str(sc), "--store", str(store), "--workers", "1", "--json"]) == 0
     return sc, store
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "small_env" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("plan-small"))

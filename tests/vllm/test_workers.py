@@ -7,9 +7,9 @@
   a busy worker (its node is lost, the router retries what it held, the plan's instance is replaced on the
   spare host), then kill -9 of ``coral up`` itself and ``coral up --resume``: the workers reconnect and the
   running engines are adopted, not restarted (the servers of instances it does not adopt stop at once);
-  every request ends completed or failed with a reason, also those open when ``--for`` cuts the resumed
-  run. Between the two, an OpenAI-compatible request to ``coral up --gateway`` reaches a worker's engine and
-  returns transformers' greedy tokens.
+  the resumed run completes requests, and once it does it is stopped early (SIGTERM): every request ends
+  completed or failed with a reason, also those still open then. Between the two, an OpenAI-compatible
+  request to ``coral up --gateway`` reaches a worker's engine and returns transformers' greedy tokens.
 
 The fault figures (time to detect the lost worker, time until a replacement serves, requests retried and
 failed, with the load) are printed; run with ``-s`` to see them.
@@ -39,7 +39,7 @@ from coral.kernel import Endpoints, Mesh, read_journal
 from coral.kernel.keys import add_client, init_keys, server_keys
 from coral.messages import FleetAction, NodeLost, RoutingStats
 from coral.messages.hosts import HOSTS
-from coral.messages.mesh import Host
+from coral.messages.mesh import Host, MeshResumed
 from coral.vllm import client
 from coral.vllm.engine import free_port
 from coral.vllm.hosted import HostedEngine, HostTable
@@ -154,7 +154,7 @@ async def test_a_template_across_two_workers_gives_transformers_tokens(
         end(procs)
 
 
-_TAGS = ("fleet.action", "fleet.node_lost", "req.stats")
+_TAGS = ("fleet.action", "fleet.node_lost", "req.stats", "mesh.resumed")
 
 
 def _journal_events(path: Path) -> list[object]:
@@ -164,6 +164,15 @@ def _journal_events(path: Path) -> list[object]:
             return [r.decode() for r in read_journal(path) if r.tag in _TAGS]
     except Exception:  # the writer is mid-record: read again later
         return []
+
+
+def _completes_after_resume(events: list[object]) -> bool:
+    """Whether the router's completed count grew between two of its reports after the (last) resume."""
+    starts = [i for i, m in enumerate(events) if isinstance(m, MeshResumed)]
+    if not starts:
+        return False
+    done = [d.completed for m in events[starts[-1] :] if isinstance(m, RoutingStats) for d in m.deployments]
+    return len(done) >= 2 and done[-1] > done[0]
 
 
 def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
@@ -243,11 +252,19 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
         first.kill()
         first.wait()
         time.sleep(5.0)
-        second = subprocess.Popen([*up, "--resume", str(journal), "--for", "300s"], cwd=ROOT, stdout=subprocess.PIPE,
+        second = subprocess.Popen([*up, "--resume", str(journal)], cwd=ROOT, stdout=subprocess.PIPE,
                                   stderr=(tmp_path / "up2.err").open("w"), text=True)  # fmt: skip
         procs.append(second)
         resumed_at = time.monotonic()
-        out, _ = second.communicate(timeout=1500)
+        # the resumed run serves: its router completes requests after the resume; then it is stopped early
+        # (SIGTERM sets the same stop event as --for), with requests still open
+        deadline = resumed_at + 900
+        while not _completes_after_resume(_journal_events(journal)):
+            assert time.monotonic() < deadline and second.poll() is None, (tmp_path / "up2.err").read_text()[-3000:]
+            time.sleep(1.0)
+        figures.update(resumed_serves_after_s=round(time.monotonic() - resumed_at, 1))
+        second.send_signal(signal.SIGTERM)
+        out, _ = second.communicate(timeout=600)
         assert second.returncode == 0, (tmp_path / "up2.err").read_text()[-3000:]
         summary = json.loads(out)
         resumed = summary["resumed"]
@@ -261,7 +278,7 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
         adopted = [a for a in _journal_events(journal) if isinstance(a, FleetAction) and a.action == "serving"]
         assert adopted and any(pids for pids in running.values())  # the spare host ran none
         assert sum(tiny["failed_by"].values()) == tiny["failed"]
-        assert tiny["open"] == 0  # cut by --for: what was still open failed as unfinished, with its reason
+        assert tiny["open"] == 0  # cut early: what was still open failed as unfinished, with its reason
         pre = resumed["pre_crash"]["tiny"]
         assert pre["arrived"] == pre["completed"] + pre["failed"] + pre["resubmitted"]
     finally:
