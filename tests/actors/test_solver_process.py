@@ -105,6 +105,7 @@ async def test_solve_async_waits_on_the_pipe_in_no_thread() -> None:
         proc.close()
 
 
+@pytest.mark.slow
 def test_the_child_keeps_the_problem_and_a_changed_one_is_never_served_from_its_cache() -> None:
     """The problem goes whole once; a solve with new demand, prices or availability sends only those; new
     templates (another digest) go whole again; a child that lacks the digest the owner believes it holds

@@ -59,6 +59,7 @@ def test_pipeline_stages_share_one_batch(perf: PerfModel) -> None:
     assert len({s.batch for s in tpl.stages}) == 1
 
 
+@pytest.mark.slow
 def test_problem_cache_equals_build_problem(perf: PerfModel) -> None:
     """The build's cached problems are exactly ``build_problem``'s, in every mode, for multisets of
     1..6 nodes with repeated and mixed types (seeded); so are their per-batch layer-work bounds."""
