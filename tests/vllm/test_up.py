@@ -197,6 +197,9 @@ def test_up_serves_survives_a_killed_server_and_ends_cleanly(tiny_model: Path, t
     assert killed_fault(lost.cause.removeprefix("engine: "), killed), lost.cause
     stats = [m for m in msgs if isinstance(m, EngineStats)]
     assert {s.node_id for s in stats} >= {ef.node_id}
-    assert max(s.generation_tokens for s in stats) > 0 and max(s.running for s in stats) >= 1
+    # the token counters grow between heartbeats; the running gauge is a sample at a heartbeat instant, which
+    # a run of short requests can miss every time (seen once in a full run: 771 tokens counted, 0 running seen)
+    assert max(s.generation_tokens for s in stats) > 0 and max(s.prompt_tokens for s in stats) > 0
+    assert all(s.running >= 0 and s.waiting >= 0 and 0.0 <= s.kv_cache_usage <= 1.0 for s in stats)
     served = [m for m in msgs if isinstance(m, FleetUpdate) and any(i.endpoint for i in m.instances)]
     assert served and all(i.endpoint.startswith("http://127.0.0.1:") for i in served[-1].instances if i.endpoint)
