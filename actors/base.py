@@ -16,11 +16,12 @@ tick: validated (static checks, then the owner's ``command``), confirmed with a 
 A crash in a tick drops the message being applied (as the kernel does for ``handle``); the rest of that
 tick's batch is kept and applied first after the restart.
 
-Prompt delivery (``prompt = True``: the router and the stage workers, the request path). Waiting for the
-next tick costs a request one tick per hop (gateway -> router -> worker -> router -> gateway: 3-4 s at a
-1 s tick). A prompt actor is also woken between ticks: a message received (stamped) at kernel time ``s``
-is applied at ``next_instant(s)``, the first instant of the ``HOP_S`` = 1/1024 s grid strictly after
-``s``. The same rule keeps it deterministic: at an instant ``w`` the actor applies every buffered message
+Prompt delivery (``prompt = True``: the router and the stage workers on the request path, and the
+supervisor, allocator, demand monitor and price watcher on the control path, whose periodic work keeps the
+tick). Waiting for the next tick costs a message one tick per hop (gateway -> router -> worker -> router ->
+gateway: 3-4 s at a 1 s tick). A prompt actor is also woken between ticks: a message received (stamped)
+at kernel time ``s`` is applied at ``next_instant(s)``, the first instant of the ``HOP_S`` = 1/1024 s grid
+strictly after ``s``. The same rule keeps it deterministic: at an instant ``w`` the actor applies every buffered message
 stamped before ``w``, in the canonical order, then runs ``on_wake(w)`` (``on_tick`` at a tick instant, which
 is on the grid too, since ``tick_s`` is a multiple of 1/1024 s); the virtual clock stops at every such
 instant and moves on only once the mesh is quiet, so every message stamped before ``w`` was received

@@ -97,7 +97,7 @@ ACTIONS: dict[str, ActionSpec] = {
             preview=True, clear_label="Unpin",
         ),
         ActionSpec("drain", "x", "Drain instance", "drain and stop one instance", (FieldSpec("instance", "Instance"),)),
-        ActionSpec("replan", "r", "Re-plan now", "ask the allocator to re-plan at its next tick", confirm=True),
+        ActionSpec("replan", "r", "Re-plan now", "ask the allocator to re-plan now (within a hop)", confirm=True),
         ActionSpec("pause", "p", "Pause/resume allocator", "pause the allocator (no new plans), or resume it",
                    confirm=True),
         ActionSpec(
