@@ -7,6 +7,7 @@ a minute to start on a small CPU machine. Without vLLM they skip with the reason
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,10 @@ import pytest
 from coral.engines import StageAssignment
 from coral.vllm.engine import VllmBackend, VllmEngine
 from coral.vllm.tiny import TINY_MODEL, build_tiny_model, chain_template, deployment_for
+from tests.conftest import ROOT
+
+SCENARIO = ROOT / "fixtures" / "scenarios" / "tiny-cpu.toml"
+CATALOG = ROOT / "fixtures" / "catalog" / "tiny-cpu.toml"
 
 
 def vllm_installed() -> bool:
@@ -33,8 +38,50 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("vllm")
+def vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One vLLM cache root (``VLLM_CACHE_ROOT``) for every server of the run, in every xdist worker (their
+    base temp folders share a parent). A server whose cache holds no model info for its architecture runs
+    vLLM's registry in a child process first: one more vLLM import, 17 s of CPU. vLLM writes the cache's
+    files atomically, so servers may share it, as they share ``~/.cache/vllm`` by default."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "vllm-cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def work_dir(path: Path, cache: Path) -> Path:
+    """``path`` made a vLLM work folder (``--vllm-dir``, a backend's ``work_dir``) whose ``cache`` is ``cache``."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cache").symlink_to(cache, target_is_directory=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_dir(tmp_path_factory: pytest.TempPathFactory, vllm_cache: Path) -> Path:
+    return work_dir(tmp_path_factory.mktemp("vllm"), vllm_cache)
+
+
+def steady_scenario(path: Path, demand: float, shape: str, duration_s: int) -> Path:
+    """Write tiny-cpu with a steady ``demand`` (req/s) of ``shape`` to ``path``: a ``coral up`` run on it
+    lasts until the test stops it, however long the servers take to start.
+
+    Its plan holds one instance: the planner's headroom is utilisation 0.5, not the fixture's 0.008. At
+    0.008 the requests that queue while the first server starts raise the demand estimate until the plan
+    wants a second instance (2.5 min into the start on a machine at load 16), and each vLLM server start is
+    about 40 s of CPU (two vLLM imports). With one instance every run starts one server and, after a
+    kill, one replacement."""
+    text = SCENARIO.read_text()
+    changes = {
+        'catalog = ["../catalog/tiny-cpu.toml"]': f'catalog = ["{CATALOG}"]',
+        "duration_s = 150": f"duration_s = {duration_s}",
+        'demand = { trace = "tiny-cpu-trace.csv" }': f"demand = {demand}\nshape = {shape}",
+        "utilisation = 0.008": "utilisation = 0.5",
+    }
+    for old, new in changes.items():
+        assert old in text, f"{SCENARIO} no longer holds {old!r}"
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
 
 
 def cpu_backend(model: Path, work: Path) -> VllmBackend:

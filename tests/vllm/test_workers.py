@@ -45,12 +45,10 @@ from coral.vllm.engine import free_port
 from coral.vllm.hosted import HostedEngine, HostTable
 from coral.vllm.tiny import TINY_MODEL, chain_template, deployment_for
 from tests.conftest import ROOT
-from tests.vllm.conftest import N_TOKENS, PROMPTS, cpu_backend, reference_tokens
+from tests.vllm.conftest import CATALOG, N_TOKENS, PROMPTS, cpu_backend, reference_tokens, steady_scenario, work_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-CATALOG = ROOT / "fixtures" / "catalog" / "tiny-cpu.toml"
-SCENARIO = ROOT / "fixtures" / "scenarios" / "tiny-cpu.toml"
 CLI = [sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())"]
 
 
@@ -100,13 +98,13 @@ def keys(tmp_path: Path) -> Iterator[Path]:
 
 
 async def test_a_template_across_two_workers_gives_transformers_tokens(
-    tiny_model: Path, keys: Path, tmp_path: Path
+    tiny_model: Path, vllm_cache: Path, keys: Path, tmp_path: Path
 ) -> None:
     table = HostTable()
     port = free_port()
     eps = Endpoints(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
     hosts = {n: Host(n, "local", "cpu-local") for n in ("h2", "h3")}
-    backend = cpu_backend(tiny_model, tmp_path / "vllm")
+    backend = cpu_backend(tiny_model, work_dir(tmp_path / "vllm", vllm_cache))
     from coral.kernel.keys import engine_secret
 
     backend = attrs.evolve(backend, engine_secret=engine_secret(keys), cpu_cores=2, startup_timeout_s=1500.0)
@@ -176,15 +174,11 @@ def _completes_after_resume(events: list[object]) -> bool:
 
 
 def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
-    tiny_model: Path, keys: Path, tmp_path: Path
+    tiny_model: Path, vllm_cache: Path, keys: Path, tmp_path: Path
 ) -> None:
-    scenario = tmp_path / "steady.toml"  # tiny-cpu with a steady demand that outlasts the servers' start-up
-    scenario.write_text(
-        SCENARIO.read_text()
-        .replace('catalog = ["../catalog/tiny-cpu.toml"]', f'catalog = ["{CATALOG}"]')
-        .replace("duration_s = 150", "duration_s = 1200")
-        .replace('demand = { trace = "tiny-cpu-trace.csv" }', "demand = 0.6\nshape = { mean_in = 128, mean_out = 64 }")
-    )
+    work_dir(tmp_path / "vllm", vllm_cache)  # the run's servers find vLLM's model info cached
+    # a steady demand that outlasts the servers' start-up
+    scenario = steady_scenario(tmp_path / "steady.toml", 0.6, "{ mean_in = 128, mean_out = 64 }", 1200)
     hosts_file = tmp_path / "hosts.toml"
     hosts_file.write_text(
         "".join(f'[[host]]\nname = "h{i}"\nregion = "local"\nnode = "cpu-local"\n' for i in (2, 3, 4))
