@@ -138,3 +138,14 @@ def reference_tokens(model: Path, prompts: list[list[int]], n: int) -> list[list
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300, 400], [17, 900, 33, 2, 801, 555, 12, 640, 71, 300, 12]]
 N_TOKENS = 12
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """test_single's module first among the real-vLLM tests: its one server warms the run's vLLM cache
+    (``vllm_cache``) before test_disagg starts two servers at once, which would each run vLLM's registry
+    child on a cold cache (about 20 s of CPU each). Every module keeps its own order."""
+    here = Path(__file__).parent
+    slots = [i for i, it in enumerate(items) if it.path.parent == here]
+    ordered = sorted((items[i] for i in slots), key=lambda it: it.path.name != "test_single.py")
+    for i, it in zip(slots, ordered, strict=True):
+        items[i] = it
