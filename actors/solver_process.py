@@ -42,7 +42,8 @@ Submit and collect: ``submit`` sends a ``Solve`` and returns its ``Flight`` at o
 waits for its result under the same rules (the hard deadline counts from the submit), so that the owner
 may do other work while the child solves (the allocator lets the mesh's clock run: ``actors.allocator``).
 ``solve`` is the two in a row. One solve is in flight at a time: a ``submit`` (or ``call``) while one is
-uncollected abandons it, and is then treated as after a late solve. Until it is collected, a flight's
+uncollected abandons it, and is then treated as after a late solve; a ``solve`` (the allocator's plan
+preview) first collects it, and keeps the result for its ``collect``. Until it is collected, a flight's
 ``Progress`` messages wait in the pipe (about 1.5 KB each, one per improving plan, against a socket buffer
 of some 200 KB), so the child does not block on them.
 
@@ -197,6 +198,10 @@ class Flight:
     whole: bool
     until: float | None
     last: AllocationResult | None = None
+    result: AllocationResult | None = None
+    """Set when a ``solve`` had to finish this flight first; its ``collect`` then returns it."""
+    error: Exception | None = None
+    """What collecting it raised then; its ``collect`` raises it."""
 
 
 # -- the child ----------------------------------------------------------------------------------------
@@ -301,6 +306,7 @@ class SolverProcess:
         self._lock: anyio.Lock | None = None  # one solve at a time from anyio tasks
         self._stale: int | None = None  # a solve whose result was taken from its progress, still running
         self._flight: Flight | None = None  # the solve submitted and not yet collected
+        self._landed: Flight | None = None  # a flight that a ``solve`` finished first, not yet collected
         self.abandoned = 0
         """Solves submitted and never collected (a later submit or job came first)."""
         self.late = 0
@@ -442,6 +448,12 @@ class SolverProcess:
     def _collect_steps(self, flight: Flight, on_progress: Callable[[AllocationResult], None] | None) -> Any:
         """Yields the monotonic time (or None: no limit) until which to wait for the pipe to be readable,
         is sent whether it is, and returns the result of ``flight``."""
+        if flight is self._landed:
+            self._landed = None
+            if flight.error is not None:
+                raise flight.error
+            assert flight.result is not None
+            return flight.result
         if flight is not self._flight:
             raise SolverProcessError(
                 f"solve {flight.seq} is not in flight: it was collected, or a later one was submitted"
@@ -482,6 +494,13 @@ class SolverProcess:
         options: dict[str, Any],
         on_progress: Callable[[AllocationResult], None] | None,
     ) -> Any:
+        if self._flight is not None:  # finish the solve in flight first: its collect returns what it gave
+            landed = self._flight
+            try:
+                landed.result = yield from self._collect_steps(landed, None)
+            except (AllocationInputError, SolverProcessError) as exc:
+                landed.error = exc
+            self._landed = landed
         flight = yield from self._submit_steps(problem, deadline_s, options)
         return (yield from self._collect_steps(flight, on_progress))
 

@@ -128,6 +128,10 @@ def test_submit_returns_before_the_result_and_collect_gives_what_solve_gives() -
         with pytest.raises(SolverProcessError, match=f"solve {first.seq} is not in flight"):
             proc.collect(first)
         assert proc.collect(second).counts == res.counts
+        third = proc.submit(p, effort=res.effort, **kw)  # type: ignore[arg-type]
+        assert proc.solve(p, effort=res.effort, **kw).counts == res.counts  # type: ignore[arg-type]
+        assert proc.collect(third).counts == res.counts  # a solve finished it first and kept its result
+        assert proc.abandoned == 1
         proc.submit(p, deadline_s=30.0, **kw)  # type: ignore[arg-type]
         assert proc.call(functools.partial(_sleep, 0.01), 60.0) == 0.01  # a job kills an uncollected solve
         assert proc.abandoned == 2 and proc.kills == 1
