@@ -87,7 +87,9 @@ async def test_solves_cut_by_the_wall_clock_replay_with_their_recorded_effort(wo
     journal = tmp_path / "cut.journal"
     options = attrs.evolve(RECORD_OPTIONS, deterministic=False, deadline_s=1e-4)
     await world.run("mesh-surge", options=options, journal=journal, until=80.0)
-    plans = [d.msg.plan for d in decisions_of(journal) if isinstance(d.msg, NewPlan)]
+    published = [(d.at, d.msg.plan) for d in decisions_of(journal) if isinstance(d.msg, NewPlan)]
+    plans = [p for _, p in published]
     assert any(p.effort for p in plans)  # at least one solve stopped at the deadline, with its effort recorded
+    assert all(at == p.at + 1e-4 for at, p in published)  # each published at its start + the deadline
     report = await replay_journal(journal)
     assert report.ok, "\n".join(report.diffs)
