@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
-from actors.base import TickActor
+from actors.base import TickActor, next_instant
 from actors.solver_process import READY_S, Flight, SolverProcess
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
@@ -186,7 +186,7 @@ class Allocator(TickActor):
             self.solver = SolverProcess()
         await self.solver.start_async(READY_S)
         if self.pending is not None:  # a restart while a plan was in flight: it is still published on time
-            self.wake_at(self.pending.due)
+            self.wake_at(max(self.pending.due, next_instant(self.ctx.now())))
 
     async def on_stop(self) -> None:
         if self.solver is not None:

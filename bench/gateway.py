@@ -23,7 +23,8 @@ Targets: added p50 <= 20 ms, p99 <= 100 ms; the burst's client TTFT p50 at most 
 The machine is shared: the load average is printed with the figures. Run
 ``python bench/gateway.py [--json] [--speed 1] [--policy coral] [--singles 30] [--burst 2000] [--concurrency 64]
 [--no-deadline]`` (plans are solved under the scenario's deadline, as ``coral up`` solves them, unless
-``--no-deadline``)
+``--no-deadline``). With ``CORAL_BENCH_PROFILE=FILE`` in the environment the mesh process is profiled
+(cProfile) into FILE.
 (``just bench gateway``).
 """
 
@@ -106,7 +107,15 @@ def serve(store: str, journal: str, speed: float, policy: str, no_deadline: bool
             )  # fmt: skip
             tg.cancel_scope.cancel()
 
-    anyio.run(main, backend="asyncio")
+    prof = os.environ.get("CORAL_BENCH_PROFILE")  # a cProfile of the mesh process, for finding its costs
+    if prof:
+        import cProfile
+
+        with cProfile.Profile() as pr:
+            anyio.run(main, backend="asyncio")
+        pr.dump_stats(prof)
+    else:
+        anyio.run(main, backend="asyncio")
     Path(journal + ".steps").write_text(json.dumps(steps))
 
 
