@@ -4,9 +4,24 @@ When something changed (a demand, market or fleet update, an operator command, o
 scenario's re-plan interval elapsed), and unless paused, it builds a ``PlanRequest`` from the latest
 demand, market and live fleet, solves it in the solver process it owns (``actors.solver_process``:
 spawned at its start, which ends when the child is ready or fails after ``READY_S`` naming the cause;
-killed at its stop), so that the event loop keeps running, and publishes ``NewPlan``. Delivery is prompt
-(``actors.base``): a change is planned for within ``HOP_S`` of its arrival, not at the next tick; the
-changes that arrive at one instant (and those that arrive during a solve) give one plan.
+killed at its stop), and publishes ``NewPlan``. Delivery is prompt (``actors.base``): a change is planned
+for within ``HOP_S`` of its arrival, not at the next tick; the changes that arrive at one instant give
+one plan.
+
+Publication time (the rule): a plan started at kernel time t (its request's ``at``, with the demand,
+market, fleet and settings as applied at t) is published at t + D, where D is the planner's deadline
+(``deadline_s``) in simulated seconds, or 0 when every solve runs to completion (``deterministic``:
+there is no deadline to wait for). Between t and t + D the actor is idle, so the mesh's clock runs
+while the child solves (``SolverProcess.submit`` at t, ``collect`` at t + D); at t + D it waits for the
+result if the child has not finished (the clock stands there until it has). So a plan takes effect at
+t + D whatever the machine's speed: the times stay deterministic, and the solver effort, journalled in
+the plan, makes a replay give the same plan. With D = 0 (``--no-deadline``) it plans and publishes at t,
+the clock standing for the solve. One plan is in flight at a time: the changes that arrive while one is
+in flight are applied to the actor's state as they come, and coalesce into the next plan, started at
+the instant the one in flight is published (so at t + D, published at t + 2D); a plan in flight is
+published even if the allocator was paused or a template forbidden meanwhile (the next plan follows the
+new settings). The re-plan interval counts from the start of the last plan.
+
 Its operator settings (paused, churn factor, pins, forbidden templates) are published as
 ``AllocatorState`` at its first tick and whenever one changed, so that every client sees them, not only
 the one that sent the command.
@@ -17,9 +32,9 @@ templates of its own, those built for a stricter SLO (whose placements meet the 
 measured at the stricter SLO, a safe under-estimate). Forbidden templates are left out; a pinned
 deployment uses only its pinned template. The churn-penalty factor overrides the scenario's.
 
-Deadline: the scenario's ``deadline_s`` bounds the whole reaction, from the tick that handles a trigger to
-the published plan, not only the solver: building the problem is timed and subtracted, and
-``PUBLISH_SHARE`` of the deadline is kept for assembling and publishing the plan. The solver always
+Deadline: the scenario's ``deadline_s`` bounds the whole reaction, from the instant that handles a trigger
+to the result, not only the solver: building the problem is timed and subtracted, and ``PUBLISH_SHARE``
+of the deadline is kept for assembling and publishing the plan. The solver always
 returns a feasible plan within what is left (``solvers.allocation``).
 
 Determinism: online the solve runs under that wall-clock deadline and the plan records the
@@ -37,8 +52,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 
-from actors.base import TickActor
-from actors.solver_process import READY_S, SolverProcess
+from actors.base import TickActor, next_instant
+from actors.solver_process import READY_S, Flight, SolverProcess
 from coral.catalog.types import Catalog
 from coral.kernel import Envelope
 from coral.messages.control import (
@@ -61,7 +76,7 @@ from coral.plan import Plan, PlanRequest
 from coral.scenario import Deployment, Scenario
 from coral.templates import Template
 from coral.workload import Slo
-from solvers.allocation import SolverEffort
+from solvers.allocation import AllocationProblem, SolverEffort
 from solvers.planning import Planner, policy_admits, to_plan
 
 PUBLISH_SHARE = 0.12
@@ -79,6 +94,26 @@ def servable(templates: Sequence[Template]) -> bool:
 def meets(t: Template, slo: Slo) -> bool:
     """Whether a template built for ``t.slo`` also meets ``slo`` (its targets are at least as strict)."""
     return t.slo.ttft_s <= slo.ttft_s and t.slo.tpot_s <= slo.tpot_s and t.slo.attainment >= slo.attainment
+
+
+def publish_delay(deadline_s: float, deterministic: bool) -> float:
+    """D, the simulated seconds from a plan's trigger to its publication: the planner's deadline, or 0
+    when every solve runs to completion (``deterministic``; there is no deadline to wait for)."""
+    return 0.0 if deterministic else float(deadline_s)
+
+
+@attrs.define(eq=False)
+class Pending:
+    """A plan in flight: the solve submitted at ``req.at`` with what it needs to become a ``NewPlan``."""
+
+    due: float
+    flight: Flight
+    planner: Planner
+    req: PlanRequest
+    prob: AllocationProblem
+    index: list[tuple[Deployment, Template]]
+    seq: int
+    inputs: PlanInputs
 
 
 def effort_of(plan: Plan) -> SolverEffort:
@@ -139,6 +174,10 @@ class Allocator(TickActor):
         self.seq = 0
         self.solver: SolverProcess | None = None
         """The solver process (spawned at the first start, closed at the stop; a restart keeps it)."""
+        self.delay_s = publish_delay(self.deadline_s, deterministic)
+        """D: a plan started at t is published at t + D (see the module docstring)."""
+        self.pending: Pending | None = None
+        """The plan in flight: started, to be published at its ``due`` time."""
 
     async def started(self) -> None:
         """Spawn the solver process and wait for its ``Ready`` (at most ``READY_S``) before the actor counts
@@ -146,6 +185,8 @@ class Allocator(TickActor):
         if self.solver is None:
             self.solver = SolverProcess()
         await self.solver.start_async(READY_S)
+        if self.pending is not None:  # a restart while a plan was in flight: it is still published on time
+            self.wake_at(max(self.pending.due, next_instant(self.ctx.now())))
 
     async def on_stop(self) -> None:
         if self.solver is not None:
@@ -293,6 +334,11 @@ class Allocator(TickActor):
         if self.shown is None or attrs.evolve(state, at=self.shown.at) != self.shown:
             self.shown = state
             await self.ctx.publish(state)
+        if self.pending is not None:
+            if now < self.pending.due:
+                self.wake_at(self.pending.due)
+                return
+            await self.land()
         if self.paused or self.prices is None or not self.triggers:
             return
         trigger = "+".join(sorted(self.triggers))
@@ -305,8 +351,9 @@ class Allocator(TickActor):
             self.solver = SolverProcess()
         return self.solver
 
-    async def solve(self, now: float, trigger: str) -> NewPlan:
-        """Solve for the current state and publish the plan."""
+    async def solve(self, now: float, trigger: str) -> NewPlan | None:
+        """Start a plan for the current state; publish it now when ``delay_s`` is 0 (returned), else at
+        ``now + delay_s`` (``land``; None here)."""
         assert self.prices is not None
         sc = self.scenario
         if self.churn != sc.planner.churn_factor:
@@ -323,12 +370,25 @@ class Allocator(TickActor):
         prob, index = planner.problem(req)
         spent = time.perf_counter() - started
         left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
-        res = await self.solver_process().solve_async(prob, deadline_s=left, effort=effort, columns=self.columns)
-        plan = to_plan(planner, req, prob, index, res, seq=seq)
-        diff = tuple(PlanChange(d, t, r, n) for (d, t, r), n in plan.diff(self.last_plan).items())
+        flight = await self.solver_process().submit_async(prob, deadline_s=left, effort=effort, columns=self.columns)
         self.seq = seq
-        self.last_plan = plan
         self.last_plan_at = now
-        msg = NewPlan(plan, diff, self.inputs)
+        self.pending = Pending(now + self.delay_s, flight, planner, req, prob, index, seq, self.inputs)
+        if self.delay_s > 0:
+            self.wake_at(self.pending.due)
+            return None
+        return await self.land()
+
+    async def land(self) -> NewPlan:
+        """Collect the plan in flight (waiting for the solver process if it is not done: the clock stands
+        meanwhile) and publish it."""
+        p = self.pending
+        assert p is not None
+        self.pending = None
+        res = await self.solver_process().collect_async(p.flight)
+        plan = to_plan(p.planner, p.req, p.prob, p.index, res, seq=p.seq)
+        diff = tuple(PlanChange(d, t, r, n) for (d, t, r), n in plan.diff(self.last_plan).items())
+        self.last_plan = plan
+        msg = NewPlan(plan, diff, p.inputs)
         await self.ctx.publish(msg)
         return msg

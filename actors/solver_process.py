@@ -38,6 +38,15 @@ return, so the owner waits for that one. Without a deadline (a replay with a giv
 ``Done``. Nothing here reads the clock for a decision: which result the owner takes depends on time, but
 the result carries the effort that reproduces it.
 
+Submit and collect: ``submit`` sends a ``Solve`` and returns its ``Flight`` at once; ``collect`` later
+waits for its result under the same rules (the hard deadline counts from the submit), so that the owner
+may do other work while the child solves (the allocator lets the mesh's clock run: ``actors.allocator``).
+``solve`` is the two in a row. One solve is in flight at a time: a ``submit`` (or ``call``) while one is
+uncollected abandons it, and is then treated as after a late solve; a ``solve`` (the allocator's plan
+preview) first collects it, and keeps the result for its ``collect``. Until it is collected, a flight's
+``Progress`` messages wait in the pipe (about 1.5 KB each, one per improving plan, against a socket buffer
+of some 200 KB), so the child does not block on them.
+
 Shutdown: ``close()`` sends ``Stop``, joins the child, and kills it if it does not exit in time; the
 owner starts no thread.
 """
@@ -174,6 +183,27 @@ class Stop:
     """Exit."""
 
 
+@attrs.define(eq=False)
+class Flight:
+    """A solve sent to the child and not yet collected (``SolverProcess.submit``); the owner's side only.
+    ``until`` is the hard deadline on the monotonic clock (None: a replay, which waits for ``Done``),
+    ``last`` the last ``Progress`` collected."""
+
+    seq: int
+    key: str
+    problem: AllocationProblem
+    changes: Changes
+    deadline_s: float
+    options: dict[str, Any]
+    whole: bool
+    until: float | None
+    last: AllocationResult | None = None
+    result: AllocationResult | None = None
+    """Set when a ``solve`` had to finish this flight first; its ``collect`` then returns it."""
+    error: Exception | None = None
+    """What collecting it raised then; its ``collect`` raises it."""
+
+
 # -- the child ----------------------------------------------------------------------------------------
 
 
@@ -275,6 +305,10 @@ class SolverProcess:
         self._seq = 0
         self._lock: anyio.Lock | None = None  # one solve at a time from anyio tasks
         self._stale: int | None = None  # a solve whose result was taken from its progress, still running
+        self._flight: Flight | None = None  # the solve submitted and not yet collected
+        self._landed: Flight | None = None  # a flight that a ``solve`` finished first, not yet collected
+        self.abandoned = 0
+        """Solves submitted and never collected (a later submit or job came first)."""
         self.late = 0
         """Solves whose result was their last progress (no ``Done`` by the hard deadline)."""
         self.kills = 0
@@ -318,6 +352,7 @@ class SolverProcess:
         assert self._conn is not None
         with contextlib.suppress(BrokenPipeError, OSError):
             self._conn.send(Stop())
+        self._flight = None
         self._proc.join(timeout_s)
         if self._proc.exitcode is None:
             self._proc.kill()
@@ -375,15 +410,13 @@ class SolverProcess:
         async with self._lock:
             await self._drive_async(self._start_steps(timeout_s))
 
-    def _steps(
-        self,
-        problem: AllocationProblem,
-        deadline_s: float,
-        options: dict[str, Any],
-        on_progress: Callable[[AllocationResult], None] | None,
-    ) -> Any:
-        """Yields the monotonic time (or None: no limit) until which to wait for the pipe to be readable,
-        is sent whether it is, and returns the result."""
+    def _submit_steps(self, problem: AllocationProblem, deadline_s: float, options: dict[str, Any]) -> Any:
+        """Steps (as ``_collect_steps``) that send a ``Solve`` and return its ``Flight``: first an abandoned
+        or late solve is given time to end (then the child is killed), and a new child's ``Ready`` awaited."""
+        if self._flight is not None:  # submitted and never collected: the child may still be solving it
+            self._stale = self._flight.seq
+            self._flight = None
+            self.abandoned += 1
         if self._stale is not None and self._proc is not None:  # give the late solve time to end, then kill it
             settle = time.monotonic() + max(hard_s(deadline_s), SETTLE_S)
             while self._stale is not None:
@@ -408,31 +441,68 @@ class SolverProcess:
         self.sent_whole += whole
         self._held = key
         replay = options.get("effort") is not None
-        until: float | None = None if replay else time.monotonic() + hard_s(deadline_s)
-        last: AllocationResult | None = None
+        until = None if replay else time.monotonic() + hard_s(deadline_s)
+        self._flight = Flight(seq, key, problem, changes, deadline_s, options, whole, until)
+        return self._flight
+
+    def _collect_steps(self, flight: Flight, on_progress: Callable[[AllocationResult], None] | None) -> Any:
+        """Yields the monotonic time (or None: no limit) until which to wait for the pipe to be readable,
+        is sent whether it is, and returns the result of ``flight``."""
+        if flight is self._landed:
+            self._landed = None
+            if flight.error is not None:
+                raise flight.error
+            assert flight.result is not None
+            return flight.result
+        if flight is not self._flight:
+            raise SolverProcessError(
+                f"solve {flight.seq} is not in flight: it was collected, or a later one was submitted"
+            )
+        self._flight = None
+        seq = flight.seq
+        assert self._conn is not None
         while True:
-            wait_until = None if last is None else until
+            wait_until = None if flight.last is None else flight.until
             readable = yield wait_until
             if not readable:  # the hard deadline passed, and a plan is in hand; the child ends its solve late
-                assert last is not None
+                assert flight.last is not None
                 self._stale = seq
                 self.late += 1
-                return last
+                return flight.last
             msg = self._recv()
             if isinstance(msg, Progress) and msg.seq == seq:
-                last = msg.result
+                flight.last = msg.result
                 if on_progress is not None:
-                    on_progress(last)
+                    on_progress(flight.last)
             elif isinstance(msg, Done) and msg.seq == seq:
                 return msg.result
-            elif isinstance(msg, Failed) and msg.seq == seq and msg.kind == "UnknownProblem" and not whole:
-                whole = True
+            elif isinstance(msg, Failed) and msg.seq == seq and msg.kind == "UnknownProblem" and not flight.whole:
+                flight.whole = True
                 self.sent_whole += 1
-                self._conn.send(Solve(seq, key, problem, changes, deadline_s, options))
+                self._conn.send(
+                    Solve(seq, flight.key, flight.problem, flight.changes, flight.deadline_s, flight.options)
+                )
             elif isinstance(msg, Failed) and msg.seq == seq:
                 if msg.kind == "AllocationInputError":
                     raise AllocationInputError(msg.error)
                 raise SolverProcessError(f"the solve failed in the solver process: {msg.kind}: {msg.error}")
+
+    def _steps(
+        self,
+        problem: AllocationProblem,
+        deadline_s: float,
+        options: dict[str, Any],
+        on_progress: Callable[[AllocationResult], None] | None,
+    ) -> Any:
+        if self._flight is not None:  # finish the solve in flight first: its collect returns what it gave
+            landed = self._flight
+            try:
+                landed.result = yield from self._collect_steps(landed, None)
+            except (AllocationInputError, SolverProcessError) as exc:
+                landed.error = exc
+            self._landed = landed
+        flight = yield from self._submit_steps(problem, deadline_s, options)
+        return (yield from self._collect_steps(flight, on_progress))
 
     def call(self, fn: Callable[[], Any], hard_s: float) -> Any:
         """``fn()`` computed in the child, or None when it takes more than ``hard_s`` seconds (the child is
@@ -440,6 +510,9 @@ class SolverProcess:
         ``SolverProcessError``."""
         if not (hard_s > 0 and math.isfinite(hard_s)):
             raise ValueError(f"hard_s must be finite and > 0, got {hard_s}")
+        if self._flight is not None:
+            self._stale, self._flight = self._flight.seq, None
+            self.abandoned += 1
         if self._stale is not None and self._proc is not None:
             self.kills += 1  # a job waits for no late solve: jobs are long, solves are not
             self._kill()
@@ -516,6 +589,46 @@ class SolverProcess:
     ) -> AllocationResult:
         res: AllocationResult = await self._drive_async(self._steps(problem, deadline_s, options, on_progress))
         return res
+
+    def submit(
+        self, problem: AllocationProblem, *, deadline_s: float = 1.0, effort: SolverEffort | None = None, **options: Any
+    ) -> Flight:
+        """Send ``solve_allocation(problem, ...)`` to the child and return at once with its ``Flight``; its
+        result comes from ``collect``. It blocks only while a late or abandoned solve ends, or a new child
+        starts. A second ``submit`` before the first is collected abandons the first."""
+        _check(deadline_s)
+        flight: Flight = self._drive(self._submit_steps(problem, deadline_s, {"effort": effort, **options}))
+        return flight
+
+    def collect(
+        self, flight: Flight, *, on_progress: Callable[[AllocationResult], None] | None = None
+    ) -> AllocationResult:
+        """The result of a submitted solve (blocking), under the hard deadline counted from its ``submit``."""
+        res: AllocationResult = self._drive(self._collect_steps(flight, on_progress))
+        return res
+
+    async def submit_async(
+        self, problem: AllocationProblem, *, deadline_s: float = 1.0, effort: SolverEffort | None = None, **options: Any
+    ) -> Flight:
+        """``submit`` for an anyio task (waits on the pipe in no thread)."""
+        _check(deadline_s)
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            flight: Flight = await self._drive_async(
+                self._submit_steps(problem, deadline_s, {"effort": effort, **options})
+            )
+            return flight
+
+    async def collect_async(
+        self, flight: Flight, *, on_progress: Callable[[AllocationResult], None] | None = None
+    ) -> AllocationResult:
+        """``collect`` for an anyio task (waits on the pipe in no thread)."""
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            res: AllocationResult = await self._drive_async(self._collect_steps(flight, on_progress))
+            return res
 
     async def _drive_async(self, steps: Any) -> Any:
         """Run a generator of steps, awaiting the pipe's readability; its return value."""

@@ -21,7 +21,10 @@ Targets: added p50 <= 20 ms, p99 <= 100 ms; the burst's client TTFT p50 at most 
 + 20 ms.
 
 The machine is shared: the load average is printed with the figures. Run
-``python bench/gateway.py [--json] [--speed 1] [--policy coral] [--singles 30] [--burst 2000] [--concurrency 64]``
+``python bench/gateway.py [--json] [--speed 1] [--policy coral] [--singles 30] [--burst 2000] [--concurrency 64]
+[--no-deadline]`` (plans are solved under the scenario's deadline, as ``coral up`` solves them, unless
+``--no-deadline``). With ``CORAL_BENCH_PROFILE=FILE`` in the environment the mesh process is profiled
+(cProfile) into FILE.
 (``just bench gateway``).
 """
 
@@ -49,7 +52,7 @@ MODEL = "chat-8b"
 PROMPT = "Tell me about coral reefs and the fish that live around them."
 
 
-def serve(store: str, journal: str, speed: float, policy: str) -> None:
+def serve(store: str, journal: str, speed: float, policy: str, no_deadline: bool) -> None:
     """Child process: run the mesh with its gateway until SIGINT/SIGTERM; print the gateway's URL."""
     import anyio
     import attrs
@@ -70,7 +73,7 @@ def serve(store: str, journal: str, speed: float, policy: str) -> None:
     perf = PerfModel(catalog)
     world = World(catalog, perf, Path(store))
     sc = attrs.evolve(world.scenario(SCENARIO), duration_s=3600)
-    setup = world.setup(SCENARIO, attrs.evolve(RECORD_OPTIONS, policy=policy), sc)
+    setup = world.setup(SCENARIO, attrs.evolve(RECORD_OPTIONS, policy=policy, deterministic=no_deadline), sc)
     sock = bind("127.0.0.1", 0, "gateway")
     inner = CoralMesh(setup, sc, catalog, perf).feed()
 
@@ -104,7 +107,15 @@ def serve(store: str, journal: str, speed: float, policy: str) -> None:
             )  # fmt: skip
             tg.cancel_scope.cancel()
 
-    anyio.run(main, backend="asyncio")
+    prof = os.environ.get("CORAL_BENCH_PROFILE")  # a cProfile of the mesh process, for finding its costs
+    if prof:
+        import cProfile
+
+        with cProfile.Profile() as pr:
+            anyio.run(main, backend="asyncio")
+        pr.dump_stats(prof)
+    else:
+        anyio.run(main, backend="asyncio")
     Path(journal + ".steps").write_text(json.dumps(steps))
 
 
@@ -294,12 +305,17 @@ def main() -> None:
         choices=POLICIES,
         help="the mesh's planning policy (coral up --policy; pd-homo: prefill/decode)",
     )
+    ap.add_argument(
+        "--no-deadline",
+        action="store_true",
+        help="solve every plan to completion (coral up --no-deadline); default: the scenario's deadline, as coral up",
+    )
     ap.add_argument("--store", type=Path, help="the mesh-* template store (built in a temporary folder if absent)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--serve", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve[0], args.serve[1], float(args.serve[2]), args.serve[3])
+        serve(args.serve[0], args.serve[1], float(args.serve[2]), args.serve[3], args.serve[4] == "1")
         return
     import anyio
 
@@ -315,7 +331,16 @@ def main() -> None:
             build_store(store, PerfModel(catalog), catalog)
         journal = Path(tmp) / "bench.journal"
         p = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(store), str(journal), str(args.speed), args.policy],
+            [
+                sys.executable,
+                __file__,
+                "--serve",
+                str(store),
+                str(journal),
+                str(args.speed),
+                args.policy,
+                "1" if args.no_deadline else "0",
+            ],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -339,6 +364,7 @@ def main() -> None:
     out = {
         "speed": args.speed,
         "policy": args.policy,
+        "deadline": not args.no_deadline,
         "tokens": args.tokens,
         "concurrency": args.concurrency,
         "singles": summarize(got["singles"], entered, admitted, times, args.speed),
@@ -354,6 +380,7 @@ def main() -> None:
         return
     print(
         f"gateway over the simulated mesh at --speed {args.speed:g}, policy {args.policy}, "
+        f"{'no deadline' if args.no_deadline else 'the scenario deadline'}, "
         f"{args.tokens} tokens per request "
         f"({os.cpu_count()} CPUs; load average {load0[0]:.1f} / {load0[1]:.1f} before, "
         f"{load1[0]:.1f} / {load1[1]:.1f} after, 1 / 5 min)"

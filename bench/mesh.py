@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import anyio  # noqa: E402
 
+from actors.allocator import publish_delay  # noqa: E402
 from actors.compose import CoralMesh, RunOptions, library_for, make_setup, run_mesh  # noqa: E402
 from actors.watch import RunState  # noqa: E402
 from coral.catalog import load_catalog  # noqa: E402
@@ -187,7 +188,8 @@ def main() -> None:
         with TemplateStore(Path(store), readonly=True) as st:
             plan_fn, templates = make_planner("coral", sc, cat, perf, st, solve=solve)
         dur = args.duration if args.duration is not None else sc.duration_s
-        cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand)
+        delay = publish_delay(setup.deadline_s, setup.deterministic)  # plans take effect when the mesh's do
+        cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand, plan_delay_s=delay)
         arrivals = deployment_arrivals(
             sc, seed=args.seed, end_s=dur, length_dist=cfg.length_dist, cv_in=cfg.cv_in, cv_out=cfg.cv_out
         )  # the mesh's own requests

@@ -80,6 +80,7 @@ from coral.sim.state import (
     K_HANDOFF,
     K_MARKET,
     K_MONITOR,
+    K_PLAN,
     K_READY,
     K_REPLAN,
     K_STAGE,
@@ -270,6 +271,8 @@ class _Sim(Fleet):
                 self._fault(obj, t)
             elif kind == K_MONITOR:
                 self._monitor(obj, t)
+            elif kind == K_PLAN:
+                self._land(t)
             if self.open_sources == 0 and self.active == 0 and t >= self.duration:
                 break
         end = max(t, self.duration)

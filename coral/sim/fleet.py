@@ -14,6 +14,7 @@ from coral.sim.batching import Batching
 from coral.sim.state import (
     DEAD,
     DRAINING,
+    K_PLAN,
     K_READY,
     K_TICK,
     LOADING,
@@ -255,14 +256,22 @@ class Fleet(Batching):
         return out
 
     def _replan(self, t: float, trigger: str, first: bool = False) -> None:
+        """Make a plan from the state at ``t``; apply it now, or at ``t + plan_delay_s`` (``SimConfig``)."""
+        delay = 0.0 if first else self.cfg.plan_delay_s
+        if delay > 0 and self.flight is not None:
+            self.held_triggers.add(trigger)
+            return
         if self.mon_demand is not None:
             demand = dict(self.mon_demand)
         else:
             demand = {d.name: float(self.rate_fns[d.idx](t)) for d in self.deps}
-        live = self._live_counts()
-        self.pending = {}
         req = PlanRequest(
-            at=t, demand=demand, prices=dict(self.price), availability=dict(self.avail), current=live, trigger=trigger
+            at=t,
+            demand=demand,
+            prices=dict(self.price),
+            availability=dict(self.avail),
+            current=self._live_counts(),
+            trigger=trigger,
         )
         w0 = time.perf_counter()
         plan = self.plan_fn(req)
@@ -276,6 +285,26 @@ class Fleet(Batching):
                 + ", ".join(f"{k}={v:g} req/s" for k, v in demand.items())
                 + "; nothing could serve any request"
             )
+        if delay > 0:
+            self.flight = target
+            self._push(t + delay, K_PLAN, None)
+            return
+        self._apply(target, t, first)
+
+    def _land(self, t: float) -> None:
+        """Apply the plan in flight; the triggers that came meanwhile make the next plan now."""
+        target, self.flight = self.flight, None
+        assert target is not None
+        self._apply(target, t, False)
+        if self.held_triggers:
+            trigger = "+".join(sorted(self.held_triggers))
+            self.held_triggers.clear()
+            self._replan(t, trigger)
+
+    def _apply(self, target: dict[tuple[str, str, str], int], t: float, first: bool) -> None:
+        """Start and retire instances towards ``target`` (make before break)."""
+        live = self._live_counts()
+        self.pending = {}
         keys = sorted(set(target) | set(live))
         changed = False
         for key in keys:

@@ -27,7 +27,7 @@ from coral.sim.tables import StageTable
 from coral.templates import SINK, SOURCE, Template
 
 LOADING, SERVING, DRAINING, DEAD = 0, 1, 2, 3
-K_STAGE, K_ARRIVAL, K_HANDOFF, K_READY, K_TICK, K_REPLAN, K_MARKET, K_FAULT, K_MONITOR = range(9)
+K_STAGE, K_ARRIVAL, K_HANDOFF, K_READY, K_TICK, K_REPLAN, K_MARKET, K_FAULT, K_MONITOR, K_PLAN = range(10)
 
 PlanFn = Callable[[PlanRequest], Plan]
 _EMPTY: deque[Req] = deque()
@@ -53,6 +53,11 @@ class SimConfig:
     arrivals (``coral.demand``), re-planning when it moves, instead of the scenario's demand at the moment
     (the default). The monitor observes the arrivals of each ``monitor_tick_s``, as the mesh's observes
     each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows.
+
+    ``plan_delay_s``: a plan made at t (from the state at t) is applied at t + ``plan_delay_s``, as the
+    mesh's allocator publishes it at its trigger plus the planner's deadline (``actors.allocator``; 0 when
+    it solves without one); the triggers that come while a plan is in flight make one plan, made when it
+    is applied. The first plan (t = 0, the fleet warm) is applied at once.
     """
 
     token_budget: int = 2048
@@ -62,6 +67,7 @@ class SimConfig:
     startup_s: float = _CLOUD.startup_s
     monitor: DemandTuning | None = None
     monitor_tick_s: float = MeshTiming().report_s
+    plan_delay_s: float = 0.0
     warm_start: bool = True
     drain_limit_s: float = 600.0
     length_dist: str = "lognormal"
@@ -80,7 +86,7 @@ class SimConfig:
                 self.monitor.check()
             except CoralError as exc:
                 raise SimError(f"monitor: {exc}") from exc
-        for name in ("queue_timeout_s", "provision_s", "startup_s", "drain_limit_s"):
+        for name in ("queue_timeout_s", "provision_s", "startup_s", "drain_limit_s", "plan_delay_s"):
             if not getattr(self, name) >= 0:
                 raise SimError(f"{name} must not be negative, got {getattr(self, name)}")
 
@@ -411,6 +417,10 @@ class SimState:
         self.dep_rate = [0.0] * len(self.deps)
         self.tick_cost = [0.0] * len(self.deps)
         self.pending: dict[tuple[str, str, str], int] = {}
+        self.flight: dict[tuple[str, str, str], int] | None = None
+        """The target of a plan made and not yet applied (``SimConfig.plan_delay_s``)."""
+        self.held_triggers: set[str] = set()
+        """Re-plan triggers that came while a plan was in flight."""
         self.tables: dict[tuple[str, str, int, int], StageTable] = {}
         self.replans = 0
         self.solve_s: list[float] = []

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from actors.allocator import Allocator
+from actors.base import HOP_S, next_instant
 from actors.compose import library_for
-from coral.messages.control import AllocatorState, ForbidTemplate, PauseAllocator, SetSlo
+from coral.messages.control import AllocatorState, ForbidTemplate, PauseAllocator, Replan, SetChurn, SetSlo
 from coral.messages.demand import DemandUpdate
 from coral.messages.market import MarketUpdate, Quote
 from coral.messages.plan import NewPlan
@@ -24,11 +25,13 @@ def _market(sc: Scenario, world: World, seq: int = 1) -> MarketUpdate:
     return MarketUpdate(seq, 0.0, quotes, quotes)
 
 
-async def _allocator(world: World) -> tuple[Allocator, FakeContext, Scenario]:
+async def _allocator(world: World, *, deterministic: bool = True) -> tuple[Allocator, FakeContext, Scenario]:
     sc = world.scenario("mesh-steady")
     with TemplateStore(world.store, readonly=True) as store:
         lib = library_for(store, sc)
-    a = Allocator(tick_s=1.0, scenario=sc, catalog=world.catalog, perf=world.perf, library=lib, deterministic=True)
+    a = Allocator(
+        tick_s=1.0, scenario=sc, catalog=world.catalog, perf=world.perf, library=lib, deterministic=deterministic
+    )
     return a, await attach(a), sc
 
 
@@ -86,3 +89,47 @@ async def test_commands_that_would_leave_a_deployment_unserved_are_refused(world
     assert refused[-1] == ("template_id", "unknown")
     assert any(r.field == "template_id" and "without a template" in r.reason for r in results if not r.ok)
     assert {t.id for t in a.usable(dep)}  # the deployment can still be served
+
+
+async def test_under_a_deadline_a_plan_is_published_at_its_start_plus_the_deadline(world: World) -> None:
+    """A plan started at t is published at t + D (D = the scenario's deadline), not before, while the
+    actor stays idle; changes that arrive meanwhile make one plan, started when the first is published."""
+    a, ctx, sc = await _allocator(world, deterministic=False)
+    try:
+        d = sc.planner.deadline_s
+        assert a.delay_s == d > 0
+        await ctx.run_until(1.3)
+        due = next_instant(1.3)
+        demand = {x.name: 2 * x.demand.at(0.0) for x in sc.deployments}
+        await a.handle(envelope(_market(sc, world)))
+        await a.handle(envelope(DemandUpdate(1, 1.3, demand, demand)))
+        await ctx.run_until(due)
+        assert _plans(ctx) == [] and a.pending is not None and a.pending.due == due + d  # submitted, not published
+        await a.handle(envelope(Replan(), source="operator"))  # while the first is in flight
+        await ctx.run_until(due + 0.5)
+        await a.handle(envelope(SetChurn(2.0), source="operator"))  # another change, same flight
+        await ctx.run_until(due + d - HOP_S / 4)
+        assert _plans(ctx) == []
+        await ctx.run_until(due + d)
+        (first,) = _plans(ctx)
+        assert (first.plan.seq, first.plan.at, first.plan.trigger) == (1, due, "demand+initial+market")
+        assert first.inputs.demand_seq == 1 and sum(c.delta for c in first.diff) > 0
+        assert a.pending is not None and a.pending.due == due + 2 * d  # the operator's re-plan, started now
+        await ctx.run_until(due + 2 * d)
+        second = _plans(ctx)[-1]
+        assert (second.plan.seq, second.plan.at, second.plan.trigger) == (2, due + d, "churn+operator")
+        assert len(_plans(ctx)) == 2 and a.pending is None
+    finally:
+        await a.on_stop()
+
+
+async def test_without_a_deadline_a_plan_is_published_at_its_start(world: World) -> None:
+    a, ctx, sc = await _allocator(world)
+    try:
+        assert a.delay_s == 0.0
+        await a.handle(envelope(_market(sc, world)))
+        await ctx.run_until(1.3)
+        (plan,) = _plans(ctx)
+        assert plan.plan.at == next_instant(0.0) and a.pending is None
+    finally:
+        await a.on_stop()

@@ -105,6 +105,64 @@ async def test_solve_async_waits_on_the_pipe_in_no_thread() -> None:
         proc.close()
 
 
+def test_submit_returns_before_the_result_and_collect_gives_what_solve_gives() -> None:
+    """``submit`` sends the solve and returns; ``collect`` waits for it (a result that replays); a second
+    submit abandons an uncollected first one, whose collect is then refused, and waits for it to end."""
+    p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
+    kw = {"columns": "all", "mip_gap": 1e-3}
+    with SolverProcess() as proc:
+        proc.start()
+        t0 = time.perf_counter()
+        flight = proc.submit(p, deadline_s=30.0, **kw)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
+        res = proc.collect(flight)
+        t2 = time.perf_counter()
+        assert t1 - t0 < t2 - t1  # the solve (0.3-2 s here) ran after submit had returned
+        again = solve_allocation(p, effort=res.effort, **kw)  # type: ignore[arg-type]
+        assert (again.counts, again.objective, again.bound) == (res.counts, res.objective, res.bound)
+        with pytest.raises(SolverProcessError, match="not in flight"):
+            proc.collect(flight)  # collected already
+        first = proc.submit(p, deadline_s=30.0, **kw)  # type: ignore[arg-type]
+        second = proc.submit(p, effort=res.effort, **kw)  # type: ignore[arg-type]
+        assert proc.abandoned == 1 and proc.kills == 0  # the first ended within its settle time
+        with pytest.raises(SolverProcessError, match=f"solve {first.seq} is not in flight"):
+            proc.collect(first)
+        assert proc.collect(second).counts == res.counts
+        third = proc.submit(p, effort=res.effort, **kw)  # type: ignore[arg-type]
+        assert proc.solve(p, effort=res.effort, **kw).counts == res.counts  # type: ignore[arg-type]
+        assert proc.collect(third).counts == res.counts  # a solve finished it first and kept its result
+        assert proc.abandoned == 1
+        proc.submit(p, deadline_s=30.0, **kw)  # type: ignore[arg-type]
+        assert proc.call(functools.partial(_sleep, 0.01), 60.0) == 0.01  # a job kills an uncollected solve
+        assert proc.abandoned == 2 and proc.kills == 1
+
+
+async def test_submit_async_and_collect_async_leave_the_loop_running_in_no_thread() -> None:
+    p = generate("core", 8, seed=2, load=0.2)
+    proc = SolverProcess()
+    try:
+        await proc.start_async()
+        threads = threading.active_count()
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            flight = await proc.submit_async(p, deadline_s=0.5, columns="all")
+            res = await proc.collect_async(flight)
+            tg.cancel_scope.cancel()
+        assert threading.active_count() == threads
+        assert ticks > 1
+        assert res.counts == solve_allocation(p, effort=res.effort, columns="all").counts
+    finally:
+        proc.close()
+
+
 @pytest.mark.slow
 def test_the_child_keeps_the_problem_and_a_changed_one_is_never_served_from_its_cache() -> None:
     """The problem goes whole once; a solve with new demand, prices or availability sends only those; new

@@ -87,7 +87,30 @@ async def test_solves_cut_by_the_wall_clock_replay_with_their_recorded_effort(wo
     journal = tmp_path / "cut.journal"
     options = attrs.evolve(RECORD_OPTIONS, deterministic=False, deadline_s=1e-4)
     await world.run("mesh-surge", options=options, journal=journal, until=80.0)
-    plans = [d.msg.plan for d in decisions_of(journal) if isinstance(d.msg, NewPlan)]
+    published = [(d.at, d.msg.plan) for d in decisions_of(journal) if isinstance(d.msg, NewPlan)]
+    plans = [p for _, p in published]
     assert any(p.effort for p in plans)  # at least one solve stopped at the deadline, with its effort recorded
+    assert all(at == p.at + 1e-4 for at, p in published)  # each published at its start + the deadline
+    report = await replay_journal(journal)
+    assert report.ok, "\n".join(report.diffs)
+
+
+async def test_under_a_deadline_the_mesh_runs_while_a_plan_is_in_flight_and_replays(
+    world: World, tmp_path: Path
+) -> None:
+    """Each plan is published at its start + the deadline D; the mesh's other actors act in between (the
+    clock is not held for the solve), and the run replays exactly."""
+    journal = tmp_path / "flight.journal"
+    d = 1.5  # past a tick, where the feed's arrivals enter and the router dispatches them
+    options = attrs.evolve(RECORD_OPTIONS, deterministic=False, deadline_s=d)
+    await world.run("mesh-surge", options=options, journal=journal, until=60.0)
+    decisions = decisions_of(journal)
+    published = [(x.at, x.msg.plan) for x in decisions if isinstance(x.msg, NewPlan)]
+    assert len(published) >= 2 and all(at == p.at + d for at, p in published)
+    later = [(at, p) for at, p in published if p.at > 0]  # after the warm-up, when requests flow
+    assert later
+    records = list(read_journal(journal))
+    for at, p in later:
+        assert any(p.at < r.time < at and r.tag == "req.dispatch" for r in records), p.seq
     report = await replay_journal(journal)
     assert report.ok, "\n".join(report.diffs)
