@@ -45,6 +45,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--bind", default="tcp://127.0.0.1:7941", help="kernel address (default: tcp://127.0.0.1:7941)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for an effect (default: 30)")
     p.add_argument("--transcript", type=Path, default=None, help="write the panes captured at each effect here")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds to wait after the UI is live (default: 10)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p.parse_args()
 
@@ -115,6 +116,8 @@ def main() -> None:
         if t is None:
             raise SystemExit(f"tui-steer: the TUI did not come up in 120 s; last pane:\n{text}")
         shots.append(f"--- started\n{text}")
+        # the first form opened in the UI's first seconds lost a Tab at load 19 (cause not found): settle
+        time.sleep(args.settle)
 
         def quiet() -> None:  # the previous action's notifications gone, no pop-up open
             wait(lambda s: "accepted" not in s and "sent" not in flat(s).split(), 15.0)

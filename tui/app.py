@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -97,12 +98,15 @@ class CoralTui(App[int]):
         source: Source,
         *,
         gpu_of: Mapping[str, str] | None = None,
-        frame_s: float = 0.05,
+        frame_s: float = 0.1,
         command_timeout_s: float = M.COMMAND_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        parent_fd: int | None = None,
     ) -> None:
         super().__init__()
         self.source = source
+        self.parent_fd = parent_fd
+        """A pipe from the process that started this one: end of file on it (it stopped) quits the app."""
         self.command_timeout_s = command_timeout_s
         """A command with no answer after this long (``clock``'s seconds) is shown failed."""
         self.clock = clock
@@ -136,6 +140,15 @@ class CoralTui(App[int]):
         self._focus_view("fleet")
         self.run_worker(self.bus.run(), name="bus", group="bus", exit_on_error=False)
         self.set_interval(1.0, self.expire_commands)
+        if self.parent_fd is not None:
+            self.run_worker(self._watch_parent(self.parent_fd), name="parent", group="parent")
+
+    async def _watch_parent(self, fd: int) -> None:
+        while True:
+            await anyio.wait_readable(fd)
+            if not os.read(fd, 4096):
+                self.exit(0)
+                return
 
     def expire_commands(self) -> None:
         """Fail the commands that waited ``command_timeout_s`` for an answer (``M.COMMAND_TIMEOUT_S``)."""
@@ -416,6 +429,7 @@ def make_app(
     catalog_files: list[Path] | None = None,
     source: Source | None = None,
     curve: ClientKeys | None = None,
+    parent_fd: int | None = None,
 ) -> CoralTui:
     """The app for a live mesh (``endpoints``, or the local default), a journal (``replay``) or a source.
 
@@ -427,7 +441,7 @@ def make_app(
             source = ReplaySource(replay, speed=check_speed(speed))
         else:
             source = LiveSource(endpoints if endpoints is not None else default_endpoints(), curve=curve)
-    return CoralTui(source)
+    return CoralTui(source, parent_fd=parent_fd)
 
 
 def run_tui(
@@ -438,24 +452,19 @@ def run_tui(
     store: Path | None = None,
     catalog_files: list[Path] | None = None,
     curve: ClientKeys | None = None,
+    parent_fd: int | None = None,
 ) -> int:
     """Run the TUI until the user quits: attached to ``endpoints`` (None: the local default ``coral up``),
-    or replaying the journal ``replay`` at ``speed`` times its recorded time. Returns the exit status."""
-    app = make_app(endpoints, replay=replay, speed=speed, store=store, catalog_files=catalog_files, curve=curve)
+    or replaying the journal ``replay`` at ``speed`` times its recorded time. Returns the exit status.
+    ``parent_fd``: quit at end of file on it (``coral up --tui``'s pipe: the mesh stopped)."""
+    app = make_app(
+        endpoints,
+        replay=replay,
+        speed=speed,
+        store=store,
+        catalog_files=catalog_files,
+        curve=curve,
+        parent_fd=parent_fd,
+    )
     app.run()
-    return app.return_code or 0
-
-
-async def run_tui_async(
-    endpoints: Endpoints | None = None,
-    *,
-    replay: str | os.PathLike[str] | None = None,
-    speed: float = 1.0,
-    store: Path | None = None,
-    catalog_files: list[Path] | None = None,
-    curve: ClientKeys | None = None,
-) -> int:
-    """``run_tui`` inside a running asyncio event loop (for ``coral up --tui``, next to the mesh)."""
-    app = make_app(endpoints, replay=replay, speed=speed, store=store, catalog_files=catalog_files, curve=curve)
-    await app.run_async()
     return app.return_code or 0

@@ -480,7 +480,7 @@ class BusWorker:
         source: Source,
         post: Callable[[Message], object],
         *,
-        frame_s: float = 0.05,
+        frame_s: float = 0.1,
         max_events: int = 2000,
         merge_after: int = 256,
     ) -> None:

@@ -413,6 +413,11 @@ class State:
         return q.changed_at is not None and self.now - q.changed_at <= RECENT_S
 
 
+def recent_keys(state: State) -> frozenset[tuple[str, str]]:
+    """The market entries that changed within ``RECENT_S`` (shown highlighted)."""
+    return frozenset(k for k, q in state.market.items() if state.recent(q))
+
+
 def initial_state(*, gpu_of: Mapping[str, str] | None = None, link: Link | None = None) -> State:
     """An empty state; ``gpu_of`` maps node types to GPU types (from the catalog)."""
     return State(link=link or Link(), gpu_of=dict(gpu_of or {}))

@@ -36,6 +36,7 @@ from rich.console import Console
 
 from coral.cli import apikeys_cmd
 from coral.cli.common import add_policy, catalog_from, check_output, open_store, perf_from, store_path
+from coral.cli.tui_process import check_endpoints
 from coral.cli.up_driver import run_up_async
 from coral.cli.up_serve import Serve, serve_from_args, start_serving
 from coral.cli.up_setup import DEFAULT_SPEED, mesh_setup, parse_duration, parse_speed, vllm_fleet
@@ -206,6 +207,8 @@ def run_up(args: argparse.Namespace) -> int:
     speed = parse_speed(args.speed)
     wall_limit = parse_duration(args.for_) if args.for_ is not None else None
     endpoints = parse_bind(args.bind)
+    if args.tui:
+        check_endpoints(endpoints)
     from coral.cli.keys_cmd import default_keys_dir, kernel_keys
 
     curve = kernel_keys(endpoints, args.keys)

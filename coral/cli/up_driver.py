@@ -14,8 +14,10 @@ from rich.live import Live
 
 from coral.cli.common import stop_on_signals
 from coral.cli.resumed import resume_summary
+from coral.cli.tui_process import exit_text, run_tui_process
 from coral.cli.up_serve import Serve, start_serving
 from coral.cli.up_status import render_status, summarize
+from coral.errors import CoralError
 from coral.gateway import MeshLink
 from coral.kernel import Endpoints, Mesh, ServerKeys
 
@@ -44,8 +46,9 @@ async def run_up_async(
 ) -> dict[str, Any]:
     """Run the mesh until the scenario ends, ``wall_limit`` passes or SIGINT/SIGTERM; return the summary.
 
-    With ``tui_store`` the terminal UI attaches to the mesh in this process (reading templates from that
-    store), and quitting it stops the mesh. ``serve`` adds the HTTP gateway and the metrics endpoint.
+    With ``tui_store`` the terminal UI runs in a process of its own attached to the mesh over the bus
+    (``coral.cli.tui_process``; it reads no store): quitting it stops the mesh, the mesh stopping ends it, and
+    a UI that fails stops the mesh and raises CoralError. ``serve`` adds the HTTP gateway and the metrics endpoint.
     ``host_table``: the engines run on the hosts whose ``coral worker`` registered (``actors.hosts``).
     """
     # Start-up cost: the actors load in about 3 s, and every ``coral`` command imports this module.
@@ -79,9 +82,9 @@ async def run_up_async(
                 console.print(f"coral up: refused {r.count} connection(s) from {r.address}: {r.reason}", markup=False)
 
     async def tui(mesh: Mesh) -> None:
-        from tui.app import run_tui_async
-
-        await run_tui_async(mesh.endpoints, store=tui_store, curve=mesh.local_keys)
+        rc = await run_tui_process(mesh.endpoints, mesh.local_keys)
+        if rc != 0:
+            info["tui_failed"] = rc
         stop.set()
 
     async with anyio.create_task_group() as tg:
@@ -139,6 +142,8 @@ async def run_up_async(
             host_table=host_table,
         )
         tg.cancel_scope.cancel()
+    if "tui_failed" in info:
+        raise CoralError(f"--tui: the terminal UI {exit_text(info['tui_failed'])}; the mesh was stopped")
     out = summarize(setup, result.state, result.end, result.reason, result.wall_s, journal)
     if result.resumed is not None:
         out["resumed"] = resume_summary(result.resumed, resume)

@@ -6,6 +6,7 @@ event in full. ``/`` goes to the filter box, Esc (or Enter) leaves it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -66,6 +67,9 @@ class EventsView(StateView):
             options = [("warnings + errors", PROBLEMS), *((k, k) for k in EVENT_KINDS)]
             yield Select(options, prompt="all kinds", id="events-kind", allow_blank=True, compact=True)
         yield DataTable(id="events-table", cursor_type="row", zebra_stripes=True)
+
+    def inputs(self, state: State) -> Sequence[object]:
+        return (state.events, state.dropped)
 
     def show(self, state: State) -> None:
         kind_sel = self.query_one("#events-kind", Select).value

@@ -7,15 +7,16 @@ instance table keeps the columns that fit; Enter shows an instance in full.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
-from tui.model import State
+from tui.model import State, recent_keys
 from tui.widgets.bars import (
     abbrev_mode,
     abbrev_node,
@@ -27,7 +28,7 @@ from tui.widgets.bars import (
     stage_bar,
     stage_summary,
 )
-from tui.widgets.base import StateView
+from tui.widgets.base import Line, StateView
 from tui.widgets.tables import PAD, SCROLLBAR, Col, selected_key, show_table
 
 STATE_STYLE = {
@@ -69,23 +70,36 @@ class FleetView(StateView):
             self.instance = instance
 
     def compose(self) -> ComposeResult:
-        yield Static(id="fleet-legend")
+        yield Line(id="fleet-legend")
         yield DataTable(id="fleet-matrix", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="fleet-instances", cursor_type="row", zebra_stripes=True)
 
+    def inputs(self, state: State) -> Sequence[object]:
+        return (state.instances, state.templates, state.market, state.deployments, state.gpu_of, recent_keys(state))
+
+    _legend: tuple[tuple[object, ...], Text] | None = None
+
+    def _gpu_legend(self, state: State) -> Text:
+        """The legend of the GPU types of the node types and templates (kept while those stay the same)."""
+        nodes = state.node_types
+        key = (state.templates, state.gpu_of, nodes)
+        if self._legend is None or not all(a is b or a == b for a, b in zip(self._legend[0], key, strict=True)):
+            gpus = {state.gpu(n) for n in nodes}
+            for t in state.templates.values():
+                gpus.update(s.gpu for s in t.stages)
+            self._legend = (key, legend(sorted(gpus)))
+        return self._legend[1]
+
     def show(self, state: State) -> None:
-        gpus = [state.gpu(n) for n in state.node_types]
-        for t in state.templates.values():
-            gpus.extend(s.gpu for s in t.stages)
         head = Text(no_wrap=True, overflow="ellipsis")
-        lg = legend(gpus)
+        lg = self._gpu_legend(state)
         text = (
             "nodes in use/obtainable" + (" (- : no market yet)" if not state.market else "") + "; bars: layers by GPU "
         )
         if lg.cell_len + len(text) + 2 <= self.room:
             head.append(text, style="dim")
         head.append_text(lg)
-        self.query_one("#fleet-legend", Static).update(head)
+        self.query_one("#fleet-legend", Line).set(head)
         self._matrix(state)
         self._instances(state)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.text import Text
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.widget import Widget
 
 from tui.model import State
@@ -165,9 +165,20 @@ def render_header(state: State, width: int = 200) -> Text:
 
 
 class StatusHeader(Widget):
-    """Two lines (module docstring); redrawn whenever ``state`` is set."""
+    """Two lines (module docstring); repainted when setting ``state`` changes them."""
 
-    state: reactive[State] = reactive(State, always_update=True, layout=False)
+    state: var[State] = var(State, always_update=True)
+    _shown: tuple[int, Text] | None = None
+
+    def watch_state(self, state: State) -> None:
+        width = self.size.width or 80
+        text = render_header(state, width)
+        if self._shown is None or self._shown != (width, text):
+            self._shown = (width, text)
+            self.refresh()
 
     def render(self) -> Text:
-        return render_header(self.state, self.size.width or 80)
+        width = self.size.width or 80
+        if self._shown is None or self._shown[0] != width:
+            self._shown = (width, render_header(self.state, width))
+        return self._shown[1]

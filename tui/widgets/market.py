@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
-from tui.model import RECENT_S, QuoteView, State
+from tui.model import RECENT_S, QuoteView, State, recent_keys
 from tui.widgets.bars import abbrev_node, abbrev_region, gpu_colour, gpu_label
-from tui.widgets.base import StateView
+from tui.widgets.base import Line, StateView
 from tui.widgets.tables import Col, selected_key, show_table
 
 COLUMNS = (
@@ -44,8 +45,11 @@ class MarketView(StateView):
             self.node = node
 
     def compose(self) -> ComposeResult:
-        yield Static(id="market-summary")
+        yield Line(id="market-summary")
         yield DataTable(id="market-table", cursor_type="row", zebra_stripes=True)
+
+    def inputs(self, state: State) -> Sequence[object]:
+        return (state.market, state.market_seq, state.instances, recent_keys(state))
 
     def show(self, state: State) -> None:
         self._keys: dict[str, tuple[str, str]] = {}
@@ -63,9 +67,7 @@ class MarketView(StateView):
             overridden += q.overridden
             rows.append((k, _row(q, used.get(key, 0), is_recent)))
         show_table(table, COLUMNS, rows, self.room)
-        self.query_one("#market-summary", Static).update(
-            market_summary(state, stockouts, recent, overridden, self.room)
-        )
+        self.query_one("#market-summary", Line).set(market_summary(state, stockouts, recent, overridden, self.room))
 
     def selected(self) -> tuple[str, str]:
         k = selected_key(self.query_one("#market-table", DataTable))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -117,6 +118,9 @@ class ModelsView(StateView):
         yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="model-detail-box"):
             yield DeploymentDetail(id="model-detail")
+
+    def inputs(self, state: State) -> Sequence[object]:
+        return (state.deployments, state.templates, state.forbidden, state.gpu_of, state.now)
 
     def show(self, state: State) -> None:
         table: DataTable[Any] = self.query_one("#models-table", DataTable)

@@ -6,17 +6,18 @@ arrives opens that plan.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from coral.display import gap_text
 from tui.model import State
 from tui.widgets.bars import clock, money, rate
-from tui.widgets.base import StateView
+from tui.widgets.base import Line, StateView
 from tui.widgets.tables import Col, selected_key, show_table
 
 COLUMNS = (
@@ -38,8 +39,11 @@ class PlansView(StateView):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "open", "Show plan")]
 
     def compose(self) -> ComposeResult:
-        yield Static(id="plans-summary")
+        yield Line(id="plans-summary")
         yield DataTable(id="plans-table", cursor_type="row", zebra_stripes=True)
+
+    def inputs(self, state: State) -> Sequence[object]:
+        return (state.plans, state.plan_pending)
 
     def show(self, state: State) -> None:
         table: DataTable[Any] = self.query_one("#plans-table", DataTable)
@@ -63,7 +67,7 @@ class PlansView(StateView):
             s.append(f"  latest #{last.seq} {clock(last.at)} {money(last.cost_per_hour)}/h {last.trigger}")
         if state.plan_pending:
             s.append("  allocator paused: a plan is pending", style="bold yellow")
-        self.query_one("#plans-summary", Static).update(s)
+        self.query_one("#plans-summary", Line).set(s)
 
     def action_open(self) -> None:
         self.detail("plan", selected_key(self.query_one("#plans-table", DataTable)))
