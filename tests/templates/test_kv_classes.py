@@ -1,9 +1,9 @@
 """Decode templates per KV sender class (issue 21, item 3): with the library's templates paired as the
 allocation pairs them, every prefill NIC class gets the best decode capacity that a joint brute force over
 decode placements behind that sender finds, on random tiny catalogs with 2-3 NIC speeds. Of seeds 0-11 (all
-of which agree), the test keeps one with two node types and the three quickest of those with three where
+of which agree), the test keeps one with two node types and the two quickest of those with three where
 the old library (one template per multiset, priced at its own NICs) loses capacity behind a slow sender:
-9-10 multiset and class pairs each, so the test fails without the classes."""
+9 and 10 multiset and class pairs, so the test fails without the classes (seeds 0-11 took 8-69 s each at load 8)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def offered(levels: Mapping[int, Sequence[Multiset]], templates: Sequence[Templa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 4, 10])
+@pytest.mark.parametrize("seed", [1, 4, 10])
 def test_every_sender_class_gets_the_brute_force_optimum(tmp_path: Path, catalog: Catalog, seed: int) -> None:
     perf, node_types, slo, shape = tiny_world(catalog, seed)
     job = BuildJob("tiny", "decode", slo, shape)
