@@ -102,6 +102,7 @@ class BuildReport:
     wall_s: float = 0.0
     workers: int = 1
     unfinished: int = 0
+    """Multisets left unsolved when ``deadline_s`` cut the build (with the sender-class problems cut)."""
     top_level: int = 0
     """With ``sample_top``: how many multisets the N_max level has in all (every job together)."""
     top_reused: int = 0
@@ -338,8 +339,8 @@ def build_library(
                     report.level_wall_s[size] = report.level_wall_s.get(size, 0.0) + time.perf_counter() - t_level
                     report.level_busy_s[size] = report.level_busy_s.get(size, 0.0) + busy
                     report.level_tasks[size] = report.level_tasks.get(size, 0) + len(pending)
-                if handled < len(pending):
-                    report.unfinished = total - done
+                if handled < len(pending):  # cut by the deadline (a sender class's multisets count too)
+                    report.unfinished = total - done + (0 if round_jobs is jobs else len(pending) - handled)
                     break
             if report.unfinished:
                 break
