@@ -24,7 +24,7 @@ from solvers.allocation.columns import _columns
 from solvers.allocation.problem import AllocationProblem, AllocTemplate
 from solvers.brute import brute_force_place
 from solvers.combos import best_split, best_sub, enumerate_multisets
-from solvers.library import distinct, restrict_batch, solve_multiset
+from solvers.library import ProblemCache, distinct, restrict_batch, solve_multiset
 from solvers.options import BATCH_GRID, build_problem
 from solvers.problem import PlacementProblem
 
@@ -185,3 +185,13 @@ def test_the_build_derives_the_classes_itself(perf: PerfModel, tmp_path: Path) -
     job = BuildJob("qwen3-14b", "decode", Slo(2.0, 0.1), WorkloadShape(1155.0, 211.0), kv_sender=1e9)
     with TemplateStore(tmp_path / "l.sqlite") as store, pytest.raises(ValueError, match="kv_sender"):
         build_library(perf, store, [job], ["g6e.xlarge"], nmax=1)
+
+
+def test_the_problem_cache_builds_the_sender_class_problem(perf: PerfModel) -> None:
+    slo, shape, slow = Slo(2.0, 0.1, 0.9), WorkloadShape(1155.0, 211.0), 20e9 / 8
+    cache = ProblemCache(perf, "qwen3-14b", "decode", slo, shape, slow)
+    for nodes in (["g6e.12xlarge"], ["g6e.12xlarge", "g6e.xlarge"], ["g6.xlarge", "g6e.12xlarge", "p5.4xlarge"]):
+        want = build_problem(perf, "qwen3-14b", nodes, "decode", slo, shape, slow)
+        got = cache.problem(nodes)
+        assert np.array_equal(np.asarray(got.link_lat), np.asarray(want.link_lat))
+        assert np.array_equal(np.asarray(got.link_cap), np.asarray(want.link_cap))
