@@ -723,6 +723,7 @@ class Supervisor(TickActor):
                     kv_nic,
                     inst.since,
                     self.nodes[inst.nodes[0]].endpoint,
+                    inst.template.kv_min_nic if inst.template.mode == "decode" else 0.0,
                 )
             )
         pending = tuple(PendingStart(d, t, r, n) for (d, t, r), n in sorted(self.pending.items()))

@@ -121,6 +121,7 @@ def template_from_json(d: Mapping[str, Any]) -> Template:
         vllm_reason=vllm_reason,
         formulation=str(d.get("formulation", "")),
         kv_min_nic=float(d.get("kv_min_nic", 0.0)),
+        kv_sender=float(d.get("kv_sender", 0.0)),
     )
 
 

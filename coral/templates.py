@@ -59,7 +59,10 @@ class Template:
     (``solvers.library.formulation_of``); a template of an older formulation is stale and not used.
     ``kv_min_nic`` (decode templates only, else 0): the slowest prefill-side NIC, in bytes/s, whose KV
     transfer still meets the TPOT target on every path of this placement; a decode instance pairs only
-    with prefill instances whose slowest node's NIC reaches it.
+    with prefill instances whose slowest node's NIC reaches it. ``kv_sender`` (decode only): the sender
+    NIC class, in bytes/s, the placement was solved behind (the KV transfer into each entry node crossing
+    the slower of it and the node's NIC); 0 for no cap (each entry node's own NIC). A decode multiset may
+    have one template per class.
     """
 
     id: str
@@ -85,6 +88,7 @@ class Template:
     vllm_reason: str = ""
     formulation: str = ""
     kv_min_nic: float = 0.0
+    kv_sender: float = 0.0
 
     @property
     def node_counts(self) -> dict[str, int]:
@@ -138,6 +142,7 @@ class Template:
             "vllm_reason": self.vllm_reason,
             "formulation": self.formulation,
             "kv_min_nic": self.kv_min_nic,
+            "kv_sender": self.kv_sender,
         }
 
 

@@ -53,14 +53,15 @@ def is_current(t: Template, perf_version: str | None = None) -> bool:
 
 
 def distinct(templates: Sequence[Template]) -> list[Template]:
-    """``templates`` with one per model, mode, SLO, shape, perf model and node multiset, in their order.
+    """``templates`` with one per model, mode, SLO, shape, perf model, node multiset and KV sender class
+    (``Template.kv_sender``: a decode multiset may have one template per class), in their order.
 
     A store can hold two templates of one multiset, built under different solver parameters (a time
     limit) or an older key layout. The one kept is proven optimal if either is, then has the most
     prefill and decode capacity, then the smaller id."""
     best: dict[tuple[object, ...], tuple[tuple[object, ...], str]] = {}
     for t in templates:
-        key = (t.model, t.mode, t.slo, t.shape, t.perf_version, tuple(sorted(t.nodes)))
+        key = (t.model, t.mode, t.slo, t.shape, t.perf_version, tuple(sorted(t.nodes)), t.kv_sender)
         rank = (t.status != "optimal", -t.prefill_tok_s, -t.decode_tok_s, t.id)
         if key not in best or rank < best[key][0]:
             best[key] = (rank, t.id)
@@ -78,8 +79,10 @@ def template_from_result(
     mode: str,
     slo: Slo,
     shape: WorkloadShape,
+    sender_nic: float | None = None,
 ) -> Template:
-    """Build the Template that a feasible placement result describes."""
+    """Build the Template that a feasible placement result describes (``sender_nic``: the decode
+    problem's sender class, ``build_problem``'s)."""
     n = problem.n
     L = problem.num_layers
     stages = []
@@ -128,7 +131,8 @@ def template_from_result(
     metric_names = {"aggregated": ("tpot", "ttft"), "prefill": ("ttft",), "decode": ("tpot",)}[mode]
     lat = dict(zip(metric_names, worst, strict=True))
     ok, reason = vllm_compatibility(stages, routes)
-    kv_nic = kv_min_nic(problem, result, [perf.catalog.nodes[k].nic_bytes_per_s for k in problem.kinds])
+    cap = math.inf if sender_nic is None else sender_nic
+    kv_nic = kv_min_nic(problem, result, [min(cap, perf.catalog.nodes[k].nic_bytes_per_s) for k in problem.kinds])
     return Template(
         id=key,
         model=model,
@@ -153,14 +157,16 @@ def template_from_result(
         vllm_reason=reason,
         formulation=formulation_of(n, mode),
         kv_min_nic=kv_nic if mode == "decode" else 0.0,
+        kv_sender=sender_nic or 0.0,
     )
 
 
 def kv_min_nic(problem: PlacementProblem, result: PlacementResult, nic: Sequence[float]) -> float:
     """The slowest sender NIC (bytes/s) for which a decode placement still meets its TPOT limit.
 
-    ``build_problem`` prices the KV transfer into entry node i at node i's own NIC ``nic[i]``
-    (``link_lat[0, n, i] = K / nic[i]``); behind a sender of NIC s it takes K / min(s, nic[i]). With
+    ``build_problem`` prices the KV transfer into entry node i at ``nic[i]`` (node i's own NIC, capped
+    at the problem's sender class: ``link_lat[0, n, i] = K / nic[i]``); behind a sender of NIC s it takes
+    K / min(s, node i's NIC), which is K / min(s, nic[i]) for every s up to the class. With
     d_i the longest latency from node i to the sink over the edges that carry flow (its own stage
     included), the path limit T holds iff K / min(s, nic[i]) <= T - d_i, so the template holds for every
     s >= K / (T - d_i) over its used entry nodes i (the maximum; 0 when no path carries flow).
@@ -367,8 +373,11 @@ class ProblemCache:
     a link only on the types at its two ends (tests check equality with ``build_problem``). Each part
     is taken from ``build_problem`` on a one- or two-type multiset, so the formulas stay in one place."""
 
-    def __init__(self, perf: PerfModel, model: str, mode: str, slo: Slo, shape: WorkloadShape) -> None:
+    def __init__(
+        self, perf: PerfModel, model: str, mode: str, slo: Slo, shape: WorkloadShape, sender_nic: float | None = None
+    ) -> None:
         self._args = (perf, model, mode, slo, shape)
+        self._sender = sender_nic
         self._menus: dict[tuple[str, int], NodeMenu] = {}
         self._pairs: dict[tuple[str, str], tuple[np.ndarray, float]] = {}
         self._ends: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
@@ -377,7 +386,7 @@ class ProblemCache:
 
     def _build(self, kinds: Sequence[str]) -> PlacementProblem:
         perf, model, mode, slo, shape = self._args
-        return build_problem(perf, model, kinds, mode, slo, shape)
+        return build_problem(perf, model, kinds, mode, slo, shape, self._sender)
 
     def _pair(self, a: str, b: str) -> None:
         p = self._build((a, b))
@@ -461,18 +470,22 @@ def solve_multiset(
     bounds: Mapping[int, float] | None = None,
     spanning: bool = False,
     lp_floor: bool = False,
+    sender_nic: float | None = None,
 ) -> tuple[Template | None, PlacementResult, float]:
     """Solve one multiset; returns the template (None when infeasible or below ``floor``), the raw result
     and wall seconds. ``floor`` is ``place_one_batch``'s; ``problem``, when given, is the multiset's
     ``build_problem`` (so that a caller that built it already does not build it twice), ``bounds`` its
-    ``batch_work_bounds``; ``spanning`` and ``lp_floor`` are ``place_one_batch``'s."""
+    ``batch_work_bounds``; ``spanning`` and ``lp_floor`` are ``place_one_batch``'s; ``sender_nic`` the
+    decode problem's sender class (``build_problem``'s, recorded as the template's ``kv_sender``)."""
     t0 = time.perf_counter()
     if problem is None:
-        problem = build_problem(perf, model, nodes, mode, slo, shape)
+        problem = build_problem(perf, model, nodes, mode, slo, shape, sender_nic)
     problem, result = place_one_batch(
         problem, time_limit=time_limit, floor=floor, bounds=bounds, spanning=spanning, lp_floor=lp_floor
     )
     tpl = None
     if result.status not in ("infeasible", "below") and result.value > 0:
-        tpl = template_from_result(perf, problem, result, key=key, model=model, mode=mode, slo=slo, shape=shape)
+        tpl = template_from_result(
+            perf, problem, result, key=key, model=model, mode=mode, slo=slo, shape=shape, sender_nic=sender_nic
+        )
     return tpl, result, time.perf_counter() - t0

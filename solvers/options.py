@@ -77,10 +77,16 @@ TPOT counts ``x_q * pre_b / b`` (0 for b = 1, about 1.1-1.4 times the mean m for
 template's KV transfer is a fixed delay per request, so it is spread over o'_q steps, the (1 - q) quantile
 of o' (``short_output_steps``: 22 steps for the conversation shape at q = 0.9, not 211); and it crosses the
 slower of the two NICs (the simulator's rule). The sending prefill instance is not known when the template
-is built, so the source edge into node i is priced at node i's own NIC (a sender at least as fast), and the
-template records the slowest sender it holds for (``solvers.library.kv_min_nic``: the least sender NIC whose
-transfer still fits the TPOT slack of every path that carries flow); the allocation pairs a decode template
-only with prefill instances whose slowest NIC reaches that (``solvers.allocation.columns``). So the transfer
+is built, so a decode problem is solved per sender class s (``build_problem``'s ``sender_nic``): the source
+edge into node i is priced at min(s, node i's NIC) (s = None: node i's own NIC, a sender at least as fast).
+The build solves each multiset at every NIC speed of the scenario's node types below its fastest node's,
+fastest first, and keeps a slower class's template only when the next faster one does not already hold
+behind it (``coral.cli.build``). Each template records the slowest sender it holds for
+(``solvers.library.kv_min_nic``: the least sender NIC whose transfer still fits the TPOT slack of every
+path that carries flow); the allocation pairs a decode template only with prefill instances whose slowest
+NIC reaches that (``solvers.allocation.columns``). A placement holds behind sender s exactly when it is
+feasible in the class-s problem, so behind every prefill class the best decode template of a multiset is
+in the library, and the two stages stay lossless. So the transfer
 is priced by the pair that will run, not by the slowest NIC of the catalog (8 Gbps, a node type that need
 not even be in the scenario: code-14b needed 120 ms per token for it against a 50 ms TPOT).
 
@@ -107,7 +113,7 @@ BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FORMULATION = "options-11"
 """Bumped whenever menus or metrics change meaning; part of every template's content key (with
 ``MODE_FORMULATION``: ``formulation``)."""
-MODE_FORMULATION = {"decode": "kv-pair-1"}
+MODE_FORMULATION = {"decode": "kv-pair-2"}
 """Per mode, a version of the rules that only that mode's problems have (the decode source edge's KV
 transfer), so that a change to them rebuilds only that mode's templates."""
 
@@ -349,11 +355,23 @@ def _metrics(mode: str) -> int:
 
 
 def build_problem(
-    perf: PerfModel, model: str, nodes: Sequence[str], mode: str, slo: Slo, shape: WorkloadShape
+    perf: PerfModel,
+    model: str,
+    nodes: Sequence[str],
+    mode: str,
+    slo: Slo,
+    shape: WorkloadShape,
+    sender_nic: float | None = None,
 ) -> PlacementProblem:
-    """The placement problem of ``model`` on the node multiset ``nodes`` (sorted for symmetry)."""
+    """The placement problem of ``model`` on the node multiset ``nodes`` (sorted for symmetry).
+
+    ``sender_nic`` (decode only, bytes/s): the KV transfer into entry node i crosses min(sender_nic,
+    node i's NIC); None prices it at node i's own NIC (a sender at least as fast as every node)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if sender_nic is not None and (mode != "decode" or not 0.0 < sender_nic < math.inf):
+        raise ValueError(f"sender_nic must be a finite positive NIC speed of a decode problem, got {sender_nic!r}")
+    cap = math.inf if sender_nic is None else sender_nic
     kinds = tuple(sorted(nodes))
     n = len(kinds)
     menus = tuple(role_menu(perf, model, nd, mode, slo, shape, n) for nd in kinds)
@@ -370,7 +388,7 @@ def build_problem(
         kv_bytes = shape.mean_in * m.kv_bytes_per_token
         steps = short_output_steps(shape.mean_out, slo.attainment)
         for i, a in enumerate(kinds):
-            link_lat[0, n, i] = kv_bytes / nodes_cat[a].nic_bytes_per_s / steps
+            link_lat[0, n, i] = kv_bytes / min(cap, nodes_cat[a].nic_bytes_per_s) / steps
     for i, a in enumerate(kinds):
         for j, bnode in enumerate(kinds):
             if i == j:

@@ -3,13 +3,25 @@
 Each (model, mode, SLO, shape) job is processed level by level (multiset size 1..N_max). A level's
 multisets only look up results of smaller sizes, so they are solved in parallel by a `Solver`: worker
 processes on this machine (`PoolSolver`, one HiGHS solve per process at a time) or the tasks of a Ray
-cluster (``coral.cli.build_ray``). Every result is written to the store as it arrives, keyed by the
-content hash of its inputs, so an interrupted build resumes where it stopped and a rebuild with unchanged
+cluster (``coral.cli.build_ray``).
+
+Decode jobs are also solved per KV sender class (``solvers.options``): for each NIC speed c of the
+node types below the fastest, a job at ``kv_sender = c``, in its own round of each level after the
+faster classes. A multiset whose nodes are all at most c has the uncapped problem there (its value is
+copied, nothing is stored). Otherwise a proven template of the multiset at a faster class whose
+``kv_min_nic`` is at most c is optimal at c too (the class-c problem is a restriction of the faster one
+that still holds that placement), so the class is settled without a solve (stored as ``dominated``
+with that capacity); a proven infeasible faster class makes c infeasible; else the multiset is solved at
+c, pruned against the class-c values of its smaller multisets like any job.
+
+Every result is written to the store as it arrives, keyed by the content hash of its inputs (a sender
+class is one of them), so an interrupted build resumes where it stopped and a rebuild with unchanged
 inputs solves nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import random
@@ -50,6 +62,9 @@ class BuildJob:
     mode: str
     slo: Slo
     shape: WorkloadShape
+    kv_sender: float = 0.0
+    """Decode only: the KV sender class (bytes/s) the job's problems are solved behind; 0 for no cap.
+    The build derives these jobs from each decode job itself."""
 
 
 @attrs.frozen
@@ -87,6 +102,7 @@ class BuildReport:
     wall_s: float = 0.0
     workers: int = 1
     unfinished: int = 0
+    """Multisets left unsolved when ``deadline_s`` cut the build (with the sender-class problems cut)."""
     top_level: int = 0
     """With ``sample_top``: how many multisets the N_max level has in all (every job together)."""
     top_reused: int = 0
@@ -100,6 +116,11 @@ class BuildReport:
     wait_s: float = 0.0
     """Wall seconds the build spent waiting for the solver's results (the rest of ``wall_s`` is the
     driver's own work: enumeration, keys, store reads and writes)."""
+    class_problems: int = 0
+    """Decode (multiset, sender class) pairs whose problem differs from the uncapped one (a node faster
+    than the class): each is reused, settled by a faster class, or solved (and then counted above)."""
+    class_held: int = 0
+    """Of those, settled without a solve by a faster class's template that holds behind the class."""
 
 
 _PERF: PerfModel | None = None
@@ -131,7 +152,7 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float, spann
     t0 = time.perf_counter()
     cache = _PROBLEMS.get(job)
     if cache is None:
-        cache = _PROBLEMS[job] = ProblemCache(_PERF, job.model, job.mode, job.slo, job.shape)
+        cache = _PROBLEMS[job] = ProblemCache(_PERF, job.model, job.mode, job.slo, job.shape, job.kv_sender or None)
     bounds = cache.batch_bounds(nodes)  # the layer-work bound per batch size (one batch per template)
     ub = max(bounds.values(), default=0.0)
     if ub <= 0:
@@ -141,7 +162,7 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float, spann
     tpl, res, _ = solve_multiset(
         _PERF, job.model, nodes, job.mode, job.slo, job.shape, key=key, time_limit=_TIME_LIMIT,
         floor=threshold if threshold > 0 else None, problem=cache.problem(nodes), bounds=bounds,
-        spanning=spanning and threshold > 0, lp_floor=job.mode == "prefill",
+        spanning=spanning and threshold > 0, lp_floor=job.mode == "prefill", sender_nic=job.kv_sender or None,
     )  # fmt: skip
     if res.status == "below":  # proven worth at most what the smaller templates give
         path = {"below-bound": "bound-pruned", "below-lp": "lp-pruned"}.get(res.method, "search-pruned")
@@ -191,6 +212,8 @@ def build_library(
     for job in jobs:
         if job.model not in perf.catalog.models:
             raise ValueError(f"unknown model {job.model!r}; known: {', '.join(sorted(perf.catalog.models))}")
+        if job.kv_sender != 0.0:
+            raise ValueError(f"job {job.model}/{job.mode}: kv_sender is derived by the build; pass 0")
     for n in node_types:
         if n not in perf.catalog.nodes:
             raise ValueError(f"unknown node type {n!r}; known: {', '.join(sorted(perf.catalog.nodes))}")
@@ -201,9 +224,10 @@ def build_library(
         solver = PoolSolver(workers, time_limit, catalog_files, profile_files)
     report = BuildReport(workers=solver.workers)
     t_start = time.perf_counter()
-    params: dict[str, dict[str, object]] = {
-        m: {"time_limit": time_limit, "formulation": formulation(m)} for m in {j.mode for j in jobs}
-    }
+    nic = {n: perf.catalog.nodes[n].nic_bytes_per_s for n in node_types}
+    speeds = sorted(set(nic.values()), reverse=True)[1:]
+    classes = {j: [attrs.evolve(j, kv_sender=c) for c in speeds] for j in jobs if j.mode == "decode"}
+    base_of = {cj: j for j, cjs in classes.items() for cj in cjs}
     levels = {j: enumerate_multisets(perf, j.model, node_types, j.shape, nmax=nmax, rho=rho) for j in jobs}
     if sample_top:
         for lv in levels.values():
@@ -214,72 +238,111 @@ def build_library(
     done = 0
     use_perf(perf, time_limit)
     writer = _Writer(store)
+    every = [*jobs, *base_of]
+    partition: dict[BuildJob, dict[Multiset, float]] = {j: {} for j in every}
+    unsure: dict[BuildJob, list[Counter[str]]] = {j: [] for j in every}
+    held: dict[BuildJob, dict[Multiset, list[tuple[Callable[[], float], float]]]] = {j: {} for j in classes}
+    """Per decode job and multiset: (its kv_min_nic, when asked; capacity) of its proven templates at the
+    classes so far."""
+    dead: dict[BuildJob, set[Multiset]] = {j: set() for j in classes}
+    """Per decode job: the multisets proven infeasible at some class so far (so at every slower one)."""
+
+    def note(job: BuildJob, s: Multiset, out: Outcome, need: Callable[[], float]) -> None:
+        base = base_of.get(job, job)
+        if base not in held or UNPROVEN in out.detail:
+            return
+        if out.outcome == "template":
+            held[base].setdefault(s, []).append((need, out.capacity))
+        elif out.outcome == "infeasible":
+            dead[base].add(s)
+
+    def stored_need(tid: str | None) -> Callable[[], float]:
+        return lambda: store.get(tid or "").kv_min_nic
+
     try:
-        partition: dict[BuildJob, dict[Multiset, float]] = {j: {} for j in jobs}
-        unsure: dict[BuildJob, list[Counter[str]]] = {j: [] for j in jobs}
         for size in range(1, nmax + 1):
-            pending: list[Pending] = []
-            for job in jobs:
-                level = levels[job][size]
-                keys = [
-                    template_key(
-                        perf.catalog,
-                        job.model,
-                        s,
-                        job.mode,
-                        job.slo,
-                        job.shape,
-                        perf.version,
-                        _params(params[job.mode], s),
-                    )
-                    for s in level
-                ]
-                known = store.outcomes(keys)
-                P = partition[job]
-                for s, key in zip(level, keys, strict=True):
-                    split = best_split(s, P)
-                    sub = best_sub(s, P)
-                    if key in known:
-                        P[s] = max(known[key].capacity, split)
-                        if UNPROVEN in known[key].detail:
+            rounds = [jobs, *([cj[k] for cj in classes.values()] for k in range(len(speeds)))]
+            for round_jobs in rounds:
+                pending: list[Pending] = []
+                for job in round_jobs:
+                    base = base_of.get(job, job)
+                    level = levels[base][size]
+                    P = partition[job]
+                    if job is not base:  # a sender class: only multisets with a node faster than it differ
+                        same = [s for s in level if max(nic[t] for t in s) <= job.kv_sender]
+                        for s in same:
+                            P[s] = partition[base][s]
+                            if any(Counter(s) == u for u in unsure[base]):
+                                unsure[job].append(Counter(s))
+                        level = [s for s in level if max(nic[t] for t in s) > job.kv_sender]
+                        report.class_problems += len(level)
+                    jp = _job_params(job, time_limit)
+                    keys = [
+                        template_key(
+                            perf.catalog, job.model, s, job.mode, job.slo, job.shape, perf.version, _params(jp, s)
+                        )
+                        for s in level
+                    ]
+                    known = store.outcomes(keys)
+                    for s, key in zip(level, keys, strict=True):
+                        split = best_split(s, P)
+                        sub = best_sub(s, P)
+                        if key in known:
+                            got = known[key]
+                            P[s] = max(got.capacity, split)
+                            if UNPROVEN in got.detail:
+                                unsure[job].append(Counter(s))
+                            note(job, s, got, stored_need(got.template_id))
+                            if job is base:
+                                report.reused += 1
+                                if sample_top and size == nmax:
+                                    report.top_reused += 1
+                                done += 1
+                            continue
+                        if job is not base:
+                            out = _settled_by_faster(job, s, key, held[base].get(s, ()), s in dead[base])
+                            if out is not None:
+                                report.class_held += out.outcome == "dominated"
+                                P[s] = max(out.capacity, split)
+                                writer.add(out, None)
+                                continue
+                        pending.append((job, s, key, split, sub, _spanning(s, unsure[job])))
+                if progress:
+                    progress(done, total)
+                stop_at = None if deadline_s is None else t_start + deadline_s
+                handled = 0
+                busy = 0.0
+                t_level = time.perf_counter()
+                with closing(solver.solve(pending, stop_at)) as results:
+                    while True:
+                        t_wait = time.perf_counter()
+                        item = next(results, None)
+                        report.wait_s += time.perf_counter() - t_wait
+                        if item is None:
+                            break
+                        (job, s, key, split, sub, _), res = item
+                        handled += 1
+                        busy += res.seconds
+                        out = _record(report, job, s, key, split, sub, res, size)
+                        if UNPROVEN in out.detail:
                             unsure[job].append(Counter(s))
-                        report.reused += 1
-                        if sample_top and size == nmax:
-                            report.top_reused += 1
-                        done += 1
-                        continue
-                    pending.append((job, s, key, split, sub, _spanning(s, unsure[job])))
-            if progress:
-                progress(done, total)
-            stop_at = None if deadline_s is None else t_start + deadline_s
-            handled = 0
-            busy = 0.0
-            t_level = time.perf_counter()
-            with closing(solver.solve(pending, stop_at)) as results:
-                while True:
-                    t_wait = time.perf_counter()
-                    item = next(results, None)
-                    report.wait_s += time.perf_counter() - t_wait
-                    if item is None:
-                        break
-                    (job, s, key, split, sub, _), res = item
-                    handled += 1
-                    busy += res.seconds
-                    out = _record(report, job, s, key, split, sub, res, size)
-                    if UNPROVEN in out.detail:
-                        unsure[job].append(Counter(s))
-                    partition[job][s] = max(out.capacity, split)
-                    writer.add(out, res.template if out.outcome == "template" else None)
-                    done += 1
-                    if progress:
-                        progress(done, total)
-            writer.flush()
-            if pending:
-                report.level_wall_s[size] = time.perf_counter() - t_level
-                report.level_busy_s[size] = busy
-                report.level_tasks[size] = len(pending)
-            if handled < len(pending):
-                report.unfinished = total - done
+                        partition[job][s] = max(out.capacity, split)
+                        tpl = res.template if out.outcome == "template" else None
+                        note(job, s, out, functools.partial(_need, tpl))
+                        writer.add(out, tpl)
+                        if job in levels:
+                            done += 1
+                        if progress:
+                            progress(done, total)
+                writer.flush()
+                if pending:
+                    report.level_wall_s[size] = report.level_wall_s.get(size, 0.0) + time.perf_counter() - t_level
+                    report.level_busy_s[size] = report.level_busy_s.get(size, 0.0) + busy
+                    report.level_tasks[size] = report.level_tasks.get(size, 0) + len(pending)
+                if handled < len(pending):  # cut by the deadline (a sender class's multisets count too)
+                    report.unfinished = total - done + (0 if round_jobs is jobs else len(pending) - handled)
+                    break
+            if report.unfinished:
                 break
     finally:
         writer.flush()
@@ -287,6 +350,38 @@ def build_library(
             solver.close()
     report.wall_s = time.perf_counter() - t_start
     return report
+
+
+def _job_params(job: BuildJob, time_limit: float) -> dict[str, object]:
+    """The solver parameters in the template keys of ``job``'s multisets (its sender class included)."""
+    params: dict[str, object] = {"time_limit": time_limit, "formulation": formulation(job.mode)}
+    if job.kv_sender:
+        params["kv_sender"] = job.kv_sender
+    return params
+
+
+def _need(tpl: Template | None) -> float:
+    return tpl.kv_min_nic if tpl is not None else 0.0
+
+
+def _settled_by_faster(
+    job: BuildJob, s: Multiset, key: str, faster: Sequence[tuple[Callable[[], float], float]], infeasible: bool
+) -> Outcome | None:
+    """The outcome of ``s`` at ``job``'s sender class when a faster class settles it without a solve:
+    a proven template there whose ``kv_min_nic`` is at most the class holds the optimum here too (the
+    class's problem is a restriction that keeps its placement), and a proven infeasible one makes this
+    one infeasible. None: it must be solved."""
+    c = job.kv_sender
+    ok = [cap for need, cap in faster if need() <= c * (1.0 + 1e-12)]
+    slo_key = job.slo.key
+    if ok:
+        why = f"sender class: a faster class's template holds behind {c * 8 / 1e9:g} Gbps"
+        return Outcome(key, job.model, job.mode, slo_key, s, "dominated", None, max(ok), why)
+    if infeasible:
+        return Outcome(
+            key, job.model, job.mode, slo_key, s, "infeasible", None, 0.0, "infeasible behind a faster sender"
+        )
+    return None
 
 
 def _spanning(s: Multiset, unsure: Sequence[Counter[str]]) -> bool:

@@ -153,6 +153,8 @@ def run_build(args: argparse.Namespace) -> int:
         "dominated": report.dominated,
         "split": report.split,
         "bound_skipped": report.bound_skipped,
+        "class_problems": report.class_problems,
+        "class_held": report.class_held,
         "by_path": report.by_path,
         "proven": report.proven,
         "unproven": len(report.gaps),

@@ -4,7 +4,8 @@ Kept from the bus's ``fleet.update``: an instance is routable in a serving state
 and when it takes requests (aggregated or prefill; a decode instance only takes KV handoffs). A request
 goes to one of them with probability proportional to its weight (its capacity in requests/s, as the plan
 sized it), drawn by a hash of (seed, request id, attempt) as the router draws. Decode instances are kept
-per (deployment, region): a request that a prefill instance took goes on to one of them (``decode_for``).
+per (deployment, region): a request that a prefill instance took goes on to one of them whose KV link
+holds behind that prefill instance's NIC (``decode_for``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from coral.messages.fleet import ROUTABLE_STATES, FleetUpdate, InstanceInfo
-from coral.routing import pick, uniform
+from coral.routing import kv_compatible, pick, uniform
 
 
 class RouteTable:
@@ -55,8 +56,15 @@ class RouteTable:
 
     def decode_for(self, prefill: InstanceInfo, rid: int, attempt: int = 0) -> InstanceInfo | None:
         """A serving decode instance of the prefill instance's deployment and region (the KV cache moves
-        between them), drawn by weight; None if there is none."""
+        between them), drawn by weight among those whose template holds its TPOT behind the prefill
+        instance's NIC (``coral.routing.kv_compatible``, as the router pairs them), or among all of them
+        when none does (as the router and the simulator fall back); None if there is none."""
         cands = [i for i in self.decode.get((prefill.deployment, prefill.region), ()) if i.endpoint]
+        cands = kv_compatible(cands, prefill.kv_nic, _need) or cands
         if not cands:
             return None
         return pick(cands, uniform(self.seed, -1 - rid, attempt))
+
+
+def _need(i: InstanceInfo) -> float:
+    return i.kv_min_nic

@@ -37,7 +37,8 @@ class InstanceInfo:
     """One instance as the fleet sees it. ``weight`` is its capacity in requests/s (routing weight);
     ``kv_nic`` the smallest NIC of its nodes in bytes/s (what a KV transfer from it runs at);
     ``endpoint`` the HTTP base URL of its head node's OpenAI-compatible server ("" when its engine has none,
-    as the simulated engine)."""
+    as the simulated engine); ``kv_min_nic`` (decode instances) its template's ``kv_min_nic``: the slowest
+    sender ``kv_nic`` whose KV handoff it takes within its TPOT (0: any)."""
 
     id: str
     deployment: str
@@ -52,6 +53,7 @@ class InstanceInfo:
     kv_nic: float
     since: float
     endpoint: str = ""
+    kv_min_nic: float = 0.0
 
     @property
     def key(self) -> tuple[str, str, str]:
