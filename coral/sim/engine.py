@@ -84,6 +84,7 @@ from coral.sim.state import (
     K_REPLAN,
     K_STAGE,
     K_TICK,
+    DepRT,
     PlanFn,
     Req,
     SimConfig,
@@ -320,7 +321,7 @@ class _Sim(Fleet):
         """The demand monitor's tick: observe the arrivals since the last, re-plan when the estimate moved."""
         assert self.monitor is not None and self.mon_demand is not None and self.cfg.monitor is not None
         self.monitor.observe(since, t, {d.name: self.mon_counts[d.idx] for d in self.deps})
-        self.monitor.backlog({d.name: len(d.entry.pullq.q) for d in self.deps})  # waiting for an instance
+        self.monitor.backlog({d.name: self._router_queue(d) for d in self.deps})
         self.mon_counts = [0] * len(self.deps)
         est = self.monitor.estimate()
         if moved(self.mon_demand, est, self.monitor):
@@ -328,6 +329,20 @@ class _Sim(Fleet):
             self._replan(t, "demand")
         if t < self.duration:
             self._push(min(t + self.cfg.monitor_tick_s, self.duration), K_MONITOR, t)
+
+    def _router_queue(self, d: DepRT) -> int:
+        """How many of ``d``'s queued requests the mesh's router would hold: those beyond the room its
+        serving entry instances have under the router's bound (``SimConfig``)."""
+        q = len(d.entry.pullq.q)
+        if not q:
+            return 0
+        decode = d.shape_out * d.tpot
+        room = 0
+        for i in d.entry.insts:
+            service = d.ttft if i.mode == "prefill" else d.ttft + decode
+            bound = max(1, math.ceil(i.weight * (service + self.cfg.instance_queue_s)))
+            room += max(0, bound - i.n_active - sum(len(p.waiting) for p in i.paths))
+        return max(0, q - room)
 
     def _arrive(self, a: tuple[float, int, int, int], t: float) -> None:
         dep = self.deps[a[1]]

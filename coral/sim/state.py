@@ -52,7 +52,10 @@ class SimConfig:
     ``monitor``: plan for the demand that the mesh's demand monitor would estimate from the simulated
     arrivals (``coral.demand``), re-planning when it moves, instead of the scenario's demand at the moment
     (the default). The monitor observes the arrivals of each ``monitor_tick_s``, as the mesh's observes
-    each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows.
+    each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows. Its
+    backlog is the part of the deployment's queue that the mesh's router would still hold: the router hands
+    each instance up to ``weight × (service + instance_queue_s)`` requests (``actors.router``), and only
+    what finds no room waits at the router, where the monitor counts it.
     """
 
     token_budget: int = 2048
@@ -62,6 +65,7 @@ class SimConfig:
     startup_s: float = _CLOUD.startup_s
     monitor: DemandTuning | None = None
     monitor_tick_s: float = MeshTiming().report_s
+    instance_queue_s: float = MeshTiming().instance_queue_s
     warm_start: bool = True
     drain_limit_s: float = 600.0
     length_dist: str = "lognormal"
@@ -80,7 +84,7 @@ class SimConfig:
                 self.monitor.check()
             except CoralError as exc:
                 raise SimError(f"monitor: {exc}") from exc
-        for name in ("queue_timeout_s", "provision_s", "startup_s", "drain_limit_s"):
+        for name in ("queue_timeout_s", "provision_s", "startup_s", "drain_limit_s", "instance_queue_s"):
             if not getattr(self, name) >= 0:
                 raise SimError(f"{name} must not be negative, got {getattr(self, name)}")
 
@@ -234,6 +238,7 @@ class Inst:
     """An instance of a template in a region, serving one deployment."""
 
     __slots__ = (
+        "bridge",
         "dep",
         "id",
         "key",
@@ -248,6 +253,7 @@ class Inst:
         "stages",
         "state",
         "t_ready",
+        "t_up",
         "tpl",
         "weight",
     )
@@ -261,7 +267,9 @@ class Inst:
         self.mode = tpl.mode
         self.state = LOADING
         self.retiring = False
+        self.bridge = False  # surplus to the plan, kept loading while its deployment serves too little
         self.t_ready = -1.0
+        self.t_up = 0.0  # when its nodes are up (provisioned) and its engine starts loading
         self.n_active = 0
         self.rate = 0.0
         self.weight = 1.0
@@ -411,6 +419,11 @@ class SimState:
         self.dep_rate = [0.0] * len(self.deps)
         self.tick_cost = [0.0] * len(self.deps)
         self.pending: dict[tuple[str, str, str], int] = {}
+        self.floor: dict[str, float] = {}
+        """Per deployment: the capacity (req/s) a plan's transition keeps serving (``Fleet._retire``)."""
+        self.planned_demand: dict[str, float] = {}
+        """Per deployment: the demand (req/s) of the plan last applied."""
+        self.retiring_now = False
         self.tables: dict[tuple[str, str, int, int], StageTable] = {}
         self.replans = 0
         self.solve_s: list[float] = []
