@@ -356,41 +356,75 @@ class Batching(SimState):
         st.reasons[reason] = st.reasons.get(reason, 0) + 1
         self.active -= 1
 
+    def _bound(self, inst: Inst) -> int:
+        """The most requests the mesh's router gives ``inst`` at once: ``weight × (service + instance_queue_s)``
+        (``actors.router``; service is the SLO's time for one request in the instance's mode)."""
+        d = inst.dep
+        decode = d.shape_out * d.tpot
+        service = d.ttft if inst.mode == "prefill" else decode if inst.mode == "decode" else d.ttft + decode
+        return max(1, math.ceil(inst.weight * (service + self.cfg.instance_queue_s)))
+
+    def _held(self, inst: Inst) -> int:
+        return inst.n_active + inst.incoming + sum(len(p.waiting) for p in inst.paths)
+
+    def _decode_for(self, req: Req, region: str, nic: float) -> Inst | None:
+        """The decode instance a handoff from a sender whose slowest NIC is ``nic`` goes to, as the router
+        chooses: among the region's serving decode instances whose KV transfer holds behind it
+        (``Template.kv_min_nic``; all of them when none does), those with room under the router's bound, by
+        weight. When every one is full the router holds the request until one has room; here it is drawn
+        among them all and waits in that instance's own line."""
+        g = req.dep.decode.get(region)
+        if g is None or not g.insts:
+            return None
+        ok = [i for i in g.insts if i.tpl.kv_min_nic <= nic * (1.0 + 1e-12)] or g.insts
+        room = [i for i in ok if self._held(i) < self._bound(i)] or ok
+        x = self.route_u.next() * sum(i.weight for i in room)
+        acc = 0.0
+        for i in room:
+            acc += i.weight
+            if x < acc:
+                return i
+        return room[-1]
+
     def _handoff(self, req: Req, src: Inst, t: float) -> None:
-        g = req.dep.decode.get(src.region)
-        dst: Inst | None = None
-        if g is not None and g.insts:
-            # only decode instances whose KV transfer holds behind this sender (Template.kv_min_nic), in
-            # proportion to their weights; all of them when none does (served late rather than not at all)
-            ok = [i for i in g.insts if i.tpl.kv_min_nic <= src.min_nic * (1.0 + 1e-12)] or g.insts
-            x = self.route_u.next() * sum(i.weight for i in ok)
-            dst = ok[-1]
-            acc = 0.0
-            for i in ok:
-                acc += i.weight
-                if x < acc:
-                    dst = i
-                    break
-        bw = min(src.min_nic, dst.min_nic) if dst is not None else src.min_nic
+        dst = self._decode_for(req, src.region, src.min_nic)
+        bw = min(src.min_nic, dst.min_nic) if dst is not None else src.min_nic  # the actual pair's link
         m = self.catalog.models[req.dep.model]
         dt = NET_LATENCY_S + (req.prompt + req.gen - 1) * m.kv_bytes_per_token / bw
         req.hint = dst
+        if dst is not None:
+            dst.incoming += 1
         req.kv_ready = True
         self.in_transit[id(req)] = req
-        self._push(t + dt, K_HANDOFF, (req, src.region))
+        self._push(t + dt, K_HANDOFF, (req, src.region, src.min_nic))
 
-    def _handoff_done(self, obj: tuple[Req, str], t: float) -> None:
-        req, region = obj
+    def _handoff_done(self, obj: tuple[Req, str, float], t: float) -> None:
+        req, region, nic = obj
         if self.in_transit.pop(id(req), None) is None:
             return
         dst = req.hint
         req.hint = None
-        if dst is not None and dst.state == SERVING and self._take(dst, req, t):
+        if dst is not None:
+            dst.incoming -= 1
+            if dst.state != SERVING:  # lost or drained while the KV was on its way: the router places it again
+                dst = self._decode_for(req, region, nic)
+        if dst is not None:
+            self._commit(dst, req, t)
             return
         g = req.dep.decode.get(region)
         if g is None:
             g = req.dep.decode[region] = Group()
         self._route_group(g, req, t, False)
+
+    def _commit(self, inst: Inst, req: Req, t: float) -> None:
+        """Queue ``req`` on ``inst`` whatever its line's length (the router gave it to this instance)."""
+        if self._take(inst, req, t):
+            return
+        p = min(inst.paths, key=lambda q: q.assigned / q.weight)
+        p.waiting.append(req)
+        p.assigned += 1
+        if p.idle:
+            self._wake(p, t)
 
     def _release(self, inst: Inst, t: float) -> None:
         """Free an instance's nodes once its last sequence ends (``Fleet._release``)."""

@@ -241,6 +241,7 @@ class Inst:
         "bridge",
         "dep",
         "id",
+        "incoming",
         "key",
         "min_nic",
         "mode",
@@ -271,6 +272,7 @@ class Inst:
         self.t_ready = -1.0
         self.t_up = 0.0  # when its nodes are up (provisioned) and its engine starts loading
         self.n_active = 0
+        self.incoming = 0  # KV handoffs on their way to it (a decode instance)
         self.rate = 0.0
         self.weight = 1.0
         self.min_nic = 0.0
