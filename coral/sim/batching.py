@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import deque
 
 from coral.perf.roofline import NET_LATENCY_S
 from coral.sim.state import (
@@ -30,7 +31,76 @@ class Batching(SimState):
 
     def _route(self, req: Req, t: float, front: bool) -> None:
         g = req.dep.entry
-        self._route_group(g, req, t, front)
+        if self.router_queues:
+            self._dispatch(g, req, t, front)
+        else:
+            self._route_group(g, req, t, front)
+
+    def _dispatch(self, g: Group, req: Req, t: float, front: bool) -> None:
+        """The mesh's router (``SimState.router_queues``): to an instance with room under its bound, drawn by
+        weight, into that instance's own queue; when none has room, into the deployment's queue (the
+        router's), which ``_drain_router`` empties in order as room opens."""
+        cands = self._room(g)
+        if cands:
+            self._enqueue(self._draw(cands), req, t)
+            return
+        q = g.pullq.q
+        if len(q) >= self.qlimit:
+            self._fail(req, "queue_full")
+            return
+        req.deadline = t + self.qtimeout
+        if front:
+            q.appendleft(req)
+        else:
+            q.append(req)
+
+    def _room(self, g: Group) -> list[Inst]:
+        return [i for i in g.insts if self._held(i) < self._bound(i)]
+
+    def _draw(self, cands: list[Inst]) -> Inst:
+        x = self.route_u.next() * sum(i.weight for i in cands)
+        acc = 0.0
+        for i in cands:
+            acc += i.weight
+            if x < acc:
+                return i
+        return cands[-1]
+
+    def _enqueue(self, inst: Inst, req: Req, t: float) -> None:
+        """``req`` reaches ``inst``'s engine: into a path's line if one has room and none waits before it, else
+        into the instance's own queue, where it fails ``queue_timeout_s`` after it began to wait for this
+        phase (its arrival, or its KV's; ``coral.engines.sim``)."""
+        since = t if req.kv_ready or req.retries else req.t_arr
+        req.deadline = since + self.qtimeout
+        own = inst.pq
+        if not own.q and self._take(inst, req, t):
+            return
+        own.q.append(req)
+        if own.idle:
+            self._wake(next(iter(own.idle)), t)
+
+    def _drain_router(self, g: Group, t: float) -> None:
+        """Place what waits in the router's queue, oldest first, while some instance has room."""
+        q = g.pullq.q
+        while q:
+            cands = self._room(g)
+            if not cands:
+                return
+            req = q.popleft()
+            if req.deadline < t:
+                self._fail(req, "queue_timeout")
+                continue
+            self._enqueue(self._draw(cands), req, t)
+
+    def _expire(self, q: deque[Req], t: float) -> None:
+        """Fail the requests of ``q`` whose wait has run out."""
+        if any(r.deadline < t for r in q):
+            keep = [r for r in q if r.deadline >= t]
+            for r in q:
+                if r.deadline < t:
+                    self._fail(r, "queue_timeout")
+            q.clear()
+            q.extend(keep)
 
     def _route_group(self, g: Group, req: Req, t: float, front: bool) -> None:
         pq = g.pullq
@@ -309,6 +379,10 @@ class Batching(SimState):
                         mb.finish[fs] = [req]
                     else:
                         lst.append(req)
+        if self.router_queues and (fin is not None or n_act) and inst.state == SERVING:
+            g = inst.dep.decode.get(inst.region) if inst.mode == "decode" else inst.dep.entry
+            if g is not None and g.pullq.q:
+                self._drain_router(g, t)
         if inst.state == DRAINING and inst.n_active == 0 and not any(p.waiting for p in inst.paths):
             self._release(inst, t)
             return
@@ -365,7 +439,7 @@ class Batching(SimState):
         return max(1, math.ceil(inst.weight * (service + self.cfg.instance_queue_s)))
 
     def _held(self, inst: Inst) -> int:
-        return inst.n_active + inst.incoming + sum(len(p.waiting) for p in inst.paths)
+        return inst.n_active + inst.incoming + len(inst.pq.q) + sum(len(p.waiting) for p in inst.paths)
 
     def _decode_for(self, req: Req, region: str, nic: float) -> Inst | None:
         """The decode instance a handoff from a sender whose slowest NIC is ``nic`` goes to, as the router
@@ -409,22 +483,12 @@ class Batching(SimState):
             if dst.state != SERVING:  # lost or drained while the KV was on its way: the router places it again
                 dst = self._decode_for(req, region, nic)
         if dst is not None:
-            self._commit(dst, req, t)
+            self._enqueue(dst, req, t)
             return
         g = req.dep.decode.get(region)
         if g is None:
             g = req.dep.decode[region] = Group()
         self._route_group(g, req, t, False)
-
-    def _commit(self, inst: Inst, req: Req, t: float) -> None:
-        """Queue ``req`` on ``inst`` whatever its line's length (the router gave it to this instance)."""
-        if self._take(inst, req, t):
-            return
-        p = min(inst.paths, key=lambda q: q.assigned / q.weight)
-        p.waiting.append(req)
-        p.assigned += 1
-        if p.idle:
-            self._wake(p, t)
 
     def _release(self, inst: Inst, t: float) -> None:
         """Free an instance's nodes once its last sequence ends (``Fleet._release``)."""

@@ -125,14 +125,17 @@ class Fleet(Batching):
         g.insts.append(inst)
         g.rebuild()
         for p in inst.paths:
-            p.pullq = g.pullq
+            p.pullq = inst.pq if self.router_queues else g.pullq
             if p.idle:
-                g.pullq.idle[p] = None
-        for p in inst.paths:
-            for _ in range(len(p.idle)):
-                if not g.pullq.q:
-                    break
-                self._wake(p, t)
+                p.pullq.idle[p] = None
+        if self.router_queues:
+            self._drain_router(g, t)
+        else:
+            for p in inst.paths:
+                for _ in range(len(p.idle)):
+                    if not g.pullq.q:
+                        break
+                    self._wake(p, t)
         self._retire(t)
 
     def _unlist(self, inst: Inst) -> None:
@@ -141,7 +144,7 @@ class Fleet(Batching):
             g.insts.remove(inst)
             g.rebuild()
         for p in inst.paths:
-            g.pullq.idle.pop(p, None)
+            p.pullq.idle.pop(p, None)
 
     def _stop(self, inst: Inst, t: float) -> None:
         if inst.state == LOADING:
@@ -155,6 +158,8 @@ class Fleet(Batching):
         for p in inst.paths:
             moved.extend(p.waiting)
             p.waiting.clear()
+        moved.extend(inst.pq.q)
+        inst.pq.q.clear()
         for r in moved:
             if r.kv_ready:
                 self._route_group(self._group(inst), r, t, True)
@@ -196,7 +201,8 @@ class Fleet(Batching):
 
     def _evict(self, inst: Inst) -> list[Req]:
         """Every request held by ``inst`` (waiting, prefilling, decoding), reset to be recomputed."""
-        out: list[Req] = []
+        out: list[Req] = list(inst.pq.q)
+        inst.pq.q.clear()
         for p in inst.paths:
             out.extend(p.waiting)
             p.waiting.clear()
@@ -507,9 +513,10 @@ class Fleet(Batching):
         iv = t - t0
         for d in self.deps:
             for pq in [d.entry.pullq, *(g.pullq for g in d.decode.values())]:
-                q = pq.q
-                while q and q[0].deadline < t:
-                    self._fail(q.popleft(), "queue_timeout")
+                self._expire(pq.q, t)
+        for inst in self.insts.values():
+            if inst.pq.q:
+                self._expire(inst.pq.q, t)
         for d in self.deps:
             st = d.stats
             cap = 0.0
@@ -527,6 +534,7 @@ class Fleet(Batching):
             for inst in self.insts.values():
                 if inst.dep is d:
                     n_inst += 1
+                    queue += len(inst.pq.q)
                     for p in inst.paths:
                         queue += len(p.waiting)
             done = st.iv_completed + st.iv_failed

@@ -52,10 +52,9 @@ class SimConfig:
     ``monitor``: plan for the demand that the mesh's demand monitor would estimate from the simulated
     arrivals (``coral.demand``), re-planning when it moves, instead of the scenario's demand at the moment
     (the default). The monitor observes the arrivals of each ``monitor_tick_s``, as the mesh's observes
-    each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows. Its
-    backlog is the part of the deployment's queue that the mesh's router would still hold: the router hands
-    each instance up to ``weight × (service + instance_queue_s)`` requests (``actors.router``), and only
-    what finds no room waits at the router, where the monitor counts it.
+    each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows; its
+    backlog is the router's queue. ``instance_queue_s``: the router gives an instance at most
+    ``weight × (service + instance_queue_s)`` requests at once (``actors.router``, ``MeshTiming``).
     """
 
     token_budget: int = 2048
@@ -248,6 +247,7 @@ class Inst:
         "n_active",
         "nodes",
         "paths",
+        "pq",
         "rate",
         "region",
         "retiring",
@@ -279,6 +279,7 @@ class Inst:
         self.nodes: tuple[str, ...] = tpl.nodes
         self.stages: list[StageRT] = []
         self.paths: list[PathRT] = []
+        self.pq = PullQ()  # its own queue (the engine's), behind the router's (``SimState.router_queues``)
 
 
 class Group:
@@ -378,6 +379,12 @@ def template_paths(tpl: Template) -> list[tuple[list[int], float]]:
 class SimState:
     """The state of one run that the batching and fleet layers share: clock, event heap, deployments,
     instances, nodes held, prices and the accounts."""
+
+    router_queues = False
+    """Whether requests wait as the mesh's router places them: each instance's own queue takes what the
+    router gives it (up to ``Batching._bound``), the rest waits in the deployment's queue (the router's) until
+    an instance has room. The fleet simulator does; the mesh's engine (one instance) does not: the real
+    router is in front of it."""
 
     def __init__(
         self,
