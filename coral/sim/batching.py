@@ -58,6 +58,7 @@ class Batching(SimState):
         return [i for i in g.insts if self._held(i) < self._bound(i)]
 
     def _draw(self, cands: list[Inst]) -> Inst:
+        """One of ``cands`` with probability proportional to its weight (seeded)."""
         x = self.route_u.next() * sum(i.weight for i in cands)
         acc = 0.0
         for i in cands:
@@ -451,14 +452,7 @@ class Batching(SimState):
         if g is None or not g.insts:
             return None
         ok = [i for i in g.insts if i.tpl.kv_min_nic <= nic * (1.0 + 1e-12)] or g.insts
-        room = [i for i in ok if self._held(i) < self._bound(i)] or ok
-        x = self.route_u.next() * sum(i.weight for i in room)
-        acc = 0.0
-        for i in room:
-            acc += i.weight
-            if x < acc:
-                return i
-        return room[-1]
+        return self._draw([i for i in ok if self._held(i) < self._bound(i)] or ok)
 
     def _handoff(self, req: Req, src: Inst, t: float) -> None:
         dst = self._decode_for(req, src.region, src.min_nic)

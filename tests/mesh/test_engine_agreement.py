@@ -15,6 +15,7 @@ compared two samples whose demand estimates crossed a plan boundary on one side 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from coral.scenario import load_scenario
 from coral.sim import SimConfig, simulate
 from coral.sim.arrivals import deployment_arrivals
 from coral.store import TemplateStore
+from solvers.allocation import SolverEffort, solve_allocation
 
 from .helpers import World
 
@@ -48,6 +50,13 @@ demand = {demand}
 """
 
 
+def _to_completion(prob: Any, **kw: Any) -> Any:
+    """The simulator's solves to completion, as the mesh's (``deterministic``): under the scenario's 1 s
+    deadline a loaded machine would change its plans."""
+    kw["effort"] = SolverEffort()
+    return solve_allocation(prob, **kw)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("demand", "duration"),
@@ -63,7 +72,7 @@ async def test_mesh_and_simulator_agree_on_attainment_and_throughput(
     opts = RunOptions(seed=7, deterministic=True)
     setup = world.setup("agree", opts, sc)
     with TemplateStore(world.store, readonly=True) as store:
-        plan_fn, templates = make_planner("coral", sc, world.catalog, world.perf, store)
+        plan_fn, templates = make_planner("coral", sc, world.catalog, world.perf, store, solve=_to_completion)
     cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand)
     arrivals = deployment_arrivals(
         sc, seed=7, end_s=sc.duration_s, length_dist=cfg.length_dist, cv_in=cfg.cv_in, cv_out=cfg.cv_out
