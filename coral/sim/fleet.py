@@ -103,6 +103,7 @@ class Fleet(Batching):
             inst.paths.append(p)
         inst.min_nic = min(self.catalog.nodes[n].nic_bytes_per_s for n in tpl.nodes)
         inst.weight = _weight(tpl, inst.dep)
+        inst.bound = self._bound(inst)
 
     def _group(self, inst: Inst) -> Group:
         d = inst.dep

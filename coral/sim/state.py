@@ -237,6 +237,7 @@ class Inst:
     """An instance of a template in a region, serving one deployment."""
 
     __slots__ = (
+        "bound",
         "bridge",
         "dep",
         "id",
@@ -273,6 +274,7 @@ class Inst:
         self.t_up = 0.0  # when its nodes are up (provisioned) and its engine starts loading
         self.n_active = 0
         self.incoming = 0  # KV handoffs on their way to it (a decode instance)
+        self.bound = 1  # the most requests the router gives it at once (``Batching._bound``)
         self.rate = 0.0
         self.weight = 1.0
         self.min_nic = 0.0
