@@ -322,8 +322,8 @@ class Router(TickActor):
             if cands and any(held.get(c.id, 0) >= cap[c.id] for c in cands):
                 cands = [c for c in cands if held.get(c.id, 0) < cap[c.id]]
             if not cands:
-                if r.queued_at is None:
-                    r.queued_at = now
+                if r.queued_at is None:  # from its arrival: the feed hands the router requests a tick ahead
+                    r.queued_at = max(now, spec.t) if r.phase == "entry" else now
                 if now - r.queued_at > self.timing.queue_timeout_s:
                     self._fail(r, "no_capacity" if r.phase == "entry" else "no_decode_capacity")
                 else:
@@ -372,6 +372,8 @@ class Router(TickActor):
         in_flight: dict[str, int] = {}
         queued: dict[str, int] = {}
         for r in self.open.values():
+            if not r.instance and r.spec.t > now:
+                continue  # fed ahead of its arrival (the feed's next tick): it waits for nothing yet
             side = in_flight if r.instance else queued
             side[r.spec.deployment] = side.get(r.spec.deployment, 0) + 1
         await self.ctx.publish(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import deque
 
 from coral.perf.roofline import NET_LATENCY_S
 from coral.sim.state import (
@@ -30,7 +31,85 @@ class Batching(SimState):
 
     def _route(self, req: Req, t: float, front: bool) -> None:
         g = req.dep.entry
-        self._route_group(g, req, t, front)
+        if self.router_queues:
+            self._dispatch(g, req, t, front)
+        else:
+            self._route_group(g, req, t, front)
+
+    def _dispatch(self, g: Group, req: Req, t: float, front: bool) -> None:
+        """The mesh's router (``SimState.router_queues``): to an instance with room under its bound, drawn by
+        weight, into that instance's own queue; when none has room, into the deployment's queue (the
+        router's), which ``_drain_router`` empties in order as room opens."""
+        cands = self._room(g)
+        if cands:
+            self._enqueue(self._draw(cands), req, t)
+            return
+        q = g.pullq.q
+        if len(q) >= self.qlimit:
+            self._fail(req, "queue_full")
+            return
+        req.deadline = t + self.qtimeout
+        if front:
+            q.appendleft(req)
+        else:
+            q.append(req)
+
+    def _room(self, g: Group) -> list[Inst]:
+        """The instances of ``g`` with room under the router's bound (the hot path: no helper calls)."""
+        out = []
+        for i in g.insts:
+            h = i.n_active + i.incoming + len(i.pq.q)
+            for p in i.paths:
+                h += len(p.waiting)
+            if h < i.bound:
+                out.append(i)
+        return out
+
+    def _draw(self, cands: list[Inst]) -> Inst:
+        """One of ``cands`` with probability proportional to its weight (seeded)."""
+        x = self.route_u.next() * sum(i.weight for i in cands)
+        acc = 0.0
+        for i in cands:
+            acc += i.weight
+            if x < acc:
+                return i
+        return cands[-1]
+
+    def _enqueue(self, inst: Inst, req: Req, t: float) -> None:
+        """``req`` reaches ``inst``'s engine: into a path's line if one has room and none waits before it, else
+        into the instance's own queue, where it fails ``queue_timeout_s`` after it began to wait for this
+        phase (its arrival, or its KV's; ``coral.engines.sim``)."""
+        since = t if req.kv_ready or req.retries else req.t_arr
+        req.deadline = since + self.qtimeout
+        own = inst.pq
+        if not own.q and self._take(inst, req, t):
+            return
+        own.q.append(req)
+        if own.idle:
+            self._wake(next(iter(own.idle)), t)
+
+    def _drain_router(self, g: Group, t: float) -> None:
+        """Place what waits in the router's queue, oldest first, while some instance has room."""
+        q = g.pullq.q
+        while q:
+            cands = self._room(g)
+            if not cands:
+                return
+            req = q.popleft()
+            if req.deadline < t:
+                self._fail(req, "queue_timeout")
+                continue
+            self._enqueue(self._draw(cands), req, t)
+
+    def _expire(self, q: deque[Req], t: float) -> None:
+        """Fail the requests of ``q`` whose wait has run out."""
+        if any(r.deadline < t for r in q):
+            keep = [r for r in q if r.deadline >= t]
+            for r in q:
+                if r.deadline < t:
+                    self._fail(r, "queue_timeout")
+            q.clear()
+            q.extend(keep)
 
     def _route_group(self, g: Group, req: Req, t: float, front: bool) -> None:
         pq = g.pullq
@@ -309,6 +388,10 @@ class Batching(SimState):
                         mb.finish[fs] = [req]
                     else:
                         lst.append(req)
+        if self.router_queues and (fin is not None or n_act) and inst.state == SERVING:
+            g = inst.dep.decode.get(inst.region) if inst.mode == "decode" else inst.dep.entry
+            if g is not None and g.pullq.q:
+                self._drain_router(g, t)
         if inst.state == DRAINING and inst.n_active == 0 and not any(p.waiting for p in inst.paths):
             self._release(inst, t)
             return
@@ -356,36 +439,53 @@ class Batching(SimState):
         st.reasons[reason] = st.reasons.get(reason, 0) + 1
         self.active -= 1
 
+    def _bound(self, inst: Inst) -> int:
+        """The most requests the mesh's router gives ``inst`` at once: ``weight × (service + instance_queue_s)``
+        (``actors.router``; service is the SLO's time for one request in the instance's mode)."""
+        d = inst.dep
+        decode = d.shape_out * d.tpot
+        service = d.ttft if inst.mode == "prefill" else decode if inst.mode == "decode" else d.ttft + decode
+        return max(1, math.ceil(inst.weight * (service + self.cfg.instance_queue_s)))
+
+    def _held(self, inst: Inst) -> int:
+        return inst.n_active + inst.incoming + len(inst.pq.q) + sum(len(p.waiting) for p in inst.paths)
+
+    def _decode_for(self, req: Req, region: str, nic: float) -> Inst | None:
+        """The decode instance a handoff from a sender whose slowest NIC is ``nic`` goes to, as the router
+        chooses: among the region's serving decode instances whose KV transfer holds behind it
+        (``Template.kv_min_nic``; all of them when none does), those with room under the router's bound, by
+        weight. When every one is full the router holds the request until one has room; here it is drawn
+        among them all and waits in that instance's own line."""
+        g = req.dep.decode.get(region)
+        if g is None or not g.insts:
+            return None
+        ok = [i for i in g.insts if i.tpl.kv_min_nic <= nic * (1.0 + 1e-12)] or g.insts
+        return self._draw([i for i in ok if self._held(i) < i.bound] or ok)
+
     def _handoff(self, req: Req, src: Inst, t: float) -> None:
-        g = req.dep.decode.get(src.region)
-        dst: Inst | None = None
-        if g is not None and g.insts:
-            # only decode instances whose KV transfer holds behind this sender (Template.kv_min_nic), in
-            # proportion to their weights; all of them when none does (served late rather than not at all)
-            ok = [i for i in g.insts if i.tpl.kv_min_nic <= src.min_nic * (1.0 + 1e-12)] or g.insts
-            x = self.route_u.next() * sum(i.weight for i in ok)
-            dst = ok[-1]
-            acc = 0.0
-            for i in ok:
-                acc += i.weight
-                if x < acc:
-                    dst = i
-                    break
-        bw = min(src.min_nic, dst.min_nic) if dst is not None else src.min_nic
+        dst = self._decode_for(req, src.region, src.min_nic)
+        bw = min(src.min_nic, dst.min_nic) if dst is not None else src.min_nic  # the actual pair's link
         m = self.catalog.models[req.dep.model]
         dt = NET_LATENCY_S + (req.prompt + req.gen - 1) * m.kv_bytes_per_token / bw
         req.hint = dst
+        if dst is not None:
+            dst.incoming += 1
         req.kv_ready = True
         self.in_transit[id(req)] = req
-        self._push(t + dt, K_HANDOFF, (req, src.region))
+        self._push(t + dt, K_HANDOFF, (req, src.region, src.min_nic))
 
-    def _handoff_done(self, obj: tuple[Req, str], t: float) -> None:
-        req, region = obj
+    def _handoff_done(self, obj: tuple[Req, str, float], t: float) -> None:
+        req, region, nic = obj
         if self.in_transit.pop(id(req), None) is None:
             return
         dst = req.hint
         req.hint = None
-        if dst is not None and dst.state == SERVING and self._take(dst, req, t):
+        if dst is not None:
+            dst.incoming -= 1
+            if dst.state != SERVING:  # lost or drained while the KV was on its way: the router places it again
+                dst = self._decode_for(req, region, nic)
+        if dst is not None:
+            self._enqueue(dst, req, t)
             return
         g = req.dep.decode.get(region)
         if g is None:

@@ -5,13 +5,16 @@ through instances in ``coral.sim.batching`` and fleet changes in ``coral.sim.fle
 
 Model (honest, simple, one event per micro-batch per stage rather than one per token):
 
-- **Requests** arrive from per-deployment sources (see ``coral.sim.arrivals``). A deployment's router
-  picks one of its serving instances by capacity weight (seeded), then the instance picks one of its
-  routes (a SOURCE-to-SINK path of the template's flow decomposition) by flow weight. Each path keeps a
-  short local waiting line (one micro-batch's worth); when every instance's line is full, or older
-  requests already wait, the request joins the deployment's bounded FIFO queue, which instances drain
-  as they admit work. A request still queued after ``queue_timeout_s`` fails (``queue_timeout``); a
-  full queue fails it at once (``queue_full``).
+- **Requests** arrive from per-deployment sources (see ``coral.sim.arrivals``). The deployment's router
+  (the mesh's, ``actors.router``) gives each request to one of its serving instances with room, drawn by
+  capacity weight (seeded): an instance holds at most ``weight × (service + instance_queue_s)`` requests
+  (in service, in its paths' lines and in its own queue). When none has room the request waits in the
+  router's queue (bounded: ``queue_full`` beyond it), oldest first, until an instance has room; that
+  queue is what the demand monitor counts as backlog. The instance then picks one of its routes (a
+  SOURCE-to-SINK path of the template's flow decomposition) by flow weight; each path keeps a short line
+  (one micro-batch's worth) and the rest waits in the instance's own queue. A request waiting longer than
+  ``queue_timeout_s`` (at the router since it began to wait there, in an instance since its arrival or
+  its KV's) fails (``queue_timeout``).
 - **Instances** run continuous batching. A path of ``p`` stages has ``p`` micro-batches (vLLM's virtual
   engines) of at most ``batch`` sequences (the smallest stage batch on the path). A micro-batch is
   formed at the first stage: decoding sequences first (one token each), then prefill chunks, FCFS,
@@ -26,9 +29,11 @@ Model (honest, simple, one event per micro-batch per stage rather than one per t
   admitted sequence of the micro-batch is preempted and recomputed later (vLLM's recompute policy). A
   request longer than a path's whole KV capacity fails (``too_long``).
 - **Disaggregated** deployments (prefill-mode and decode-mode templates in one region): the prefill
-  instance emits the first token, then sends the KV cache (prompt tokens x ``kv_bytes_per_token`` over
-  the smaller NIC of the two instances, plus the network latency) to a decode instance of the same
-  region; that time shows in TPOT and end-to-end latency.
+  instance emits the first token, then hands the request to a decode instance of the same region chosen
+  as the router does (only those whose KV transfer holds behind the sender, ``Template.kv_min_nic``, all
+  when none does; by weight among those with room) and sends it the KV cache (prompt tokens x
+  ``kv_bytes_per_token`` over the smaller NIC of the two instances, plus the network latency); that time
+  shows in TPOT and end-to-end latency.
 - **Fleet**: ``plan_fn`` is called at t=0, every ``replan_interval_s``, at each step of a demand
   series, and at each market change and fault. The demand it sees per deployment is the series value at
   that moment (times ``rate_scale``), or for trace demand the trace's highest 60 s rate over the next
@@ -40,10 +45,14 @@ Model (honest, simple, one event per micro-batch per stage rather than one per t
   ready after ``provision_s`` (the nodes), then the slowest stage's ``load_s`` plus ``startup_s`` (the
   engine), as in the mesh's simulated cloud (``SimConfig``; the t=0 fleet is warm unless
   ``warm_start`` is off); starts beyond a node type's availability wait until nodes free.
-  Removed instances are made before they are broken, as the mesh's supervisor does: a removed serving
-  instance keeps serving (retiring) until every instance the plan wants for its deployment serves (at
-  once if its deployment waits for nodes, which it may hold); then it drains: it takes no new work, its
-  waiting requests move, and it releases its nodes when its last sequence ends. Faults kill instances
+  Plans are reconciled as the mesh's supervisor does (``actors.supervisor``): a surplus instance still
+  on its way is a bridge (it keeps loading, and retires once it serves) while its deployment's serving
+  capacity with the bridges before it is below min(its demand, the plan's capacity); other surplus
+  instances stop if not serving yet, and retire if serving: a retiring instance keeps serving until its
+  deployment's capacity without it holds the transition's floor, min(the capacity serving or bridged
+  when the plan came, the plan's capacity), or until a waiting start needs its nodes; then it drains: it
+  takes no new work, its waiting requests go back to the router, and it releases its nodes when its last
+  sequence ends. Faults kill instances
   holding the named node type; their requests are retried elsewhere (counted) and keep the tokens they
   already streamed.
 - **Cost** integrates the price of every node held (loading, serving, draining) over time.
@@ -137,6 +146,7 @@ class _Sim(Fleet):
         arrivals: Mapping[str, ArrivalSource] | None,
     ) -> None:
         super().__init__(scenario, templates, perf, plan_fn, cfg, seed, duration_s, interval_s)
+        self.router_queues = True
         self._make_sources(trace, rate_scale, on_bad_row, arrivals, self.arrival_seed)
 
     def _make_sources(
@@ -323,7 +333,9 @@ class _Sim(Fleet):
         """The demand monitor's tick: observe the arrivals since the last, re-plan when the estimate moved."""
         assert self.monitor is not None and self.mon_demand is not None and self.cfg.monitor is not None
         self.monitor.observe(since, t, {d.name: self.mon_counts[d.idx] for d in self.deps})
-        self.monitor.backlog({d.name: len(d.entry.pullq.q) for d in self.deps})  # waiting for an instance
+        for d in self.deps:
+            self._expire(d.entry.pullq.q, t)
+        self.monitor.backlog({d.name: len(d.entry.pullq.q) for d in self.deps})  # the router's queue
         self.mon_counts = [0] * len(self.deps)
         est = self.monitor.estimate()
         if moved(self.mon_demand, est, self.monitor):

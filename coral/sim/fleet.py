@@ -7,6 +7,7 @@ import itertools
 import math
 import time
 
+from coral.capacity import capacity_rps
 from coral.perf.roofline import NET_LATENCY_S
 from coral.plan import Plan, PlanRequest
 from coral.scenario import FaultEvent, MarketChange
@@ -19,6 +20,7 @@ from coral.sim.state import (
     K_TICK,
     LOADING,
     SERVING,
+    DepRT,
     Group,
     Inst,
     PathRT,
@@ -27,6 +29,7 @@ from coral.sim.state import (
     StageRT,
     template_paths,
 )
+from coral.templates import Template
 
 
 class Fleet(Batching):
@@ -62,10 +65,12 @@ class Fleet(Batching):
         self.dep_rate[dep.idx] += inst.rate
         self.insts[inst.id] = inst
         if warm:
+            inst.t_up = t
             self._ready(inst, t)
         else:
+            inst.t_up = t + self.cfg.provision_s
             load = max(self.perf.load_s(tpl.model, s.node, s.layers) for s in tpl.stages)
-            self._push(t + self.cfg.provision_s + load + self.cfg.startup_s, K_READY, inst)
+            self._push(inst.t_up + load + self.cfg.startup_s, K_READY, inst)
         return True
 
     def _build(self, inst: Inst) -> None:
@@ -98,14 +103,8 @@ class Fleet(Batching):
             p = PathRT(inst, [inst.stages[i] for i in idxs], b, max(f, 1e-12), hops, back)
             inst.paths.append(p)
         inst.min_nic = min(self.catalog.nodes[n].nic_bytes_per_s for n in tpl.nodes)
-        d = inst.dep
-        if inst.mode == "prefill":
-            w = tpl.prefill_tok_s / d.shape_in
-        elif inst.mode == "decode":
-            w = tpl.decode_tok_s / d.shape_out
-        else:
-            w = tpl.requests_per_s(d.shape_in, d.shape_out)
-        inst.weight = w if w > 0 else 1.0
+        inst.weight = _weight(tpl, inst.dep)
+        inst.bound = self._bound(inst)
 
     def _group(self, inst: Inst) -> Group:
         d = inst.dep
@@ -121,18 +120,24 @@ class Fleet(Batching):
             return
         inst.state = SERVING
         inst.t_ready = t
+        if inst.bridge:  # it serves until its replacement does (make before break)
+            inst.bridge = False
+            inst.retiring = True
         g = self._group(inst)
         g.insts.append(inst)
         g.rebuild()
         for p in inst.paths:
-            p.pullq = g.pullq
+            p.pullq = inst.pq if self.router_queues else g.pullq
             if p.idle:
-                g.pullq.idle[p] = None
-        for p in inst.paths:
-            for _ in range(len(p.idle)):
-                if not g.pullq.q:
-                    break
-                self._wake(p, t)
+                p.pullq.idle[p] = None
+        if self.router_queues:
+            self._drain_router(g, t)
+        else:
+            for p in inst.paths:
+                for _ in range(len(p.idle)):
+                    if not g.pullq.q:
+                        break
+                    self._wake(p, t)
         self._retire(t)
 
     def _unlist(self, inst: Inst) -> None:
@@ -141,7 +146,7 @@ class Fleet(Batching):
             g.insts.remove(inst)
             g.rebuild()
         for p in inst.paths:
-            g.pullq.idle.pop(p, None)
+            p.pullq.idle.pop(p, None)
 
     def _stop(self, inst: Inst, t: float) -> None:
         if inst.state == LOADING:
@@ -155,6 +160,8 @@ class Fleet(Batching):
         for p in inst.paths:
             moved.extend(p.waiting)
             p.waiting.clear()
+        moved.extend(inst.pq.q)
+        inst.pq.q.clear()
         for r in moved:
             if r.kv_ready:
                 self._route_group(self._group(inst), r, t, True)
@@ -185,17 +192,19 @@ class Fleet(Batching):
                 self.kv_peak[key] = max(self.kv_peak.get(key, 0.0), s.peak / s.cap if s.cap else 0.0)
         if self.pending:
             self._start_pending(t)
+            self._retire(t)
 
     def _start_pending(self, t: float) -> None:
         for key in sorted(self.pending):
-            while self.pending.get(key, 0) > 0 and self._start(key, t, False):
+            while self.pending.get(key, 0) > 0 and self._start_or_free(key, t, False):
                 self.pending[key] -= 1
             if self.pending.get(key) == 0:
                 del self.pending[key]
 
     def _evict(self, inst: Inst) -> list[Req]:
         """Every request held by ``inst`` (waiting, prefilling, decoding), reset to be recomputed."""
-        out: list[Req] = []
+        out: list[Req] = list(inst.pq.q)
+        inst.pq.q.clear()
         for p in inst.paths:
             out.extend(p.waiting)
             p.waiting.clear()
@@ -227,6 +236,7 @@ class Fleet(Batching):
             self.retries += 1
             r.dep.stats.retries += 1
             self._route(r, t, True)
+        self._retire(t)
 
     def _fault(self, ev: FaultEvent, t: float) -> None:
         self.fault_times.append(t)
@@ -251,7 +261,7 @@ class Fleet(Batching):
     def _live_counts(self) -> dict[tuple[str, str, str], int]:
         out: dict[tuple[str, str, str], int] = {}
         for i in self.insts.values():
-            if i.state in (LOADING, SERVING):
+            if i.state == LOADING or (i.state == SERVING and not i.retiring):  # bridges count, as in the mesh
                 out[i.key] = out.get(i.key, 0) + 1
         return out
 
@@ -286,71 +296,215 @@ class Fleet(Batching):
                 + "; nothing could serve any request"
             )
         if delay > 0:
-            self.flight = target
+            self.flight = (plan, target)
             self._push(t + delay, K_PLAN, None)
             return
-        self._apply(target, t, first)
+        self._apply(plan, target, t, first)
 
     def _land(self, t: float) -> None:
         """Apply the plan in flight; the triggers that came meanwhile make the next plan now."""
-        target, self.flight = self.flight, None
-        assert target is not None
-        self._apply(target, t, False)
+        flight, self.flight = self.flight, None
+        assert flight is not None
+        self._apply(*flight, t, False)
         if self.held_triggers:
             trigger = "+".join(sorted(self.held_triggers))
             self.held_triggers.clear()
             self._replan(t, trigger)
 
-    def _apply(self, target: dict[tuple[str, str, str], int], t: float, first: bool) -> None:
-        """Start and retire instances towards ``target`` (make before break)."""
-        live = self._live_counts()
+    def _apply(self, plan: Plan, target: dict[tuple[str, str, str], int], t: float, first: bool) -> None:
+        """Reconcile the fleet to ``plan`` (``target``: its validated counts), as the mesh's supervisor does:
+        surplus instances still on their way become bridges while their deployment serves too little, the
+        others stop (serving ones retire: they drain once the transition's floor holds without them), and
+        missing ones start (or wait for nodes)."""
         self.pending = {}
-        keys = sorted(set(target) | set(live))
+        self.planned_demand = {s.deployment: s.demand_rps for s in plan.serving}
+        planned = capacity_rps(
+            (dep, region, self.templates[tid].mode, _weight(self.templates[tid], self.dep_by_name[dep]))
+            for (dep, tid, region), n in target.items()
+            for _ in range(n)
+        )
+        live: dict[tuple[str, str, str], list[Inst]] = {}
+        for i in self.insts.values():
+            if i.state in (LOADING, SERVING):
+                live.setdefault(i.key, []).append(i)
+        surplus: list[Inst] = []
         changed = False
-        for key in keys:
-            mine = [i for i in self.insts.values() if i.key == key and i.state in (LOADING, SERVING)]
-            diff = target.get(key, 0) - len(mine)
-            if diff < 0:
+        for key in sorted(set(target) | set(live)):
+            have = sorted(live.get(key, []), key=lambda i: (self._rank(i, t), -i.id))
+            cut = max(0, len(have) - target.get(key, 0))
+            surplus += have[:cut]
+            for inst in have[cut:]:
+                inst.retiring = inst.bridge = False  # wanted again
+            live[key] = have[cut:]
+        bridges = self._bridges(surplus, planned, t)
+        for inst in surplus:
+            if inst in bridges:
+                inst.bridge = True
+            elif not inst.retiring:
                 changed = True
-                # loading ones first, then the serving ones already retiring, then the least busy
-                mine.sort(key=lambda i: (i.state != LOADING, not i.retiring, i.n_active, -i.id))
-                for inst in mine[:-diff]:
-                    if inst.state == LOADING:
-                        self._stop(inst, t)
-                    else:
-                        inst.retiring = True
-                mine = mine[-diff:]
-            for inst in mine:
-                inst.retiring = False  # wanted again
-        for key in keys:
-            live_now = sum(1 for i in self.insts.values() if i.key == key and i.state in (LOADING, SERVING))
-            diff = (
-                target.get(key, 0)
-                - live_now
-                + sum(1 for i in self.insts.values() if i.key == key and i.state == SERVING and i.retiring)
-            )
-            if diff > 0:
+                inst.bridge = False
+                if inst.state == LOADING:
+                    self._stop(inst, t)
+                else:
+                    inst.retiring = True
+        coming = self._capacity([*self._routable(), *bridges])
+        self.floor = {d.name: min(coming.get(d.name, 0.0), planned.get(d.name, 0.0)) for d in self.deps}
+        for key in sorted(target):
+            for _ in range(target[key] - len(live.get(key, []))):
                 changed = True
-                for _ in range(diff):
-                    if not self._start(key, t, first and self.cfg.warm_start):
-                        self.pending[key] = self.pending.get(key, 0) + 1
+                if not self._start_or_free(key, t, first and self.cfg.warm_start):
+                    self.pending[key] = self.pending.get(key, 0) + 1
         self._retire(t)
         if changed:
             self.plan_changes.append(t)
 
-    def _retire(self, t: float) -> None:
-        """Make before break: a retiring instance keeps serving until every instance the plan wants for
-        its deployment serves; it drains at once while its deployment waits for nodes (it may hold them)."""
-        for d in self.deps:
-            old = [i for i in self.insts.values() if i.dep is d and i.retiring and i.state == SERVING]
-            if not old:
+    def _rank(self, inst: Inst, t: float) -> int:
+        """The supervisor's order of victims: provisioning, loading, then serving (newest first within)."""
+        if inst.state == SERVING:
+            return 2
+        return 1 if t >= inst.t_up else 0
+
+    def _routable(self) -> list[Inst]:
+        return [i for i in self.insts.values() if i.state == SERVING]
+
+    def _capacity(self, insts: list[Inst]) -> dict[str, float]:
+        return capacity_rps((i.dep.name, i.region, i.mode, i.weight) for i in insts)
+
+    def _bridges(self, surplus: list[Inst], planned: dict[str, float], t: float) -> list[Inst]:
+        """The surplus instances still on their way that keep loading: per deployment, the nearest to
+        serving first (loading before provisioning, oldest first), while its serving capacity plus theirs
+        stays below min(its demand, the new plan's capacity) (``actors.supervisor``)."""
+        have = self._routable()
+        kept: list[Inst] = []
+        coming = [i for i in surplus if i.state == LOADING]
+        for inst in sorted(coming, key=lambda i: (self._rank(i, t) != 1, i.id)):
+            d = inst.dep.name
+            need = min(self.planned_demand.get(d, 0.0), planned.get(d, 0.0))
+            if self._capacity([*have, *kept]).get(d, 0.0) < need - 1e-6:
+                kept.append(inst)
+        return kept
+
+    def _free(self, region: str, node: str) -> int:
+        return self.avail.get((region, node), 0) - self.held.get((region, node), 0)
+
+    def _start_or_free(self, key: tuple[str, str, str], t: float, warm: bool) -> bool:
+        """Start an instance of ``key``; when nodes are lacking that bridges (not serving yet) of its region
+        hold, enough of them to cover the shortfall, stop those and start."""
+        if self._start(key, t, warm):
+            return True
+        _, tid, region = key
+        need: dict[str, int] = {}
+        for n in self.templates[tid].nodes:
+            need[n] = need.get(n, 0) + 1
+        lack = {n: k - self._free(region, n) for n, k in need.items() if k > self._free(region, n)}
+        picks: list[Inst] = []
+        cover: dict[str, int] = {}
+        for inst in sorted(self.insts.values(), key=lambda i: -i.id):
+            if not (inst.bridge and inst.region == region and inst.state == LOADING):
                 continue
-            waiting = any(k[0] == d.name for k in self.pending)
-            loading = any(i.dep is d and i.state == LOADING for i in self.insts.values())
-            if waiting or not loading:
-                for inst in sorted(old, key=lambda i: i.id):
+            if not set(inst.nodes) & set(lack):
+                continue
+            picks.append(inst)
+            for n in inst.nodes:
+                cover[n] = cover.get(n, 0) + 1
+            if all(cover.get(n, 0) >= k for n, k in lack.items()):
+                break
+        if not lack or not all(cover.get(n, 0) >= k for n, k in lack.items()):
+            return False
+        pending, self.pending = self.pending, {}  # the freed nodes are for this start, not the waiting ones
+        for inst in picks:
+            inst.bridge = False
+            self._stop(inst, t)
+        self.pending = pending
+        return self._start(key, t, warm)
+
+    def _retire(self, t: float) -> None:
+        """Make before break, as the mesh's supervisor: a retiring instance drains once its deployment's
+        serving capacity without it stays at or above the transition's floor, min(the capacity serving or
+        bridged when the plan came, the plan's capacity); and retiring instances whose nodes a waiting start
+        lacks drain for it (``_blocking``)."""
+        if self.retiring_now:
+            return
+        self.retiring_now = True
+        try:
+            keep = self._routable()
+            for inst in sorted(keep, key=lambda i: i.id):
+                if not inst.retiring:
+                    continue
+                rest = [i for i in keep if i is not inst]
+                if self._capacity(rest).get(inst.dep.name, 0.0) >= self.floor.get(inst.dep.name, 0.0) - 1e-9:
+                    keep = rest
                     inst.retiring = False
                     self._stop(inst, t)
+            for inst in self._blocking():
+                inst.retiring = False
+                self._stop(inst, t)
+        finally:
+            self.retiring_now = False
+
+    def _blocking(self) -> list[Inst]:
+        """Retiring instances whose nodes are exactly what a waiting start lacks, enough to cover it; only
+        when the start's deployment serves less than its demand or their own has no replacement on its way,
+        and a deployment's last capacity only for its own replacement, one at a time
+        (``actors.supervisor``)."""
+        spare: dict[tuple[str, str], int] = {}  # draining instances' nodes are coming free
+        for inst in self.insts.values():
+            if inst.state == DRAINING:
+                for n in inst.nodes:
+                    spare[(inst.region, n)] = spare.get((inst.region, n), 0) + 1
+        retiring = sorted((i for i in self.insts.values() if i.state == SERVING and i.retiring), key=lambda i: -i.id)
+        coming = {i.dep.name for i in self.insts.values() if i.state == LOADING}
+        chosen: list[Inst] = []
+        taken: set[int] = set()
+        for key in sorted(self.pending):
+            dep, tid, region = key
+            need: dict[str, int] = {}
+            for n in self.templates[tid].nodes:
+                need[n] = need.get(n, 0) + 1
+            lack: dict[str, int] = {}
+            for node, k in need.items():
+                have = self._free(region, node) + spare.get((region, node), 0)
+                if k > have:
+                    lack[node] = k - have
+                spare[(region, node)] = max(0, spare.get((region, node), 0) - k)
+            if not lack:
+                continue
+            picks: list[Inst] = []
+            cover: dict[str, int] = {}
+            left = [i for i in self._routable() if i.id not in taken]
+            urgent = self._capacity(left).get(dep, 0.0) < self.planned_demand.get(dep, 0.0) - 1e-6
+            for inst in retiring:
+                if inst.id in taken or inst.region != region or not set(inst.nodes) <= set(lack):
+                    continue
+                d = inst.dep.name
+                if not urgent and d in coming:
+                    continue  # its own replacements will serve and free it
+                rest = [i for i in left if i is not inst]
+                if self._capacity(rest).get(d, 0.0) <= 1e-9 and (
+                    d != dep or self._in_flight(d, taken | {i.id for i in picks})
+                ):
+                    continue  # the last capacity: only for its own replacement, and one at a time
+                left = rest
+                picks.append(inst)
+                for n in inst.nodes:
+                    cover[n] = cover.get(n, 0) + 1
+                if all(cover.get(n, 0) >= k for n, k in lack.items()):
+                    break
+            if not all(cover.get(n, 0) >= k for n, k in lack.items()):
+                continue
+            for inst in picks:
+                taken.add(inst.id)
+                chosen.append(inst)
+            for node, k in cover.items():
+                if k > lack.get(node, 0):
+                    spare[(region, node)] = spare.get((region, node), 0) + k - lack.get(node, 0)
+        return chosen
+
+    def _in_flight(self, dep: str, picked: set[int]) -> bool:
+        """Whether ``dep`` has an instance on its way, draining, or picked to drain."""
+        return any(
+            i.dep.name == dep and (i.state in (LOADING, DRAINING) or i.id in picked) for i in self.insts.values()
+        )
 
     def _validate(self, plan: Plan) -> dict[tuple[str, str, str], int]:
         out: dict[tuple[str, str, str], int] = {}
@@ -384,9 +538,10 @@ class Fleet(Batching):
         iv = t - t0
         for d in self.deps:
             for pq in [d.entry.pullq, *(g.pullq for g in d.decode.values())]:
-                q = pq.q
-                while q and q[0].deadline < t:
-                    self._fail(q.popleft(), "queue_timeout")
+                self._expire(pq.q, t)
+        for inst in self.insts.values():
+            if inst.pq.q:
+                self._expire(inst.pq.q, t)
         for d in self.deps:
             st = d.stats
             cap = 0.0
@@ -404,6 +559,7 @@ class Fleet(Batching):
             for inst in self.insts.values():
                 if inst.dep is d:
                     n_inst += 1
+                    queue += len(inst.pq.q)
                     for p in inst.paths:
                         queue += len(p.waiting)
             done = st.iv_completed + st.iv_failed
@@ -429,3 +585,14 @@ class Fleet(Batching):
             self.progress(min(t, self.duration), self.duration)
         if t < self.duration + self.cfg.drain_limit_s:
             self._push(t + self.interval, K_TICK, t)
+
+
+def _weight(tpl: Template, d: DepRT) -> float:
+    """Requests/s an instance of ``tpl`` serves at ``d``'s shape: its routing weight and capacity."""
+    if tpl.mode == "prefill":
+        w = tpl.prefill_tok_s / d.shape_in
+    elif tpl.mode == "decode":
+        w = tpl.decode_tok_s / d.shape_out
+    else:
+        w = tpl.requests_per_s(d.shape_in, d.shape_out)
+    return w if w > 0 else 1.0

@@ -52,7 +52,9 @@ class SimConfig:
     ``monitor``: plan for the demand that the mesh's demand monitor would estimate from the simulated
     arrivals (``coral.demand``), re-planning when it moves, instead of the scenario's demand at the moment
     (the default). The monitor observes the arrivals of each ``monitor_tick_s``, as the mesh's observes
-    each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows.
+    each of the router's arrival counts (``MeshTiming.report_s``): its noise test reads those windows; its
+    backlog is the router's queue. ``instance_queue_s``: the router gives an instance at most
+    ``weight × (service + instance_queue_s)`` requests at once (``actors.router``, ``MeshTiming``).
 
     ``plan_delay_s``: a plan made at t (from the state at t) is applied at t + ``plan_delay_s``, as the
     mesh's allocator publishes it at its trigger plus the planner's deadline (``actors.allocator``; 0 when
@@ -67,6 +69,7 @@ class SimConfig:
     startup_s: float = _CLOUD.startup_s
     monitor: DemandTuning | None = None
     monitor_tick_s: float = MeshTiming().report_s
+    instance_queue_s: float = MeshTiming().instance_queue_s
     plan_delay_s: float = 0.0
     warm_start: bool = True
     drain_limit_s: float = 600.0
@@ -86,7 +89,14 @@ class SimConfig:
                 self.monitor.check()
             except CoralError as exc:
                 raise SimError(f"monitor: {exc}") from exc
-        for name in ("queue_timeout_s", "provision_s", "startup_s", "drain_limit_s", "plan_delay_s"):
+        for name in (
+            "queue_timeout_s",
+            "provision_s",
+            "startup_s",
+            "drain_limit_s",
+            "instance_queue_s",
+            "plan_delay_s",
+        ):
             if not getattr(self, name) >= 0:
                 raise SimError(f"{name} must not be negative, got {getattr(self, name)}")
 
@@ -240,20 +250,25 @@ class Inst:
     """An instance of a template in a region, serving one deployment."""
 
     __slots__ = (
+        "bound",
+        "bridge",
         "dep",
         "id",
+        "incoming",
         "key",
         "min_nic",
         "mode",
         "n_active",
         "nodes",
         "paths",
+        "pq",
         "rate",
         "region",
         "retiring",
         "stages",
         "state",
         "t_ready",
+        "t_up",
         "tpl",
         "weight",
     )
@@ -267,14 +282,19 @@ class Inst:
         self.mode = tpl.mode
         self.state = LOADING
         self.retiring = False
+        self.bridge = False  # surplus to the plan, kept loading while its deployment serves too little
         self.t_ready = -1.0
+        self.t_up = 0.0  # when its nodes are up (provisioned) and its engine starts loading
         self.n_active = 0
+        self.incoming = 0  # KV handoffs on their way to it (a decode instance)
+        self.bound = 1  # the most requests the router gives it at once (``Batching._bound``)
         self.rate = 0.0
         self.weight = 1.0
         self.min_nic = 0.0
         self.nodes: tuple[str, ...] = tpl.nodes
         self.stages: list[StageRT] = []
         self.paths: list[PathRT] = []
+        self.pq = PullQ()  # its own queue (the engine's), behind the router's (``SimState.router_queues``)
 
 
 class Group:
@@ -375,6 +395,12 @@ class SimState:
     """The state of one run that the batching and fleet layers share: clock, event heap, deployments,
     instances, nodes held, prices and the accounts."""
 
+    router_queues = False
+    """Whether requests wait as the mesh's router places them: each instance's own queue takes what the
+    router gives it (up to ``Batching._bound``), the rest waits in the deployment's queue (the router's) until
+    an instance has room. The fleet simulator does; the mesh's engine (one instance) does not: the real
+    router is in front of it."""
+
     def __init__(
         self,
         scenario: Scenario,
@@ -417,7 +443,12 @@ class SimState:
         self.dep_rate = [0.0] * len(self.deps)
         self.tick_cost = [0.0] * len(self.deps)
         self.pending: dict[tuple[str, str, str], int] = {}
-        self.flight: dict[tuple[str, str, str], int] | None = None
+        self.floor: dict[str, float] = {}
+        """Per deployment: the capacity (req/s) a plan's transition keeps serving (``Fleet._retire``)."""
+        self.planned_demand: dict[str, float] = {}
+        """Per deployment: the demand (req/s) of the plan last applied."""
+        self.retiring_now = False
+        self.flight: tuple[Plan, dict[tuple[str, str, str], int]] | None = None
         """The target of a plan made and not yet applied (``SimConfig.plan_delay_s``)."""
         self.held_triggers: set[str] = set()
         """Re-plan triggers that came while a plan was in flight."""

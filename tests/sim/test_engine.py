@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import numpy as np
 import pytest
 
@@ -152,6 +153,22 @@ def test_disaggregated_prefill_decode_counts_kv_transfer(perf: PerfModel) -> Non
     assert s.ttft.quantile(0.5) == pytest.approx(prefill, rel=0.05)
     assert s.e2e.quantile(0.5) == pytest.approx(prefill + transfer + step, rel=0.05)
     assert s.tpot.quantile(0.5) == pytest.approx(transfer + step, rel=0.05)
+
+
+def test_handoffs_go_only_to_compatible_decode_instances(perf: PerfModel) -> None:
+    """The router's decode choice: only instances whose KV transfer holds behind the sender (a faster,
+    larger one that needs a faster sender gets nothing), by weight among those with room."""
+    pre_t = single(perf, M, "g6.xlarge", 16, mode="prefill")
+    small = single(perf, M, "g6.xlarge", 4, mode="decode")  # compatible, busy most of the time
+    big = attrs.evolve(single(perf, M, "g6e.xlarge", 64, mode="decode"), kv_min_nic=1e15)  # needs a faster sender
+    templates = {t.id: t for t in (pre_t, small, big)}
+    counts = {("chat", pre_t.id, h.REGION): 1, ("chat", small.id, h.REGION): 1, ("chat", big.id, h.REGION): 1}
+    sc = h.scenario([h.deployment(rps=0.2)], duration_s=300)
+    res = simulate(sc, templates, perf, FixedPlanner(templates, counts))
+    all_accounted(res)
+    assert res.stats["chat"].completed == res.stats["chat"].requests > 40
+    assert res.stage_utilisation[f"{small.id}/0"] > 0.9
+    assert res.stage_utilisation[f"{big.id}/0"] == 0.0
 
 
 def test_cost_integrates_loading_serving_and_draining(perf: PerfModel) -> None:
