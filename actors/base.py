@@ -27,7 +27,8 @@ is on the grid too, since ``tick_s`` is a multiple of 1/1024 s); the virtual clo
 instant and moves on only once the mesh is quiet, so every message stamped before ``w`` was received
 before ``w``. A message sent at ``w`` is applied at ``w + HOP_S`` at the earliest: each hop costs at most
 ``HOP_S`` of kernel time, a network hop's order of magnitude. An actor may also ask to be woken at a time
-of its own (``wake_at``: a stage worker at its engine's next event while it streams a request's tokens).
+of its own (``wake_at``: a stage worker at its engine's next event while it streams a request's tokens, and a
+prefill head inside its engine's handoff window).
 One alarm per actor (``ActorContext.alarm``) serves the ticks and the wakes, so a wake that falls on a
 tick is one firing, not two racing ones.
 """

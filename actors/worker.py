@@ -24,16 +24,22 @@ one (vLLM serves the gateway over HTTP itself) reports none. Other requests' out
 wake or tick: their times are the engine's exact times either way.
 
 Engine time: a decode instance's engine runs ``DECODE_LAG_S`` (two hops) behind the kernel clock, so that a KV
-handoff is admitted at its exact time. The prefill head wakes at its engine's next event (as for streamed
-tokens) and so reports a handoff at its engine time ``t``; the router applies it at ``next_instant(t)``
-and the decode head at one hop more, both before ``t + 2 * HOP_S``, which the lag takes back. The decode
-engine then admits it at ``t`` plus the KV transfer (never less than ``NET_LATENCY_S``), which is
-still ahead of its clock. A streamed request's tokens on a decode instance reach the gateway that much
-(about 2 ms) late.
+handoff is admitted at its exact time. A handoff at engine time ``t`` is admitted on its decode instance at
+``t`` plus the KV transfer, at least ``NET_LATENCY_S`` plus the prompt's KV bytes over the prefill
+instance's slowest NIC. So the prefill head need not wake at each of its engine's events: it asks the
+engine for its handoff window (``handoff_window``: the earliest time the next handoff can happen, and the
+latest time it can be reported at) and wakes once inside it, at the window's coarsest instant
+(``shared_instant``), which many heads share, so the virtual clock stops once for all of them. A report
+sent at ``w`` is applied by the router at ``next_instant(w)`` and by the decode head a hop later, while
+the decode engine's clock is still at or before ``w``, so not after the admission. All the handoffs that
+happened since the last report leave in one message. A streamed request's tokens on a decode instance
+reach the gateway the lag (about 2 ms) late; a watched request's first token leaves with its handoff,
+when the head wakes at each event anyway.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from actors.base import HOP_S, TickActor, next_instant
@@ -60,6 +66,19 @@ from coral.templates import Template
 DECODE_LAG_S = 2 * HOP_S
 """How far a decode head's engine runs behind the kernel clock: the two hops of a KV handoff (prefill head ->
 router -> decode head; see the module docstring)."""
+
+
+def shared_instant(lo: float, due: float) -> float:
+    """The coarsest instant in ``[lo, due]``: the first multiple of 1 s, else of 1/2 s, ... down to ``HOP_S``
+    at or after ``lo`` that is not after ``due`` (else ``lo``). Instants on a coarse grid are shared by
+    many actors, and the virtual clock stops once per instant, not once per actor."""
+    scale = 1
+    while scale * HOP_S <= 1:
+        at = math.ceil(lo * scale) / scale
+        if at <= due:
+            return at
+        scale *= 2
+    return lo
 
 
 def worker_name(node_id: str) -> str:
@@ -103,7 +122,7 @@ class StageWorker(TickActor):
         self.instance = ""
         self.head = False
         self.lag = 0.0
-        self.prefill = False  # the head of a prefill instance: wakes at its engine's events to hand off
+        self.prefill = False  # the head of a prefill instance: wakes in its engine's handoff windows
         self.ready_at: float | None = None
         self.loaded_sent = False
         self.drained_sent = False
@@ -199,8 +218,9 @@ class StageWorker(TickActor):
             await self._serve(now)
 
     async def _serve(self, now: float) -> None:
-        """Run the head engine up to ``now`` and send what finished; while a request's tokens are watched, or
-        on a prefill instance's head (its handoffs), ask to be woken at the engine's next event."""
+        """Run the head engine up to ``now`` and send what finished; while a request's tokens are watched, ask
+        to be woken at the engine's next event, and on a prefill instance's head inside its next handoff
+        window (see the module docstring)."""
         if not (self.head and self.state in ("serving", "draining")):
             return
         out = self.engine.poll(self.engine_now(now))
@@ -209,11 +229,16 @@ class StageWorker(TickActor):
         if out:
             await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
         nxt = getattr(self.engine, "next_event_at", None)  # an engine that knows when it acts next
-        if (self.watched or self.prefill) and callable(nxt):
+        if self.watched and callable(nxt):
             t = nxt()
             if t is not None:
                 at = t + self.lag
                 self.wake_at(at if at > now else next_instant(now))
+        window = getattr(self.engine, "handoff_window", None)  # an engine that knows when it hands off next
+        if self.prefill and callable(window):
+            w = window()
+            if w is not None:
+                self.wake_at(shared_instant(*w))
 
     def _progress(self, now: float, out: list[Outcome]) -> list[Outcome]:
         """``out`` with a ``progress`` outcome (before it) for each watched request whose tokens grew (a

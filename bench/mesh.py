@@ -12,6 +12,8 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
   the actors busy in each (a plan stops the clock for its solve);
 - plans are solved under the scenario's deadline, as ``coral up`` does; ``--no-deadline`` solves each to
   completion (the deterministic run, in the mesh and in ``--compare``'s simulator);
+- ``--policy pd-homo`` plans every deployment as prefill/decode pairs (the KV handoff path), as
+  ``coral up --policy``;
 - per actor (workers summed as ``worker-*``): messages handled, timer calls (ticks) and the wall time
   spent in them, the share of the run's wall time, and the bus totals (routed, published);
 - ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``);
@@ -48,7 +50,7 @@ from actors.allocator import publish_delay  # noqa: E402
 from actors.compose import CoralMesh, RunOptions, library_for, make_setup, run_mesh  # noqa: E402
 from actors.watch import RunState  # noqa: E402
 from coral.catalog import load_catalog  # noqa: E402
-from coral.cli.planning import make_planner  # noqa: E402
+from coral.cli.planning import PLAN_POLICIES, make_planner  # noqa: E402
 from coral.cli.up_status import summarize  # noqa: E402
 from coral.kernel import Mesh  # noqa: E402
 from coral.messages.plan import NewPlan  # noqa: E402
@@ -72,6 +74,12 @@ def parse() -> argparse.Namespace:
         help="solve every plan to completion, as `coral up --no-deadline` (default: under the scenario's deadline)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default: 0)")
+    p.add_argument(
+        "--policy",
+        choices=PLAN_POLICIES,
+        default="coral",
+        help="planner policy, as `coral up --policy` (default: coral; pd-homo runs every model as a P/D pair)",
+    )
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
     p.add_argument("--compare", action="store_true", help="also run `coral simulate` and compare attainment")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -152,7 +160,11 @@ def main() -> None:
     if not any(lib.values()):
         raise SystemExit(f"--store: {store} holds no templates for scenario {sc.name!r}")
     setup = make_setup(
-        sc, cat, perf, lib, RunOptions(seed=args.seed, deterministic=args.no_deadline, duration_s=args.duration)
+        sc,
+        cat,
+        perf,
+        lib,
+        RunOptions(seed=args.seed, policy=args.policy, deterministic=args.no_deadline, duration_s=args.duration),
     )
     state = PlanLog()
     meshes: list[Mesh] = []
@@ -186,7 +198,7 @@ def main() -> None:
 
     def compare(mesh_summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
         with TemplateStore(Path(store), readonly=True) as st:
-            plan_fn, templates = make_planner("coral", sc, cat, perf, st, solve=solve)
+            plan_fn, templates = make_planner(args.policy, sc, cat, perf, st, solve=solve)
         dur = args.duration if args.duration is not None else sc.duration_s
         delay = publish_delay(setup.deadline_s, setup.deterministic)  # plans take effect when the mesh's do
         cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand, plan_delay_s=delay)

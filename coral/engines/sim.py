@@ -21,6 +21,8 @@ served late, after its SLO, in front of fresher requests.
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,8 +38,10 @@ from coral.sim.state import (
     K_ARRIVAL,
     K_STAGE,
     LOADING,
+    MB,
     DepRT,
     Inst,
+    PathRT,
     Req,
     SimConfig,
     Uniforms,
@@ -113,6 +117,7 @@ class SimEngine:
         self._bounced: list[Outcome] = []
         self._draining = False
         self._stopped = False
+        self._min_iter: dict[PathRT, float] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -265,6 +270,57 @@ class SimEngine:
         if m is None or self._stopped or not m.heap:
             return None
         return float(m.heap[0][0])
+
+    def handoff_window(self) -> tuple[float, float] | None:
+        """When the next KV handoff can happen and by when it must be reported, if nothing is submitted,
+        drained or stopped before then: ``(lo, due)``, or None when no request can be handed off.
+
+        A handoff at ``h`` is admitted on its decode instance at ``h`` plus its KV transfer, at least
+        ``slack`` = ``NET_LATENCY_S`` plus the prompt's KV bytes over this instance's slowest NIC (the
+        decode instance's can only be slower); reported by ``h + slack`` it is still admitted exactly.
+        Per micro-batch in flight, with its event at ``t`` and ``d`` the path's shortest iteration with a
+        prefill: if this iteration finishes prompts, they hand off at ``t`` at the earliest and are due by
+        ``t`` plus their least slack; any later handoff of it comes from a later iteration, at ``t + d`` at
+        the earliest, due by then plus the least slack ``s`` of the requests held. While a path has an
+        idle micro-batch, an arrival at ``t`` can start one: at ``t + d`` at the earliest, due ``s`` later.
+        ``lo`` and ``due`` are the least of these.
+        """
+        m = self._model
+        if m is None or self._stopped or not m.heap or not m.items:
+            return None
+        inst = m.inst
+        per_token = m.kv_bytes / inst.min_nic
+        s = NET_LATENCY_S + min(r.prompt for r in m.items) * per_token
+        idle = any(p.idle for p in inst.paths)
+        lo = due = math.inf
+        for t, _, kind, obj in m.heap:
+            if t >= due:
+                continue
+            if kind == K_STAGE:
+                mb: MB = obj
+                if mb.dead:
+                    continue
+                nxt = t + self._shortest(mb.path)
+                done = [r.prompt for r in itertools.islice(mb.pref, mb.c_np) if r.pre_done + r.chunk >= r.need_pre]
+                if done:
+                    lo = min(lo, t)
+                    due = min(due, t + NET_LATENCY_S + min(done) * per_token, nxt + s)
+                else:
+                    lo = min(lo, nxt)
+                    due = min(due, nxt + s)
+            elif kind == K_ARRIVAL and idle:
+                nxt = t + min(self._shortest(p) for p in inst.paths)
+                lo = min(lo, nxt)
+                due = min(due, nxt + s)
+        return None if due == math.inf else (lo, due)
+
+    def _shortest(self, path: PathRT) -> float:
+        """A lower bound of one iteration with a prefill chunk on ``path``: each stage's least prefill time
+        in its table (reads interpolate between table points, so never below it)."""
+        got = self._min_iter.get(path)
+        if got is None:
+            got = self._min_iter[path] = sum(min(min(r) for r in st.table.prefill_rows[1:]) for st in path.stages)
+        return max(got, 0.0)
 
     def progress(self) -> dict[int, tuple[int, float]]:
         """Per request in flight on this (head) engine: (tokens generated so far, first-token time or -1)."""
