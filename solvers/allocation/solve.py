@@ -29,9 +29,9 @@ Solution path
    same driver, smallest first, each warm-started with the best plan of the restrictions inside it. Of
    ``RESTRICT_SHARE`` of the time left, each of the n gets at least its own n-th (measured when the
    portfolio starts, so an earlier one's overrun on a loaded machine does not shrink it) plus what the
-   earlier ones left unused. Each plan is a plan
-   of the whole problem too (``_embed``), serving at least as much: the whole problem lets each prefill
-   instance feed every NIC level it may by continuous shares, as a restriction with fewer levels does.
+   earlier ones left unused. Each plan is a plan of the whole problem too (``_embed``), serving at least
+   as much: the whole problem lets each prefill instance feed every NIC level it may by continuous
+   shares, as a restriction with fewer levels does.
    Proving the whole problem first costs little where it can be proven (``core``: 0.35 s alone, where
    the four restrictions took 0.5 s before it) and leaves the restrictions the time otherwise.
 6. When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
