@@ -106,29 +106,16 @@ class _State:
         row = c.pool_grid[c.pool_group[c.pool[b]]][None, :]
         return float(_chain_flows(row, gs, gd)[0][0, -1] - _chain_flows(row, self.gs, self.gd)[0][0, -1])
 
-    def shares(self) -> FloatArray:
-        """A share z (instances) of each (prefill column, pool) pair that carries ``flows()``: each chain's
-        supply, highest position first, feeds the pools in order."""
+    def carries(self) -> FloatArray:
+        """The req/s of prefill supply each pool passes down its chain (the program's v) with ``flows()``:
+        the supply that entered at it or above less what the pools down to it serve."""
         c = self.c
-        z = np.zeros(c.Z)
-        y = self.flows()
-        for grow in c.pool_grid:
-            queue: list[list[float]] = []  # [column, req/s left]
-            for q in grow.tolist():
-                if q >= c.Q:
-                    break
-                queue += [[j, float(self.x[j] * c.prate[j])] for j in c.by_pool_pre[q] if c.pool[j] == q and self.x[j]]
-                need = float(y[q])
-                while need > 0 and queue:
-                    j, left = queue[0]
-                    take = min(left, need)
-                    z[c.feed_start[int(j)] + c.pool_pos[q] - c.pool_pos[c.pool[int(j)]]] += take / c.prate[int(j)]
-                    need -= take
-                    if left - take <= 1e-12 * max(left, 1.0):
-                        queue.pop(0)
-                    else:
-                        queue[0][1] = left - take
-        return z
+        if c.Q == 0:
+            return np.zeros(0)
+        F = _chain_flows(c.pool_grid, self.gs, self.gd)[0]
+        v = np.zeros(c.Q + 1)
+        v[c.pool_grid] = np.maximum(np.cumsum(self.gs[c.pool_grid], axis=1) - F, 0.0)
+        return v[: c.Q]
 
     def unmet(self) -> FloatArray:
         return np.maximum(self.c.demand - self.capacity(), 0.0)

@@ -26,8 +26,11 @@ Variables:
 - new_j in Z, 0 <= new_j <= ub_j: instances of column j started;
 - keep_j in Z, 0 <= keep_j <= min(cur_j, ub_j): running instances kept (only where cur_j > 0);
   the plan is x_j = keep_j + new_j (split churn: no rows for it);
-- z_{j,q} >= 0, (j, q) in F_j: the share of prefill column j's instances that feeds pool q (continuous:
-  one instance's requests may go to decode instances of several levels);
+- v_q >= 0: req/s of prefill supply that pool q passes down its (m, r)'s chain to the next lower level
+  q- (``columns``: each chain lists its pools from the highest level down; a prefill column j enters at
+  the highest pool it may feed, its entry pool, and may feed it or any lower one). By flow decomposition this is the same as
+  continuous shares z_{j,q} of each prefill column's instances feeding each pool (j, q) in F_j: one
+  instance's requests may go to decode instances of several levels, and only the req/s matters;
 - y_q >= 0, q = (m, r, l): req/s of model m served disaggregated in region r at NIC level l;
 - u_m in [0, d_m]: unmet demand of model m in req/s, for each model with demand d_m > 0; w_m > 0 is its
   priority (the scenario's, default 1).
@@ -35,8 +38,8 @@ Variables:
 Constraints:
 - demand (m):      sum_{j aggregated of m} a_j x_j + sum_{q of m} y_q + u_m >= d_m;
 - avail (r, g):    sum_{j in r} n[j, g] x_j <= avail[r, g];
-- share (j):       sum_{q in F_j} z_{j,q} <= x_j, for each prefill column j;
-- prefill (q):     y_q <= sum_{(j, q) in F} e_j z_{j,q};
+- prefill (q):     y_q + v_q <= v_{q+} + sum_{j prefill entering at q} e_j x_j, with q+ the next higher
+                   pool of q's chain (no v_{q+} at the highest);
 - decode (q):      y_q <= sum_{j decode in q} f_j x_j;
 - service:        sum_m w_m u_m <= U.
 
@@ -68,7 +71,7 @@ IntArray = NDArray[np.int64]
 
 @attrs.frozen(eq=False)
 class _Matrix:
-    """The program in column-wise form: variables [new (J), keep (K), z (Z), y (Q), u (Md)]."""
+    """The program in column-wise form: variables [new (J), keep (K), v (Q), y (Q), u (Md)]."""
 
     num_rows: int
     row_lo: FloatArray
@@ -91,7 +94,8 @@ class _Matrix:
 
 
 def _matrix(c: _Columns) -> _Matrix:
-    J, Q, M, Z = c.J, c.Q, c.M, c.Z
+    J, Q, M = c.J, c.Q, c.M
+    Z = Q  # the carries v
     dem_models = np.nonzero(c.demand > 0)[0].astype(np.int64)
     row_dem = np.full(M, -1, dtype=np.int64)
     row_dem[dem_models] = np.arange(len(dem_models))
@@ -104,9 +108,6 @@ def _matrix(c: _Columns) -> _Matrix:
     row_av[av_r, av_g] = n + np.arange(len(av_r))
     n += len(av_r)
     pre = np.nonzero(c.mode == _PRE)[0]
-    row_share = np.full(J, -1, dtype=np.int64)
-    row_share[pre] = n + np.arange(len(pre))
-    n += len(pre)
     row_pre = n + np.arange(Q)
     row_dec = n + Q + np.arange(Q)
     n += 2 * Q
@@ -132,8 +133,8 @@ def _matrix(c: _Columns) -> _Matrix:
     vals.append(c.nc[jj, gg].astype(np.float64))
     dec = np.nonzero(c.mode == _DEC)[0]
     cols.append(pre)
-    rows.append(row_share[pre])
-    vals.append(-np.ones(len(pre)))
+    rows.append(row_pre[c.pool[pre]])
+    vals.append(-c.prate[pre])
     cols.append(dec)
     rows.append(row_dec[c.pool[dec]])
     vals.append(-c.drate[dec])
@@ -143,11 +144,14 @@ def _matrix(c: _Columns) -> _Matrix:
     keep_of = np.full(J, -1, dtype=np.int64)
     keep_of[keep_cols] = J + np.arange(K)
     kmask = keep_of[xc] >= 0
-    # z, y and u columns
+    # v, y and u columns
+    g, k = c.pool_group, c.pool_pos
+    nxt = c.pool_grid[g, np.minimum(k + 1, c.pool_grid.shape[1] - 1)]
+    down = np.nonzero((k + 1 < c.pool_grid.shape[1]) & (nxt < Q))[0]
     z_ids = J + K + np.arange(Z)
-    z_c = np.concatenate([z_ids, z_ids])
-    z_r = np.concatenate([row_share[c.feed_j], row_pre[c.feed_q]])
-    z_v = np.concatenate([np.ones(Z), -c.prate[c.feed_j]])
+    z_c = np.concatenate([z_ids, z_ids[down]])
+    z_r = np.concatenate([row_pre, row_pre[nxt[down]]])
+    z_v = np.concatenate([np.ones(Z), -np.ones(len(down))])
     gidx = np.arange(Q)
     y_c = np.concatenate([gidx, gidx, gidx]) + J + K + Z
     y_r = np.concatenate([row_dem[c.pool_m], row_pre, row_dec])
@@ -267,7 +271,7 @@ def _plan_vector(c: _Columns, mat: _Matrix, x: IntArray) -> FloatArray:
     keep = np.minimum(x, c.cur)[mat.keep_cols]
     y = s.flows()
     u = np.maximum(c.demand - s.capacity(), 0.0)[mat.dem_models]
-    return np.concatenate([new.astype(np.float64), keep.astype(np.float64), s.shares(), y, u])
+    return np.concatenate([new.astype(np.float64), keep.astype(np.float64), s.carries(), y, u])
 
 
 def _x_of(c: _Columns, mat: _Matrix, values: FloatArray) -> IntArray:

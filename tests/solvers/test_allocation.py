@@ -477,28 +477,25 @@ def test_one_prefill_instance_feeds_decode_instances_of_two_nic_levels() -> None
         assert _no_worse(alone, base), name
 
 
-def test_prefill_shares_carry_the_state_flows() -> None:
-    """The warm start's shares z carry exactly the flows the plan's state computes: every share row,
-    prefill row and decode row of the program holds at the plan's vector."""
+def test_prefill_carries_hold_the_state_flows() -> None:
+    """The warm start's carries v hold exactly the flows the plan's state computes: every prefill row and
+    decode row of the program holds at the plan's vector, and the fast instance's supply left over at the
+    picky level (4.25 - 2.125 req/s) is passed down to the easy level."""
     p = _two_level_problem()
     c = _columns(p)
     mat = _matrix(c)
-    x = np.zeros(c.J, dtype=np.int64)
-    x[:] = 1
+    x = np.ones(c.J, dtype=np.int64)
     v = model._plan_vector(c, mat, x)
     rows = np.zeros(mat.num_rows)
     for col in range(mat.num_cols):
         end = mat.start[col + 1] if col + 1 < mat.num_cols else len(mat.value)
         rows[mat.index[mat.start[col] : end]] += mat.value[mat.start[col] : end] * v[col]
-    assert np.all(rows <= mat.row_hi + 1e-9) and np.all(
-        rows[: len(mat.dem_models)] >= mat.row_lo[: len(mat.dem_models)] - 1e-9
-    )
+    n_dem = len(mat.dem_models)
+    assert np.all(rows <= mat.row_hi + 1e-9) and np.all(rows[:n_dem] >= mat.row_lo[:n_dem] - 1e-9)
     assert c.Q == 2 and c.Z == 3  # fast-p may feed both levels, slow-mixed-p the lower one
-    z = dict(
-        zip(zip(c.tu[c.feed_j].tolist(), c.pool_level[c.feed_q].tolist(), strict=True), v[c.J : c.J + c.Z], strict=True)
-    )
-    fast = next(u for u, ms in enumerate(c.members) if p.templates[ms[0]].key == "fast-p")
-    assert z[(fast, 1e10)] == pytest.approx(0.5) and z[(fast, 1e9)] == pytest.approx(0.5)  # half to each level
+    carry = dict(zip(c.pool_level.tolist(), v[c.J : c.J + c.Q], strict=True))
+    assert carry[1e10] == pytest.approx(2.125) and carry[1e9] == pytest.approx(0.85)
+    assert float(v[-1]) == pytest.approx(0.0)  # all 4.25 req/s served
 
 
 def test_unmet_demand_is_reported_under_scarcity() -> None:
