@@ -8,8 +8,8 @@ pools are q = (m, r, l): model m in region r at level l, one of the prefill clas
 column j joins the pool of the least class l >= kv_min_nic_j (the prefill columns that may feed it are
 exactly those of class >= l; none: it is dropped). A prefill column of class c is ONE column (one integer
 count) that may feed every pool (m, r, l) with l <= c that holds a decode column, by continuous shares of
-its instances (``feed_j``, ``feed_q``: the pairs (j, q); none: it is dropped). Its entry pool
-``pool_j`` is the highest of them. The pools of one (m, r) form a chain, highest level first
+its instances (none: it is dropped; ``by_pool_pre``: the prefill columns that may feed each pool). Its
+entry pool ``pool_j`` is the highest of them. The pools of one (m, r) form a chain, highest level first
 (``pool_pos``, ``pool_grid``): a prefill instance entering at position k may feed positions >= k.
 
 Per instance, a prefill column feeds ``prate_j`` = min(util P_j / in_m, B_j / (in_m kv_m)) req/s (each
@@ -72,9 +72,6 @@ class _Columns:
     pool_pos: IntArray  # (Q,) position in its (m, r)'s chain, 0 = highest level
     pool_group: IntArray  # (Q,) its (m, r)'s chain
     pool_grid: IntArray  # (G, L): each chain's pools by position, padded with Q
-    feed_j: IntArray  # (Z,) prefill column of each share variable z, by column, then position
-    feed_q: IntArray  # (Z,) the pool it feeds
-    feed_start: IntArray  # (J,) first share variable of each prefill column (else -1)
     by_model: tuple[IntArray, ...]  # columns of each model
     by_region: tuple[IntArray, ...]
     by_pool_pre: tuple[IntArray, ...]  # prefill columns that may feed pool q
@@ -89,10 +86,6 @@ class _Columns:
     @property
     def Q(self) -> int:
         return len(self.pool_m)
-
-    @property
-    def Z(self) -> int:
-        return len(self.feed_j)
 
 
 def _columns(p: AllocationProblem) -> _Columns:
@@ -270,8 +263,6 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
     offsets = np.repeat(np.cumsum(n_feed) - n_feed, n_feed)
     feed_pos = np.repeat(pos[pool[pre]], n_feed) + np.arange(len(feed_j)) - offsets
     feed_q = grid[group[pool[feed_j]], feed_pos] if len(feed_j) else np.zeros(0, dtype=np.int64)
-    feed_start = np.full(len(rows), -1, dtype=np.int64)
-    feed_start[pre] = np.cumsum(n_feed) - n_feed
     order_f = np.argsort(feed_q, kind="stable")
     fed = np.split(feed_j[order_f], np.searchsorted(feed_q[order_f], np.arange(1, Q))) if Q else []
     nc = arrays["nc"]
@@ -291,9 +282,6 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
         pool_pos=pos.astype(np.int64),
         pool_group=group.astype(np.int64),
         pool_grid=grid,
-        feed_j=feed_j.astype(np.int64),
-        feed_q=feed_q.astype(np.int64),
-        feed_start=feed_start,
         by_model=by_model,
         by_region=by_region,
         by_pool_pre=tuple(np.asarray(f, dtype=np.int64) for f in fed),

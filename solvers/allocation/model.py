@@ -28,9 +28,10 @@ Variables:
   the plan is x_j = keep_j + new_j (split churn: no rows for it);
 - v_q >= 0: req/s of prefill supply that pool q passes down its (m, r)'s chain to the next lower level
   q- (``columns``: each chain lists its pools from the highest level down; a prefill column j enters at
-  the highest pool it may feed, its entry pool, and may feed it or any lower one). By flow decomposition this is the same as
-  continuous shares z_{j,q} of each prefill column's instances feeding each pool (j, q) in F_j: one
-  instance's requests may go to decode instances of several levels, and only the req/s matters;
+  the highest pool it may feed, its entry pool, and may feed it or any lower one). By flow
+  decomposition this is the same as continuous shares z_{j,q} of each prefill column's instances
+  feeding each pool (j, q) in F_j: one instance's requests may go to decode instances of several
+  levels, and only the req/s matters;
 - y_q >= 0, q = (m, r, l): req/s of model m served disaggregated in region r at NIC level l;
 - u_m in [0, d_m]: unmet demand of model m in req/s, for each model with demand d_m > 0; w_m > 0 is its
   priority (the scenario's, default 1).
@@ -95,7 +96,7 @@ class _Matrix:
 
 def _matrix(c: _Columns) -> _Matrix:
     J, Q, M = c.J, c.Q, c.M
-    Z = Q  # the carries v
+    V = Q  # the carries v
     dem_models = np.nonzero(c.demand > 0)[0].astype(np.int64)
     row_dem = np.full(M, -1, dtype=np.int64)
     row_dem[dem_models] = np.arange(len(dem_models))
@@ -148,23 +149,23 @@ def _matrix(c: _Columns) -> _Matrix:
     g, k = c.pool_group, c.pool_pos
     nxt = c.pool_grid[g, np.minimum(k + 1, c.pool_grid.shape[1] - 1)]
     down = np.nonzero((k + 1 < c.pool_grid.shape[1]) & (nxt < Q))[0]
-    z_ids = J + K + np.arange(Z)
-    z_c = np.concatenate([z_ids, z_ids[down]])
-    z_r = np.concatenate([row_pre, row_pre[nxt[down]]])
-    z_v = np.concatenate([np.ones(Z), -np.ones(len(down))])
+    v_ids = J + K + np.arange(V)
+    v_c = np.concatenate([v_ids, v_ids[down]])
+    v_r = np.concatenate([row_pre, row_pre[nxt[down]]])
+    v_v = np.concatenate([np.ones(V), -np.ones(len(down))])
     gidx = np.arange(Q)
-    y_c = np.concatenate([gidx, gidx, gidx]) + J + K + Z
+    y_c = np.concatenate([gidx, gidx, gidx]) + J + K + V
     y_r = np.concatenate([row_dem[c.pool_m], row_pre, row_dec])
     y_v = np.ones(len(y_c))
-    u_ids = J + K + Z + Q + np.arange(len(dem_models))
+    u_ids = J + K + V + Q + np.arange(len(dem_models))
     u_c = np.concatenate([u_ids, u_ids])
     u_r = np.concatenate([row_dem[dem_models], np.full(len(dem_models), service_row)])
     u_v = np.concatenate([np.ones(len(dem_models)), c.weight[dem_models]])
-    all_c = np.concatenate([xc, keep_of[xc[kmask]], z_c, y_c, u_c])
-    all_r = np.concatenate([xr, xr[kmask], z_r, y_r, u_r])
-    all_v = np.concatenate([xv, xv[kmask], z_v, y_v, u_v])
+    all_c = np.concatenate([xc, keep_of[xc[kmask]], v_c, y_c, u_c])
+    all_r = np.concatenate([xr, xr[kmask], v_r, y_r, u_r])
+    all_v = np.concatenate([xv, xv[kmask], v_v, y_v, u_v])
     order = np.lexsort((all_r, all_c))
-    ncols = J + K + Z + Q + len(dem_models)
+    ncols = J + K + V + Q + len(dem_models)
     start = np.zeros(ncols + 1, dtype=np.int64)
     start[1:] = np.cumsum(np.bincount(all_c, minlength=ncols))
     col_lo = np.zeros(ncols)
@@ -172,12 +173,12 @@ def _matrix(c: _Columns) -> _Matrix:
         [
             c.ub.astype(np.float64),
             np.minimum(c.cur, c.ub)[keep_cols].astype(np.float64),
-            np.full(Z + Q, np.inf),
+            np.full(V + Q, np.inf),
             c.demand[dem_models],
         ]
     )
-    cost_obj = np.concatenate([c.cost + c.pen, c.cost[keep_cols], np.zeros(Z + Q + len(dem_models))])
-    serve_obj = np.concatenate([np.zeros(J + K + Z + Q), c.weight[dem_models]])
+    cost_obj = np.concatenate([c.cost + c.pen, c.cost[keep_cols], np.zeros(V + Q + len(dem_models))])
+    serve_obj = np.concatenate([np.zeros(J + K + V + Q), c.weight[dem_models]])
     return _Matrix(
         num_rows=n,
         row_lo=row_lo,
