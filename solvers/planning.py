@@ -245,12 +245,17 @@ class Planner:
         )
         return prob, index
 
-    def __call__(self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None) -> Plan:
+    def __call__(
+        self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None, starts: Sequence[Plan] = ()
+    ) -> Plan:
+        """The plan for ``req``; with ``starts`` (plans for the same request over some of these templates,
+        such as the baselines'), one no worse than any of them."""
         if self.policy == "helix":
             return self.helix_plan(req, seq=seq, effort=effort)[0]
         prob, index = self.problem(req)
         # Coral's solve is a portfolio that contains each baseline's restriction (solvers.allocation)
-        res = self.solve(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns)
+        kw: dict[str, Any] = {"starts": [_start_of(prob, plan) for plan in starts]} if starts else {}
+        res = self.solve(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns, **kw)
         return to_plan(self, req, prob, index, res, seq=seq)
 
     def helix_plan(
@@ -321,6 +326,18 @@ class Planner:
 HELIX_HARD = 2.0
 """A cluster's Helix placements are given up after this many times their MILPs' time limits (plus 0.5 s):
 HiGHS overruns its own."""
+
+
+def _start_of(prob: AllocationProblem, plan: Plan) -> dict[tuple[int, int], int]:
+    """A plan's instances as (template index, region index) counts of ``prob`` (those not in it left out)."""
+    index = {t.key: i for i, t in enumerate(prob.templates)}
+    regions = {r: k for k, r in enumerate(prob.regions)}
+    out: dict[tuple[int, int], int] = {}
+    for (dep, tid, region), n in plan.counts().items():
+        i = index.get(f"{dep}/{tid}")
+        if i is not None and region in regions and n > 0:
+            out[(i, regions[region])] = out.get((i, regions[region]), 0) + n
+    return out
 
 
 def to_plan(

@@ -30,7 +30,10 @@ column's (within ``SERVE_TOL`` of the weighted demand), and where the two serve 
 churn penalty (the program's objective; a cell starts from no instances, so every instance pays the
 penalty of its load time) is at most the column's (within ``COST_TOL``, the solvers' optimality gaps).
 The table shows the cost alone, so a column with a slightly lower cost but a higher penalty is not
-better. ``Cell.worse_than`` names the columns that beat it.
+better. ``Cell.worse_than`` names the columns that beat it. Coral's solve is given the other columns'
+plans of the cell as starting plans (``sweep_cell``): each is a plan of Coral's program too, serving at
+least as much there, so this holds in every cell however short the deadline or busy the machine; what
+the deadline and the load decide is how much Coral gains on top.
 
 Pure: the caller reads the store and the scenario, and passes the planners in.
 """
@@ -236,7 +239,7 @@ class Cell:
 
 
 def sweep_cell(
-    planners: Mapping[str, Callable[[PlanRequest], Plan]],
+    planners: Mapping[str, Callable[..., Plan]],
     sc: Scenario,
     req: PlanRequest,
     scale: float,
@@ -244,10 +247,15 @@ def sweep_cell(
     *,
     on_column: Callable[[str], None] | None = None,
 ) -> Cell:
-    """Solve one cell with every column's planner (``COLUMNS`` order; ``on_column`` after each)."""
+    """Solve one cell with every column's planner (``COLUMNS`` order; ``on_column`` after each). Coral's
+    planner gets the other columns' plans as ``starts`` (plans over subsets of its templates that it
+    must not lose to), so that its plan is never worse than theirs, whatever the deadline or the load."""
     results = []
+    plans: list[Plan] = []
     for column in COLUMNS:
-        results.append(column_result(column, planners[column](req), sc))
+        plan = planners[column](req, starts=tuple(plans)) if column == "coral" else planners[column](req)
+        plans.append(plan)
+        results.append(column_result(column, plan, sc))
         if on_column is not None:
             on_column(column)
     prio = {d.name: d.priority for d in sc.deployments}

@@ -1,17 +1,20 @@
 """The availability-filtered (template, region) columns of an allocation problem (lossless reductions:
 merged duplicate templates, columns that fit their region, prefill/decode only where paired).
 
-KV pairing by NIC. A prefill instance sends its KV cache from its slowest node's NIC, its class
-``pclass_j``; a decode template holds its SLO only behind a sender of NIC at least ``kv_min_nic``
-(``solvers.library.kv_min_nic``). So the disaggregated pools are q = (m, r, l): model m in region r at
-level l, one of the prefill classes of (m, r). A decode column j joins the pool of the least class
-l >= kv_min_nic_j (the prefill columns that may feed it are exactly those of class >= l; none: it is
-dropped). A prefill column of class c is copied into every pool (m, r, l) with l <= c that holds a
-decode column: each copy is its own integer variable (its instances feed that level), and the copies
-share the template's availability rows. Every pair kept is compatible and every compatible pair is in
-some pool, so a deployment is servable disaggregated whenever some available compatible pair is;
-what this costs against sharing one prefill instance across levels is at most one prefill instance per
-extra level of a pool (instances are whole).
+KV pairing by NIC. A prefill instance sends the KV cache of each request it prefilled from its own nodes'
+NICs (B_j bytes/s), the slowest node's being its class ``pclass_j``; a decode template holds its SLO only
+behind a sender of NIC at least ``kv_min_nic`` (``solvers.library.kv_min_nic``). So the disaggregated
+pools are q = (m, r, l): model m in region r at level l, one of the prefill classes of (m, r). A decode
+column j joins the pool of the least class l >= kv_min_nic_j (the prefill columns that may feed it are
+exactly those of class >= l; none: it is dropped). A prefill column of class c is ONE column (one integer
+count) that may feed every pool (m, r, l) with l <= c that holds a decode column, by continuous shares of
+its instances (none: it is dropped; ``by_pool_pre``: the prefill columns that may feed each pool). Its
+entry pool ``pool_j`` is the highest of them. The pools of one (m, r) form a chain, highest level first
+(``pool_pos``, ``pool_grid``): a prefill instance entering at position k may feed positions >= k.
+
+Per instance, a prefill column feeds ``prate_j`` = min(util P_j / in_m, B_j / (in_m kv_m)) req/s (each
+request's KV leaves from the instance that prefilled it, so its compute and its NIC bound it together),
+and a decode column serves ``drate_j`` = util D_j / out_m req/s.
 """
 
 from __future__ import annotations
@@ -58,19 +61,21 @@ class _Columns:
     ub: IntArray
     cur: IntArray
     rate: FloatArray  # req/s for aggregated columns, else 0
-    pcap: FloatArray  # util * P for prefill columns, else 0
-    dcap: FloatArray  # util * D for decode columns, else 0
-    nic: FloatArray  # bytes/s for prefill columns, else 0
+    prate: FloatArray  # req/s a prefill instance feeds, else 0
+    drate: FloatArray  # req/s a decode instance serves, else 0
     pclass: FloatArray  # the slowest node's NIC (bytes/s) of prefill columns, else 0
     need: FloatArray  # kv_min_nic of decode columns, else 0
-    pool: IntArray  # disaggregated pool q = (m, r, l) of prefill/decode columns, -1 otherwise
+    pool: IntArray  # pool q = (m, r, l) of a decode column, entry pool of a prefill column, -1 otherwise
     pool_m: IntArray  # (Q,)
     pool_r: IntArray
     pool_level: FloatArray  # (Q,) the prefill NIC class l of the pool
+    pool_pos: IntArray  # (Q,) position in its (m, r)'s chain, 0 = highest level
+    pool_group: IntArray  # (Q,) its (m, r)'s chain
+    pool_grid: IntArray  # (G, L): each chain's pools by position, padded with Q
     by_model: tuple[IntArray, ...]  # columns of each model
     by_region: tuple[IntArray, ...]
-    by_pool_pre: tuple[IntArray, ...]
-    by_pool_dec: tuple[IntArray, ...]
+    by_pool_pre: tuple[IntArray, ...]  # prefill columns that may feed pool q
+    by_pool_dec: tuple[IntArray, ...]  # decode columns of pool q
     nz_type: IntArray  # (J, K): node types each column uses, padded with T
     nz_count: IntArray  # (J, K): how many of each, padded with 1
 
@@ -148,9 +153,8 @@ def _columns(p: AllocationProblem) -> _Columns:
         "ub": ub,
         "cur": np.minimum(cur, ub),
         "rate": rate,
-        "pcap": np.where(mode == _PRE, util * P, 0.0),
-        "dcap": np.where(mode == _DEC, util * D, 0.0),
-        "nic": np.where(mode == _PRE, (nc * p.nic_bytes_s[None, :]).sum(axis=1), 0.0),
+        "prate": np.where(mode == _PRE, _prefill_rate(p, m, P, (nc * p.nic_bytes_s[None, :]).sum(axis=1)), 0.0),
+        "drate": np.where(mode == _DEC, util * D / p.mean_out[m], 0.0),
         "pclass": np.where(
             mode == _PRE, np.where(nc > 0, p.nic_bytes_s[None, :], np.inf).min(axis=1, initial=np.inf), 0.0
         ),
@@ -172,10 +176,18 @@ def _columns(p: AllocationProblem) -> _Columns:
     return _assemble(base, arrays)
 
 
+def _prefill_rate(p: AllocationProblem, m: NDArray[Any], P: NDArray[Any], B: NDArray[Any]) -> FloatArray:
+    """req/s one prefill instance feeds: its compute's util P / in_m and its NICs' B / (in_m kv_m)."""
+    kvb = p.mean_in[m] * p.kv_bytes_per_token[m]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        nic = np.where(kvb > 0, B / np.where(kvb > 0, kvb, 1.0), np.inf)
+        return np.asarray(np.minimum(p.utilisation * P / p.mean_in[m], nic), dtype=np.float64)
+
+
 def _pools(arrays: dict[str, Any]) -> tuple[IntArray, IntArray, IntArray, IntArray, FloatArray]:
-    """The KV pairing (module docstring): (rows to take, each one's pool or -1, and pool_m, pool_r,
-    pool_level). Aggregated columns are taken once with pool -1; a decode column once in its level's
-    pool, or not at all; a prefill column once per pool it may feed (a copy), the highest level first."""
+    """The KV pairing (module docstring): (columns to keep, each one's pool or -1, and pool_m, pool_r,
+    pool_level). Aggregated columns are kept with pool -1; a decode column in its level's pool, or not
+    at all; a prefill column with its entry pool (the highest level it may feed), or not at all."""
     m, r, mode, pclass, need = (arrays[k] for k in ("m", "r", "mode", "pclass", "need"))
     classes: dict[tuple[int, int], list[float]] = {}
     for j in np.nonzero(mode == _PRE)[0].tolist():
@@ -209,10 +221,10 @@ def _pools(arrays: dict[str, Any]) -> tuple[IntArray, IntArray, IntArray, IntArr
                 rows.append(j)
                 pool.append(pid[dec_level[j]])
         else:
-            for level, q in by_group.get((m_l[j], r_l[j]), ()):
-                if level <= pclass_l[j]:
-                    rows.append(j)
-                    pool.append(q)
+            entry = next((q for level, q in by_group.get((m_l[j], r_l[j]), ()) if level <= pclass_l[j]), -1)
+            if entry >= 0:
+                rows.append(j)
+                pool.append(entry)
     return (
         np.asarray(rows, dtype=np.int64),
         np.asarray(pool, dtype=np.int64),
@@ -224,20 +236,35 @@ def _pools(arrays: dict[str, Any]) -> tuple[IntArray, IntArray, IntArray, IntArr
 
 def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
     """Columns from per-column arrays: pair prefill and decode columns into pools by NIC level (``_pools``;
-    a column with no partner serves nothing and is dropped, a prefill column may be copied), then index
-    pools, models and regions."""
+    a column with no partner serves nothing and is dropped), chain each (m, r)'s pools, list the share
+    variables, then index pools, models and regions."""
     M, R = base["M"], base["R"]
     rows, pool, gm, gr, glevel = _pools(arrays)
-    copy = np.zeros(len(rows), dtype=bool)
-    copy[1:] = rows[1:] == rows[:-1]
     arrays = {k: v[rows] for k, v in arrays.items()}
-    arrays["cur"] = np.where(copy, 0, arrays["cur"])  # running instances count once, on the first copy
     m, r, mode = arrays["m"], arrays["r"], arrays["mode"]
     order = np.argsort(m, kind="stable")
     by_model = tuple(np.split(order, np.searchsorted(m[order], np.arange(1, M))))
     order_r = np.argsort(r, kind="stable")
     by_region = tuple(np.split(order_r, np.searchsorted(r[order_r], np.arange(1, R))))
     Q = len(gm)
+    # chains: pools are sorted by (m, r, level), so each (m, r)'s pools are contiguous, lowest level first
+    first = np.ones(Q, dtype=bool)
+    first[1:] = (gm[1:] != gm[:-1]) | (gr[1:] != gr[:-1])
+    group = np.cumsum(first) - 1 if Q else np.zeros(0, dtype=np.int64)
+    G = int(group[-1]) + 1 if Q else 0
+    size = np.bincount(group, minlength=G)
+    last = np.cumsum(size) - 1  # each chain's highest pool
+    pos = last[group] - np.arange(Q) if Q else np.zeros(0, dtype=np.int64)
+    grid = np.full((G, max(int(size.max()), 1) if G else 1), Q, dtype=np.int64)
+    grid[group, pos] = np.arange(Q)
+    pre = np.nonzero(mode == _PRE)[0]
+    n_feed = size[group[pool[pre]]] - pos[pool[pre]] if len(pre) else np.zeros(0, dtype=np.int64)
+    feed_j = np.repeat(pre, n_feed)
+    offsets = np.repeat(np.cumsum(n_feed) - n_feed, n_feed)
+    feed_pos = np.repeat(pos[pool[pre]], n_feed) + np.arange(len(feed_j)) - offsets
+    feed_q = grid[group[pool[feed_j]], feed_pos] if len(feed_j) else np.zeros(0, dtype=np.int64)
+    order_f = np.argsort(feed_q, kind="stable")
+    fed = np.split(feed_j[order_f], np.searchsorted(feed_q[order_f], np.arange(1, Q))) if Q else []
     nc = arrays["nc"]
     K = max(int((nc > 0).sum(axis=1).max()), 1) if len(nc) else 1
     order_t = np.argsort(nc <= 0, axis=1, kind="stable")[:, :K]
@@ -252,8 +279,11 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
         pool_m=gm.astype(np.int64),
         pool_r=gr.astype(np.int64),
         pool_level=glevel,
+        pool_pos=pos.astype(np.int64),
+        pool_group=group.astype(np.int64),
+        pool_grid=grid,
         by_model=by_model,
         by_region=by_region,
-        by_pool_pre=tuple(np.nonzero((pool == q) & (mode == _PRE))[0] for q in range(Q)),
+        by_pool_pre=tuple(np.asarray(f, dtype=np.int64) for f in fed),
         by_pool_dec=tuple(np.nonzero((pool == q) & (mode == _DEC))[0] for q in range(Q)),
     )

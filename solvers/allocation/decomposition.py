@@ -80,8 +80,8 @@ def _mip_phase(
 
 
 def _model_vars(c: _Columns, mat: _Matrix) -> list[IntArray]:
-    """Per model: its variables (its columns' new and keep copies, its flows y, its unmet u)."""
-    owner = np.concatenate([c.m, c.m[mat.keep_cols], c.pool_m, mat.dem_models])
+    """Per model: its variables (its columns' new and keep copies, its carries v, its flows y, its unmet u)."""
+    owner = np.concatenate([c.m, c.m[mat.keep_cols], c.pool_m, c.pool_m, mat.dem_models])
     order = np.argsort(owner, kind="stable")
     return list(np.split(order, np.searchsorted(owner[order], np.arange(1, c.M))))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -17,18 +16,21 @@ IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
 
-def _flow(c: _Columns, q: IntArray | int, gp: Any, gd: Any, gn: Any) -> Any:
-    """Disaggregated req/s of pool(s) q from their prefill, decode and NIC capacity sums."""
-    m = c.pool_m[q]
-    y = np.minimum(gp / c.mean_in[m], gd / c.mean_out[m])
-    kvb = c.mean_in[m] * c.kv[m]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ykv = np.where(kvb > 0, gn / np.where(kvb > 0, kvb, 1.0), np.inf)
-    return np.minimum(y, ykv)
+def _chain_flows(grid: IntArray, gs: FloatArray, gd: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Max flow of each (m, r)'s chain of pools (``columns``): prefill supply gs_k enters at position k and
+    may feed any position >= k, position k's decode serves at most gd_k. With S_k and D_k the sums up to
+    k and V_k = S_k - D_k (V_0 = 0), the flow through positions 1..k is F_k = D_k + min_{i<=k} V_i (min
+    cut). Returns (F per grid cell, V with V_0 first, its prefix minima)."""
+    S = np.cumsum(gs[grid], axis=1)
+    D = np.cumsum(gd[grid], axis=1)
+    V = np.concatenate([np.zeros((len(grid), 1)), S - D], axis=1)
+    low = np.minimum.accumulate(V, axis=1)
+    return D + low[:, 1:], V, low
 
 
 class _State:
-    """A plan x over the columns with incremental capacity sums, node usage and per-column room."""
+    """A plan x over the columns with incremental supply and decode sums per pool, node usage and
+    per-column room. The pools' flows are the max flow of each chain (``_chain_flows``): exact for x."""
 
     def __init__(self, c: _Columns, x: IntArray) -> None:
         self.c = c
@@ -37,9 +39,9 @@ class _State:
         self.agg = np.bincount(c.m, weights=c.rate * xf, minlength=c.M)
         gi = np.maximum(c.pool, 0)
         ing = c.pool >= 0
-        self.gp = np.bincount(gi[ing], weights=(c.pcap * xf)[ing], minlength=c.Q)
-        self.gd = np.bincount(gi[ing], weights=(c.dcap * xf)[ing], minlength=c.Q)
-        self.gn = np.bincount(gi[ing], weights=(c.nic * xf)[ing], minlength=c.Q)
+        # one padding pool (index Q) that the grid points to
+        self.gs: FloatArray = np.bincount(gi[ing], weights=(c.prate * xf)[ing], minlength=c.Q + 1).astype(np.float64)
+        self.gd: FloatArray = np.bincount(gi[ing], weights=(c.drate * xf)[ing], minlength=c.Q + 1).astype(np.float64)
         self.used = np.zeros((c.R, c.T), dtype=np.int64)
         for g in range(c.T):
             self.used[:, g] = np.bincount(c.r, weights=c.nc[:, g] * xf, minlength=c.R).round().astype(np.int64)
@@ -53,14 +55,67 @@ class _State:
         return np.maximum(q, 0)
 
     def flows(self) -> FloatArray:
-        if self.c.Q == 0:
+        """req/s served by each pool's decode instances."""
+        c = self.c
+        if c.Q == 0:
             return np.zeros(0)
-        return np.asarray(_flow(self.c, np.arange(self.c.Q), self.gp, self.gd, self.gn), dtype=np.float64)
+        F = _chain_flows(c.pool_grid, self.gs, self.gd)[0]
+        y = np.zeros(c.Q + 1)
+        y[c.pool_grid] = np.diff(F, axis=1, prepend=0.0)
+        return y[: c.Q]
 
     def capacity(self) -> FloatArray:
         """Servable req/s per model (may exceed demand)."""
-        flows = np.bincount(self.c.pool_m, weights=self.flows(), minlength=self.c.M)
-        return np.asarray(self.agg + flows, dtype=np.float64)
+        c = self.c
+        if c.Q == 0:
+            return np.asarray(self.agg, dtype=np.float64).copy()
+        F = _chain_flows(c.pool_grid, self.gs, self.gd)[0]
+        chain_m = c.pool_m[c.pool_grid[:, 0]]
+        return np.asarray(self.agg + np.bincount(chain_m, weights=F[:, -1], minlength=c.M), dtype=np.float64)
+
+    def gains(self, idx: IntArray) -> FloatArray:
+        """How much more its chain serves (req/s) with one more instance of each column in ``idx``
+        (aggregated: its rate): adding supply s at position k makes the flow D_L + min(P_k, W_k + s),
+        decode d there D_L + d + min(P_k, W_k - d), with P_k = min_{i<k} V_i and W_k = min_{i>=k} V_i."""
+        c = self.c
+        out = c.rate[idx].copy()
+        dis = c.mode[idx] != _AGG
+        if not np.any(dis):
+            return out
+        jd = idx[dis]
+        F, V, low = _chain_flows(c.pool_grid, self.gs, self.gd)
+        high = np.minimum.accumulate(V[:, ::-1], axis=1)[:, ::-1]
+        q = c.pool[jd]
+        g, k = c.pool_group[q], c.pool_pos[q]
+        before, after = low[g, k], high[g, k + 1]
+        d_end = F[g, -1] - low[g, -1]
+        sup, dem = c.prate[jd], c.drate[jd]
+        new = d_end + np.where(
+            c.mode[jd] == _PRE, np.minimum(before, after + sup), dem + np.minimum(before, after - dem)
+        )
+        out[dis] = np.maximum(new - F[g, -1], 0.0)
+        return out
+
+    def pair_gain(self, a: int, b: int) -> float:
+        """How much more b's chain serves with one more instance of prefill column a and of decode
+        column b (both of that chain)."""
+        c = self.c
+        gs, gd = self.gs.copy(), self.gd.copy()
+        gs[c.pool[a]] += c.prate[a]
+        gd[c.pool[b]] += c.drate[b]
+        row = c.pool_grid[c.pool_group[c.pool[b]]][None, :]
+        return float(_chain_flows(row, gs, gd)[0][0, -1] - _chain_flows(row, self.gs, self.gd)[0][0, -1])
+
+    def carries(self) -> FloatArray:
+        """The req/s of prefill supply each pool passes down its chain (the program's v) with ``flows()``:
+        the supply that entered at it or above less what the pools down to it serve."""
+        c = self.c
+        if c.Q == 0:
+            return np.zeros(0)
+        F = _chain_flows(c.pool_grid, self.gs, self.gd)[0]
+        v = np.zeros(c.Q + 1)
+        v[c.pool_grid] = np.maximum(np.cumsum(self.gs[c.pool_grid], axis=1) - F, 0.0)
+        return v[: c.Q]
 
     def unmet(self) -> FloatArray:
         return np.maximum(self.c.demand - self.capacity(), 0.0)
@@ -71,9 +126,8 @@ class _State:
         self.agg[c.m[j]] += k * c.rate[j]
         q = c.pool[j]
         if q >= 0:
-            self.gp[q] += k * c.pcap[j]
-            self.gd[q] += k * c.dcap[j]
-            self.gn[q] += k * c.nic[j]
+            self.gs[q] += k * c.prate[j]
+            self.gd[q] += k * c.drate[j]
         self.used[c.r[j]] += k * c.nc[j]
 
     def fits(self, j: int) -> bool:
@@ -234,21 +288,13 @@ def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bo
         cand = cand[aggregated | (c.mode[cand] != _AGG)]
         cand = cand[s.room(cand) >= 1]
         if len(cand):
-            gain = np.where(c.mode[cand] == _AGG, c.rate[cand], 0.0)
-            dis = c.mode[cand] != _AGG
-            if np.any(dis):
-                jd = cand[dis]
-                q = c.pool[jd]
-                y0 = _flow(c, q, s.gp[q], s.gd[q], s.gn[q])
-                y1 = _flow(c, q, s.gp[q] + c.pcap[jd], s.gd[q] + c.dcap[jd], s.gn[q] + c.nic[jd])
-                gain[dis] = np.maximum(y1 - y0, 0.0)
-            gain = np.minimum(gain, unmet[c.m[cand]])
+            gain = np.minimum(s.gains(cand), unmet[c.m[cand]])
             value = c.weight[c.m[cand]] * gain
             ratio = np.where(gain > tol[c.m[cand]], value / np.maximum(_marginal_cost(c, s.x, cand), 1e-12), 0.0)
             k = int(np.argmax(ratio))
             if ratio[k] > 0:
                 best_ratio, best = float(ratio[k]), (int(cand[k]),)
-        for q in np.nonzero(np.isin(c.pool_m, active) & (s.gp <= 0) & (s.gd <= 0))[0]:
+        for q in np.nonzero(np.isin(c.pool_m, active) & (s.gd[: c.Q] <= 0))[0]:
             pair = _best_pair(c, s, int(q), float(unmet[c.pool_m[q]]))
             if pair is not None and pair[0] > best_ratio:
                 best_ratio, best = pair
@@ -259,17 +305,18 @@ def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bo
 
 
 def _best_pair(c: _Columns, s: _State, q: int, unmet: float) -> tuple[float, tuple[int, ...]] | None:
-    """The cheapest-per-capacity prefill and decode instances for an empty pool, as (ratio, pair)."""
+    """The cheapest-per-capacity prefill instance that may feed pool q (without decode instances) and
+    decode instance of q, as (ratio, pair)."""
     pre, dec = c.by_pool_pre[q], c.by_pool_dec[q]
     pre, dec = pre[s.room(pre) >= 1], dec[s.room(dec) >= 1]
     if len(pre) == 0 or len(dec) == 0:
         return None
     cp, cd = _marginal_cost(c, s.x, pre), _marginal_cost(c, s.x, dec)
-    a = int(pre[np.argmin(cp / c.pcap[pre])])
-    b = int(dec[np.argmin(cd / c.dcap[dec])])
+    a = int(pre[np.argmin(cp / np.maximum(c.prate[pre], 1e-300))])
+    b = int(dec[np.argmin(cd / c.drate[dec])])
     if not s.fits_together(a, b):
         return None
-    gain = min(float(_flow(c, q, c.pcap[a], c.dcap[b], c.nic[a])), unmet)
+    gain = min(s.pair_gain(a, b), unmet)
     if gain <= _TOL * max(float(c.demand[c.pool_m[q]]), 1.0):
         return None
     value = float(c.weight[c.pool_m[q]]) * gain
@@ -343,7 +390,7 @@ def _rebuild_model(c: _Columns, s: _State, m: int) -> bool:
     served = min(float(s.capacity()[m]), float(c.demand[m]))
     before = sum(_objective(c, s.x))
     best, best_x = before - 1e-9 * max(before, 1.0), old
-    variants = (False, True) if c.by_pool_pre and np.any(c.pool_m == m) else (False,)
+    variants = (False, True) if np.any(c.pool_m == m) else (False,)
     for disagg_first in variants:
         _set_counts(s, cols, np.zeros(len(cols), dtype=np.int64))
         _fill(c, s, np.array([m]), disagg_first=disagg_first)
@@ -447,42 +494,17 @@ def _fit(c: _Columns, x: IntArray) -> IntArray:
 
 
 def _embed(c: _Columns, counts: Mapping[tuple[int, int], int]) -> IntArray:
-    """Plan x over the columns holding ``counts`` instances of each (original template index, region); those
-    without a column are left out. A prefill template has a copy per pool it may feed: its instances go,
-    pool by pool from the highest NIC level down (each (model, region)), to the pools whose decode
-    instances they leave idle, the lowest class that may feed a pool first, until the pool's decode side
-    or its model's demand is what limits it; the rest go to their highest pool. (Putting them all in one
-    copy starves the other pools: a plan of a restriction lost 67 of 220 req/s so.)"""
-    copies: dict[tuple[int, int], list[int]] = {}
+    """Plan x over the columns holding ``counts`` instances of each (original template index, region);
+    those without a column are left out."""
+    col: dict[tuple[int, int], int] = {}
     for j in range(c.J):
         for i in c.members[int(c.tu[j])]:
-            copies.setdefault((i, int(c.r[j])), []).append(j)  # a prefill template's copies: highest level first
-    s = _State(c, np.zeros(c.J, dtype=np.int64))
-    left: dict[tuple[int, ...], int] = {}
-    for key, n in sorted(counts.items()):
-        if key not in copies or n <= 0:
-            continue
-        cols = tuple(copies[key])
-        if c.mode[cols[0]] == _PRE:
-            left[cols] = left.get(cols, 0) + int(n)
-        else:
-            s.change(cols[0], int(n))
-    for q in sorted(range(c.Q), key=lambda q: (int(c.pool_m[q]), int(c.pool_r[q]), -float(c.pool_level[q]))):
-        m = int(c.pool_m[q])
-        feeds = sorted(
-            ((float(c.pclass[j]), js, j) for js in left for j in js if c.pool[j] == q), key=lambda f: (f[0], f[1])
-        )
-        for _cls, js, j in feeds:
-            while left.get(js, 0) > 0:
-                dec = s.gd[q] / c.mean_out[m]
-                if s.flows()[q] >= dec * (1 - 1e-12) or s.capacity()[m] >= c.demand[m] * (1 - 1e-12):
-                    break
-                s.change(j, 1)
-                left[js] -= 1
-    for js, n in left.items():
-        if n > 0:
-            s.change(js[0], n)
-    return s.x
+            col[(i, int(c.r[j]))] = j
+    x = np.zeros(c.J, dtype=np.int64)
+    for key, n in counts.items():
+        if key in col and n > 0:
+            x[col[key]] += int(n)
+    return x
 
 
 def _unmet_total(c: _Columns, x: IntArray) -> float:

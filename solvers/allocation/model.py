@@ -5,9 +5,9 @@ Formulation
 Letters (here and in the code of this package): models m (M of them), regions r (R), node types g (T),
 templates t, columns j = (t, r) (J), disaggregated pools q = (m, r, l) where region r has decode columns
 of model m whose KV transfer holds behind a prefill instance of NIC class l, and prefill columns of class
->= l (Q; ``solvers.allocation.columns``: a decode column is in one pool, a prefill column is copied into
-each pool it may feed, its copies being separate columns j); the decomposition's groups are sets of
-models, each named in the code by its first model (``lead``). Lossless reductions first:
+>= l (Q; ``solvers.allocation.columns``: a decode column is in one pool; a prefill column of class c may
+feed every pool (m, r, l) with l <= c, the pairs (j, q) being F_j); the decomposition's groups are sets
+of models, each named in the code by its first model (``lead``). Lossless reductions first:
 exact-duplicate templates (same model, mode, node counts, capacities, load time) are merged; a column
 exists only where the template fits region r's availability at least once and uses only node types
 offered there; templates of models without demand, and prefill (decode) columns without a compatible
@@ -16,24 +16,32 @@ decode (prefill) column of their model in their region, are dropped (they can on
 Data per column j: model m_j, mode, node counts n[j, g]; hourly cost c_j = sum_g n[j, g] price[r, g];
 churn penalty p_j = churn_factor * load_s / 3600 * c_j per started instance; upper bound
 ub_j = min_g floor(avail[r, g] / n[j, g]); running count cur_j. An aggregated column serves
-a_j = util / (in_m / P_j + out_m / D_j) req/s at the model's shape; a prefill column gives util * P_j
-prompt tok/s and B_j = sum_g n[j, g] nic[g] bytes/s for KV transfer; a decode column util * D_j decode
-tok/s. (util: the utilisation target; in_m, out_m: mean tokens per request; kv_m: KV bytes per token.)
+a_j = util / (in_m / P_j + out_m / D_j) req/s at the model's shape; a prefill instance feeds
+e_j = min(util P_j / in_m, B_j / (in_m kv_m)) req/s (its compute, and its NICs' B_j = sum_g n[j, g] nic[g]
+bytes/s carrying each request's in_m kv_m bytes of KV: both bound the requests it prefills), a decode
+instance serves f_j = util D_j / out_m req/s. (util: the utilisation target; in_m, out_m: mean tokens per
+request; kv_m: KV bytes per token.)
 
 Variables:
 - new_j in Z, 0 <= new_j <= ub_j: instances of column j started;
 - keep_j in Z, 0 <= keep_j <= min(cur_j, ub_j): running instances kept (only where cur_j > 0);
   the plan is x_j = keep_j + new_j (split churn: no rows for it);
+- v_q >= 0: req/s of prefill supply that pool q passes down its (m, r)'s chain to the next lower level
+  q- (``columns``: each chain lists its pools from the highest level down; a prefill column j enters at
+  the highest pool it may feed, its entry pool, and may feed it or any lower one). By flow
+  decomposition this is the same as continuous shares z_{j,q} of each prefill column's instances
+  feeding each pool (j, q) in F_j: one instance's requests may go to decode instances of several
+  levels, and only the req/s matters;
 - y_q >= 0, q = (m, r, l): req/s of model m served disaggregated in region r at NIC level l;
 - u_m in [0, d_m]: unmet demand of model m in req/s, for each model with demand d_m > 0; w_m > 0 is its
   priority (the scenario's, default 1).
 
-Constraints (rows scaled so that y has coefficient 1):
+Constraints:
 - demand (m):      sum_{j aggregated of m} a_j x_j + sum_{q of m} y_q + u_m >= d_m;
 - avail (r, g):    sum_{j in r} n[j, g] x_j <= avail[r, g];
-- prefill (q):     in_m y_q <= util sum_{j prefill in q} P_j x_j;
-- decode (q):      out_m y_q <= util sum_{j decode in q} D_j x_j;
-- kv (q):          in_m kv_m y_q <= sum_{j prefill in q} B_j x_j;
+- prefill (q):     y_q + v_q <= v_{q+} + sum_{j prefill entering at q} e_j x_j, with q+ the next higher
+                   pool of q's chain (no v_{q+} at the highest);
+- decode (q):      y_q <= sum_{j decode in q} f_j x_j;
 - service:        sum_m w_m u_m <= U.
 
 Objective, lexicographic, in two phases ("serve first"):
@@ -64,7 +72,7 @@ IntArray = NDArray[np.int64]
 
 @attrs.frozen(eq=False)
 class _Matrix:
-    """The program in column-wise form: variables [new (J), keep (K), y (Q), u (Md)]."""
+    """The program in column-wise form: variables [new (J), keep (K), v (Q), y (Q), u (Md)]."""
 
     num_rows: int
     row_lo: FloatArray
@@ -88,6 +96,7 @@ class _Matrix:
 
 def _matrix(c: _Columns) -> _Matrix:
     J, Q, M = c.J, c.Q, c.M
+    V = Q  # the carries v
     dem_models = np.nonzero(c.demand > 0)[0].astype(np.int64)
     row_dem = np.full(M, -1, dtype=np.int64)
     row_dem[dem_models] = np.arange(len(dem_models))
@@ -99,13 +108,10 @@ def _matrix(c: _Columns) -> _Matrix:
     row_av = np.full((c.R, c.T), -1, dtype=np.int64)
     row_av[av_r, av_g] = n + np.arange(len(av_r))
     n += len(av_r)
+    pre = np.nonzero(c.mode == _PRE)[0]
     row_pre = n + np.arange(Q)
     row_dec = n + Q + np.arange(Q)
     n += 2 * Q
-    has_kv = c.kv[c.pool_m] > 0
-    row_kv = np.full(Q, -1, dtype=np.int64)
-    row_kv[has_kv] = n + np.arange(int(has_kv.sum()))
-    n += int(has_kv.sum())
     service_row = n
     n += 1
     row_lo = np.full(n, -np.inf)
@@ -115,7 +121,7 @@ def _matrix(c: _Columns) -> _Matrix:
     row_hi[row_av[av_r, av_g]] = c.avail[av_r, av_g]
     row_hi[service_row] = np.inf
 
-    # entries of the x columns (new_j; keep copies them); rows scaled so that y has coefficient 1
+    # entries of the x columns (new_j; keep copies them)
     cols: list[IntArray] = []
     rows: list[IntArray] = []
     vals: list[FloatArray] = []
@@ -126,38 +132,40 @@ def _matrix(c: _Columns) -> _Matrix:
     cols.append(jj)
     rows.append(row_av[c.r[jj], gg])
     vals.append(c.nc[jj, gg].astype(np.float64))
-    pre = np.nonzero(c.mode == _PRE)[0]
     dec = np.nonzero(c.mode == _DEC)[0]
     cols.append(pre)
     rows.append(row_pre[c.pool[pre]])
-    vals.append(-c.pcap[pre] / c.mean_in[c.m[pre]])
+    vals.append(-c.prate[pre])
     cols.append(dec)
     rows.append(row_dec[c.pool[dec]])
-    vals.append(-c.dcap[dec] / c.mean_out[c.m[dec]])
-    pkv = pre[has_kv[c.pool[pre]]]
-    cols.append(pkv)
-    rows.append(row_kv[c.pool[pkv]])
-    vals.append(-c.nic[pkv] / (c.mean_in[c.m[pkv]] * c.kv[c.m[pkv]]))
+    vals.append(-c.drate[dec])
     xc, xr, xv = np.concatenate(cols), np.concatenate(rows), np.concatenate(vals)
     keep_cols = np.nonzero(c.cur > 0)[0].astype(np.int64)
     K = len(keep_cols)
     keep_of = np.full(J, -1, dtype=np.int64)
     keep_of[keep_cols] = J + np.arange(K)
     kmask = keep_of[xc] >= 0
-    # y and u columns
+    # v, y and u columns
+    g, k = c.pool_group, c.pool_pos
+    nxt = c.pool_grid[g, np.minimum(k + 1, c.pool_grid.shape[1] - 1)]
+    down = np.nonzero((k + 1 < c.pool_grid.shape[1]) & (nxt < Q))[0]
+    v_ids = J + K + np.arange(V)
+    v_c = np.concatenate([v_ids, v_ids[down]])
+    v_r = np.concatenate([row_pre, row_pre[nxt[down]]])
+    v_v = np.concatenate([np.ones(V), -np.ones(len(down))])
     gidx = np.arange(Q)
-    y_c = np.concatenate([gidx, gidx, gidx, gidx[has_kv]]) + J + K
-    y_r = np.concatenate([row_dem[c.pool_m], row_pre, row_dec, row_kv[has_kv]])
+    y_c = np.concatenate([gidx, gidx, gidx]) + J + K + V
+    y_r = np.concatenate([row_dem[c.pool_m], row_pre, row_dec])
     y_v = np.ones(len(y_c))
-    u_ids = J + K + Q + np.arange(len(dem_models))
+    u_ids = J + K + V + Q + np.arange(len(dem_models))
     u_c = np.concatenate([u_ids, u_ids])
     u_r = np.concatenate([row_dem[dem_models], np.full(len(dem_models), service_row)])
     u_v = np.concatenate([np.ones(len(dem_models)), c.weight[dem_models]])
-    all_c = np.concatenate([xc, keep_of[xc[kmask]], y_c, u_c])
-    all_r = np.concatenate([xr, xr[kmask], y_r, u_r])
-    all_v = np.concatenate([xv, xv[kmask], y_v, u_v])
+    all_c = np.concatenate([xc, keep_of[xc[kmask]], v_c, y_c, u_c])
+    all_r = np.concatenate([xr, xr[kmask], v_r, y_r, u_r])
+    all_v = np.concatenate([xv, xv[kmask], v_v, y_v, u_v])
     order = np.lexsort((all_r, all_c))
-    ncols = J + K + Q + len(dem_models)
+    ncols = J + K + V + Q + len(dem_models)
     start = np.zeros(ncols + 1, dtype=np.int64)
     start[1:] = np.cumsum(np.bincount(all_c, minlength=ncols))
     col_lo = np.zeros(ncols)
@@ -165,12 +173,12 @@ def _matrix(c: _Columns) -> _Matrix:
         [
             c.ub.astype(np.float64),
             np.minimum(c.cur, c.ub)[keep_cols].astype(np.float64),
-            np.full(Q, np.inf),
+            np.full(V + Q, np.inf),
             c.demand[dem_models],
         ]
     )
-    cost_obj = np.concatenate([c.cost + c.pen, c.cost[keep_cols], np.zeros(Q + len(dem_models))])
-    serve_obj = np.concatenate([np.zeros(J + K + Q), c.weight[dem_models]])
+    cost_obj = np.concatenate([c.cost + c.pen, c.cost[keep_cols], np.zeros(V + Q + len(dem_models))])
+    serve_obj = np.concatenate([np.zeros(J + K + V + Q), c.weight[dem_models]])
     return _Matrix(
         num_rows=n,
         row_lo=row_lo,
@@ -264,7 +272,7 @@ def _plan_vector(c: _Columns, mat: _Matrix, x: IntArray) -> FloatArray:
     keep = np.minimum(x, c.cur)[mat.keep_cols]
     y = s.flows()
     u = np.maximum(c.demand - s.capacity(), 0.0)[mat.dem_models]
-    return np.concatenate([new.astype(np.float64), keep.astype(np.float64), y, u])
+    return np.concatenate([new.astype(np.float64), keep.astype(np.float64), s.carries(), y, u])
 
 
 def _x_of(c: _Columns, mat: _Matrix, values: FloatArray) -> IntArray:

@@ -69,7 +69,7 @@ def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, stop: _L
     the full LP. First for min unmet (always feasible), then for min cost at that service level.
     """
     J = c.J
-    eff = np.where(c.mode == _AGG, c.rate, np.where(c.mode == _PRE, c.pcap, c.dcap)) / np.maximum(c.cost, 1e-12)
+    eff = np.where(c.mode == _AGG, c.rate, np.where(c.mode == _PRE, c.prate, c.drate)) / np.maximum(c.cost, 1e-12)
     key = (c.m * c.R + c.r) * 3 + c.mode
     order = np.lexsort((-eff, key))
     first = np.ones(len(order), dtype=bool)

@@ -26,9 +26,12 @@ Solution path
 5. The portfolio (``_restrict_phase``), unless the decomposition proved the plan optimal (no
    restriction can then beat it): each baseline's restriction (``RESTRICTIONS``: homogeneous
    aggregated, homogeneous prefill/decode, their union, every aggregated template) solved alone by this
-   same driver, smallest first, each warm-started with the best plan of the restrictions inside it, in
-   ``RESTRICT_SHARE`` of the time left together (what one leaves goes to the next). Each plan is a plan
-   of the whole problem too (``_embed`` spreads its prefill instances over the pools they may feed).
+   same driver, smallest first, each warm-started with the best plan of the restrictions inside it. Of
+   ``RESTRICT_SHARE`` of the time left, each of the n gets at least its own n-th (measured when the
+   portfolio starts, so an earlier one's overrun on a loaded machine does not shrink it) plus what the
+   earlier ones left unused. Each plan is a plan of the whole problem too (``_embed``), serving at least
+   as much: the whole problem lets each prefill instance feed every NIC level it may by continuous
+   shares, as a restriction with fewer levels does.
    Proving the whole problem first costs little where it can be proven (``core``: 0.35 s alone, where
    the four restrictions took 0.5 s before it) and leaves the restrictions the time otherwise.
 6. When the LP cannot serve every demand, rounding loses most, so an LP dive follows (``_dive_job``:
@@ -42,10 +45,9 @@ Never worse than a baseline: a restriction whose sub-solve proves its optimum (s
 a plan at least as good as that baseline's best into the incumbent, and every later phase only keeps a
 better one. A restriction cut by its share of the deadline can lose to the same restriction solved alone
 with the whole deadline; the result then is no worse than the plan it reached (its effort records where
-it stopped). And the whole problem pairs a prefill instance with decode instances of one NIC level
-(``columns``), where a restriction with fewer NIC classes may pool them: a restriction's plan evaluated
-in the whole problem may serve a little less than in its own (at most one prefill instance per extra
-level of a pool).
+it stopped). A restriction's plan serves as much in the whole problem as in its own: its templates are
+columns of the whole problem, and a prefill column there may feed every pool that it may feed in the
+restriction (its pools there are unions of the whole problem's levels, which its shares z may split).
 
 Deadline: everything runs here, on the caller's thread; HiGHS's interrupt callbacks stop each LP and
 MIP once the injected ``clock`` passes the phase's deadline (``stopping``). Replay: single-threaded
@@ -67,7 +69,7 @@ import copy
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -160,6 +162,7 @@ def solve_allocation(
     portfolio: bool = True,
     progress: Callable[[AllocationResult], None] | None = None,
     start: Mapping[tuple[int, int], int] | None = None,
+    starts: Sequence[Mapping[tuple[int, int], int]] = (),
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
@@ -185,6 +188,8 @@ def solve_allocation(
 
     ``start``: a plan (instances per (template index, region)) that fits the availability; the result is
     no worse than it (the portfolio warm-starts a restriction with the plans of those inside it).
+    ``starts``: more such plans (a caller's plans over subsets of the templates, such as the baselines' in
+    the savings study); the result is no worse than any of them, whatever the deadline.
 
     ``clock`` (seconds) measures the deadline; a test passes a fake one to cut the solve at any phase.
     Every phase that the deadline cuts or skips is recorded in the result's ``effort``.
@@ -198,7 +203,8 @@ def solve_allocation(
         raise AllocationInputError(f"deadline_s: must be finite and > 0, got {deadline_s}")
     if not (0 <= mip_gap < 1):
         raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
-    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock, portfolio, progress, start)
+    run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock, portfolio, progress, (
+        *([start] if start else []), *starts))  # fmt: skip
     for name, phase in _PHASES:
         t = time.perf_counter()
         phase(run)
@@ -223,7 +229,7 @@ class _Run:
         clock: Callable[[], float],
         portfolio: bool = True,
         progress: Callable[[AllocationResult], None] | None = None,
-        start: Mapping[tuple[int, int], int] | None = None,
+        starts: Sequence[Mapping[tuple[int, int], int]] = (),
     ) -> None:
         self.t0 = time.perf_counter()
         self.portfolio = portfolio
@@ -245,8 +251,8 @@ class _Run:
         self.used: dict[str, int | None] = dict.fromkeys(("lp", "heuristic", "serve", "cost", "dive", "split"))
         self.lp = _LpOutcome()
         self.best = np.zeros(self.c.J, dtype=np.int64)
-        if start:
-            self.offer(_fit(self.c, _embed(self.c, start)))
+        for plan in starts:
+            self.offer(_fit(self.c, _embed(self.c, plan)))
         self.restricted: list[tuple[str, SolverEffort]] = []
         self.portfolio_plans: list[tuple[IntArray, IntArray]] = []  # (template mask, plan) of each restriction
         self.next_restriction = 0
@@ -397,6 +403,7 @@ def _restrict_phase(run: _Run) -> None:
         return
     todo = _restrictions(problem)
     phase = None if run.deadline is None or run.cut else run.deadline.share(RESTRICT_SHARE)
+    own = None if phase is None else phase.left() / max(len(todo) - run.next_restriction, 1)
     while run.next_restriction < len(todo):
         k = run.next_restriction
         name, idx = todo[k]
@@ -421,7 +428,8 @@ def _restrict_phase(run: _Run) -> None:
             res = solve_allocation(sub, effort=recorded, **kw)
         else:
             assert phase is not None
-            left = max(phase.left() / (len(todo) - k), 1e-6)
+            assert own is not None
+            left = max(phase.left() / (len(todo) - k), own)  # its own slice, and what earlier ones left
             res = solve_allocation(sub, deadline_s=left, clock=run.clock, **kw)
         if res.effort != SolverEffort():
             run.restricted.append((name, res.effort))

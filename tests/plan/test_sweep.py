@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,8 +170,8 @@ def test_coral_is_never_worse_than_any_column_in_every_cell_of_the_sweep(small_e
     coral_plans: list[Plan] = []
     coral = planners["coral"]
 
-    def kept(req: PlanRequest) -> Plan:
-        coral_plans.append(coral(req))
+    def kept(req: PlanRequest, **kw: Any) -> Plan:
+        coral_plans.append(coral(req, **kw))
         return coral_plans[-1]
 
     planners["coral"] = kept

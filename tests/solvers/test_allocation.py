@@ -8,6 +8,7 @@ import attrs
 import highspy
 import numpy as np
 import pytest
+import scipy.optimize
 
 from solvers.allocation import (
     RESTRICTIONS,
@@ -43,9 +44,8 @@ def evaluate(p: AllocationProblem, counts: dict[tuple[int, int], int]) -> tuple[
     """(served req/s per model, hourly cost, churn penalty) of a plan, computed from scratch."""
     M, R = p.num_models, p.num_regions
     agg = np.zeros(M)
-    pre = np.zeros((M, R))
+    pre = np.zeros((M, R))  # req/s the prefill instances can feed, each bound by its compute and its NICs
     dec = np.zeros((M, R))
-    nic = np.zeros((M, R))
     cost = churn = 0.0
     for (i, r), n in counts.items():
         t = p.templates[i]
@@ -55,16 +55,19 @@ def evaluate(p: AllocationProblem, counts: dict[tuple[int, int], int]) -> tuple[
         if t.mode == "aggregated":
             agg[t.m] += n * p.utilisation / (p.mean_in[t.m] / t.prefill_tok_s + p.mean_out[t.m] / t.decode_tok_s)
         elif t.mode == "prefill":
-            pre[t.m, r] += n * p.utilisation * t.prefill_tok_s
-            nic[t.m, r] += n * float(t.node_counts @ p.nic_bytes_s)
+            pre[t.m, r] += n * _prefill_rps(p, t)
         else:
             dec[t.m, r] += n * p.utilisation * t.decode_tok_s
-    flow = np.minimum(pre / p.mean_in[:, None], dec / p.mean_out[:, None])
-    kv = (p.mean_in * p.kv_bytes_per_token)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        flow = np.minimum(flow, np.where(kv > 0, nic / np.where(kv > 0, kv, 1), np.inf))
+    flow = np.minimum(pre, dec / p.mean_out[:, None])
     served = np.minimum(agg + flow.sum(axis=1), p.demand_rps)
     return served, cost, churn
+
+
+def _prefill_rps(p: AllocationProblem, t: AllocTemplate) -> float:
+    """req/s one prefill instance can feed: its compute, and its NICs carrying each request's KV."""
+    kv = float(p.mean_in[t.m] * p.kv_bytes_per_token[t.m])
+    nic = float(t.node_counts @ p.nic_bytes_s) / kv if kv > 0 else np.inf
+    return min(p.utilisation * t.prefill_tok_s / float(p.mean_in[t.m]), nic)
 
 
 def node_use(p: AllocationProblem, counts: dict[tuple[int, int], int]) -> np.ndarray:
@@ -340,24 +343,47 @@ def test_decode_pairs_only_with_a_prefill_whose_nic_is_fast_enough() -> None:
     assert res3.counts == {} and res3.unmet_rps[0] == pytest.approx(4.0)
 
 
-def _pairing_brute_force(p: AllocationProblem) -> tuple[float, float]:
-    """(least unmet, least cost + churn) over every plan and every assignment of each prefill instance
-    to one NIC level l <= its class (``solvers.allocation.columns``): pool (m, r, l) serves
-    min(prefill / in, decode / out, NIC / KV) from its prefill instances and the decode instances whose
-    least feeding class is l. Independent of the solver's columns; tiny instances only."""
+def _disaggregated_lp(p: AllocationProblem, plan: tuple[int, ...], m: int) -> float:
+    """Most req/s model m serves disaggregated in region 0 with ``plan``'s instances, by a linear program
+    over which NIC levels each prefill template's instances feed (any split): each level l serves
+    y_l <= decode / out of the decode templates whose least feeding class is l and y_l <= the req/s of
+    the prefill shares sent to it (only from templates of class >= l)."""
     nic_class = [float(p.nic_bytes_s[t.node_counts > 0].min()) for t in p.templates]
+    pre = [i for i, t in enumerate(p.templates) if t.mode == "prefill" and t.m == m]
+    levels = sorted({nic_class[i] for i in pre})
+    if not levels:
+        return 0.0
+    dec = np.zeros(len(levels))
+    for i, t in enumerate(p.templates):
+        if t.mode == "decode" and t.m == m and plan[i]:
+            ok = [k for k, c in enumerate(levels) if c >= t.kv_min_nic * (1 - 1e-12)]
+            if ok:
+                dec[ok[0]] += plan[i] * p.utilisation * t.decode_tok_s / float(p.mean_out[m])
+    pairs = [(i, k) for i in pre for k, c in enumerate(levels) if c <= nic_class[i]]
+    L, Z = len(levels), len(pairs)
+    a_ub, b_ub = [], []
+    for i in pre:  # shares of template i: at most its instances
+        a_ub.append([0.0] * L + [1.0 if pi == i else 0.0 for pi, _k in pairs])
+        b_ub.append(float(plan[i]))
+    for k in range(L):  # y_k <= sum of the prefill req/s of the shares sent to level k
+        a_ub.append(
+            [1.0 if kk == k else 0.0 for kk in range(L)]
+            + [-_prefill_rps(p, p.templates[pi]) if pk == k else 0.0 for pi, pk in pairs]
+        )
+        b_ub.append(0.0)
+    bounds = [(0.0, float(d)) for d in dec] + [(0.0, None)] * Z
+    res = scipy.optimize.linprog([-1.0] * L + [0.0] * Z, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+    assert res.status == 0
+    return float(-res.fun)
+
+
+def _pairing_brute_force(p: AllocationProblem) -> tuple[float, float]:
+    """(least unmet, least cost + churn) over every plan, each serving the most its prefill and decode
+    instances can (``_disaggregated_lp``). Independent of the solver's columns; tiny instances only."""
     best: tuple[float, float] | None = None
     ranges = [range(4) for _ in p.templates]
-    for r in range(p.num_regions):
-        assert r == 0, "one region only"
+    assert p.num_regions == 1, "one region only"
     usable = [np.isfinite(_template_cost(p, t, 0)) for t in p.templates]
-    pre = [i for i, t in enumerate(p.templates) if t.mode == "prefill" and usable[i]]
-    levels = {m: sorted({nic_class[i] for i in pre if p.templates[i].m == m}) for m in range(p.num_models)}
-
-    def level(i: int) -> float | None:
-        lv = [c for c in levels[p.templates[i].m] if c >= p.templates[i].kv_min_nic * (1 - 1e-12)]
-        return lv[0] if lv else None
-
     for plan in itertools.product(*ranges):
         if any(n and not usable[i] for i, n in enumerate(plan)):
             continue
@@ -366,38 +392,14 @@ def _pairing_brute_force(p: AllocationProblem) -> tuple[float, float]:
             continue
         counts = {(i, 0): n for i, n in enumerate(plan) if n}
         _served, cost, churn = evaluate(p, counts)
-        agg = np.zeros(p.num_models)
+        served = np.zeros(p.num_models)
         for i, n in enumerate(plan):
             t = p.templates[i]
             if t.mode == "aggregated" and n:
-                agg[t.m] += n * p.utilisation / (p.mean_in[t.m] / t.prefill_tok_s + p.mean_out[t.m] / t.decode_tok_s)
-        choices = []  # per prefill instance: the levels it may feed
-        for i in pre:
-            opts = [c for c in levels[p.templates[i].m] if c <= nic_class[i]]
-            choices += [[(i, c) for c in opts]] * plan[i]
-        served_best = np.zeros(p.num_models)
-        for pick in itertools.product(*choices) if choices else [()]:
-            served = agg.copy()
-            for m in range(p.num_models):
-                for c in levels[m]:
-                    P = sum(
-                        p.utilisation * p.templates[i].prefill_tok_s
-                        for i, cc in pick
-                        if cc == c and p.templates[i].m == m
-                    )
-                    B = sum(
-                        float((p.templates[i].node_counts * p.nic_bytes_s).sum())
-                        for i, cc in pick
-                        if cc == c and p.templates[i].m == m
-                    )
-                    D = sum(
-                        plan[i] * p.utilisation * t.decode_tok_s
-                        for i, t in enumerate(p.templates)
-                        if t.mode == "decode" and t.m == m and usable[i] and level(i) == c
-                    )
-                    served[m] += min(P / p.mean_in[m], D / p.mean_out[m], B / (p.mean_in[m] * p.kv_bytes_per_token[m]))
-            served_best = np.maximum(served_best, np.minimum(served, p.demand_rps))
-        unmet = float((p.demand_rps - served_best).sum())
+                served[t.m] += n * p.utilisation / (p.mean_in[t.m] / t.prefill_tok_s + p.mean_out[t.m] / t.decode_tok_s)
+        for m in range(p.num_models):
+            served[m] += _disaggregated_lp(p, plan, m)
+        unmet = float((p.demand_rps - np.minimum(served, p.demand_rps)).sum())
         key = (unmet, cost + churn)
         if best is None or key[0] < best[0] - 1e-7 or (abs(key[0] - best[0]) <= 1e-7 and key[1] < best[1]):
             best = key
@@ -439,6 +441,61 @@ def test_nic_pairing_matches_exhaustive_enumeration(seed: int) -> None:
     assert res.status == "optimal"
     assert res.total_unmet_rps == pytest.approx(unmet, abs=1e-6)
     assert res.objective == pytest.approx(obj, rel=1e-6, abs=1e-6)
+
+
+def _two_level_problem() -> AllocationProblem:
+    """One fast prefill instance (NIC 1e10, 4.25 req/s), a slow mixed one (NIC 1e9, 0.85 req/s), and one
+    decode instance each needing a sender of 5e9 and of any NIC (2.125 req/s each); 4.25 req/s demand."""
+    templates = (
+        AllocTemplate(0, "prefill", [1, 0, 0, 0, 0], 4000.0, 0.0, 60.0, "fast-p"),
+        AllocTemplate(0, "prefill", [0, 1, 1, 0, 0], 800.0, 0.0, 60.0, "slow-mixed-p"),
+        AllocTemplate(0, "decode", [0, 0, 0, 1, 0], 0.0, 500.0, 60.0, "picky-d", kv_min_nic=5e9),
+        AllocTemplate(0, "decode", [0, 0, 0, 0, 1], 0.0, 500.0, 60.0, "easy-d"),
+    )
+    return AllocationProblem(
+        models=("m",), demand_rps=[4.25], mean_in=[800.0], mean_out=[200.0], kv_bytes_per_token=[1e5],
+        node_types=("a", "b", "e", "c", "d"), nic_bytes_s=[1e10, 1e9, 1e9, 1e10, 1e10], regions=("r",),
+        price=[[4.0, 1.0, 1.0, 2.0, 2.0]], avail=[[1, 1, 1, 1, 1]], templates=templates,
+    )  # fmt: skip
+
+
+def test_one_prefill_instance_feeds_decode_instances_of_two_nic_levels() -> None:
+    """The fast prefill instance feeds the picky decode (level 1e10) and the easy one (level 1e9, where
+    the slow prefill also may feed) at once: all 4.25 req/s are served. With the fast instance in one
+    level only, 2.125 + 0.85 are; the homogeneous prefill/decode restriction (no slow mixed prefill, so
+    one level) served all of it, and the whole problem never serves less than it."""
+    p = _two_level_problem()
+    alone = solve_allocation(p, deadline_s=30.0, mip_gap=0.0, portfolio=False)
+    assert alone.status == "optimal" and alone.total_unmet_rps == pytest.approx(0.0, abs=1e-9)
+    check_plan(p, alone)
+    assert {p.templates[i].key for (i, _r), n in alone.counts.items() if n} == {"fast-p", "picky-d", "easy-d"}
+    whole = solve_allocation(p, deadline_s=30.0, mip_gap=0.0)
+    for name, idx in _restrictions(p):
+        base = solve_allocation(_restrict(p, idx), deadline_s=30.0, mip_gap=0.0, portfolio=False)
+        assert base.status == "optimal", name
+        assert _no_worse(whole, base), name
+        assert _no_worse(alone, base), name
+
+
+def test_prefill_carries_hold_the_state_flows() -> None:
+    """The warm start's carries v hold exactly the flows the plan's state computes: every prefill row and
+    decode row of the program holds at the plan's vector, and the fast instance's supply left over at the
+    picky level (4.25 - 2.125 req/s) is passed down to the easy level."""
+    p = _two_level_problem()
+    c = _columns(p)
+    mat = _matrix(c)
+    x = np.ones(c.J, dtype=np.int64)
+    v = model._plan_vector(c, mat, x)
+    rows = np.zeros(mat.num_rows)
+    for col in range(mat.num_cols):
+        end = mat.start[col + 1] if col + 1 < mat.num_cols else len(mat.value)
+        rows[mat.index[mat.start[col] : end]] += mat.value[mat.start[col] : end] * v[col]
+    n_dem = len(mat.dem_models)
+    assert np.all(rows <= mat.row_hi + 1e-9) and np.all(rows[:n_dem] >= mat.row_lo[:n_dem] - 1e-9)
+    assert c.Q == 2 and [len(f) for f in c.by_pool_pre] == [2, 1]  # pools by level: 1e9 (both), 1e10 (fast-p)
+    carry = dict(zip(c.pool_level.tolist(), v[c.J : c.J + c.Q], strict=True))
+    assert carry[1e10] == pytest.approx(2.125) and carry[1e9] == pytest.approx(0.85)
+    assert float(v[-1]) == pytest.approx(0.0)  # all 4.25 req/s served
 
 
 def test_unmet_demand_is_reported_under_scarcity() -> None:
