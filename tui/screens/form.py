@@ -108,10 +108,11 @@ class CommandForm(ModalScreen[Any]):
         state = self.state_fn()
         try:
             vals = self.current()
-        except NoMatches:  # the state changed before the form was composed: on_mount draws it
+            shown = self.query_one("#form-current", Static)
+        except NoMatches:  # the state changed before the form was wholly composed: on_mount draws it
             return
         now = current(state, self.action_name, vals)
-        self.query_one("#form-current", Static).update(Text(now, style="bold") if now else "")
+        shown.update(Text(now, style="bold") if now else "")
         if not self.spec.preview:
             return
         ts = template_choices(state, self.action_name, vals)
