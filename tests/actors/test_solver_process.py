@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import anyio
 import attrs
@@ -17,6 +19,8 @@ import pytest
 from actors.solver_process import SolverProcess, SolverProcessError, digest
 from solvers.allocation import AllocationInputError, AllocationResult, SolverEffort, solve_allocation
 from tests.solvers.alloc_instances import generate
+
+T = TypeVar("T")
 
 
 def _sleep(s: float) -> float:
@@ -81,23 +85,30 @@ def test_a_job_over_its_hard_limit_is_killed_and_the_next_one_gets_a_new_child()
             proc.call(_fails, 0.0)
 
 
+async def _ticking(work: Awaitable[T]) -> tuple[T, int]:
+    """``work``'s result, and how many 10 ms ticks the event loop ran meanwhile."""
+    ticks = 0
+    out: list[T] = []
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        out.append(await work)
+        tg.cancel_scope.cancel()
+    return out[0], ticks
+
+
 async def test_solve_async_waits_on_the_pipe_in_no_thread() -> None:
     p = generate("core", 8, seed=2, load=0.2)
     proc = SolverProcess()
     try:
         threads = threading.active_count()
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await anyio.sleep(0.01)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ticker)
-            res = await proc.solve_async(p, deadline_s=0.5, columns="all")
-            tg.cancel_scope.cancel()
+        res, ticks = await _ticking(proc.solve_async(p, deadline_s=0.5, columns="all"))
         assert threading.active_count() == threads
         assert ticks > 1  # the loop kept running while the child started and solved
         assert res.counts == solve_allocation(p, effort=res.effort, columns="all").counts
@@ -143,19 +154,11 @@ async def test_submit_async_and_collect_async_leave_the_loop_running_in_no_threa
     try:
         await proc.start_async()
         threads = threading.active_count()
-        ticks = 0
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await anyio.sleep(0.01)
+        async def both() -> AllocationResult:
+            return await proc.collect_async(await proc.submit_async(p, deadline_s=0.5, columns="all"))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ticker)
-            flight = await proc.submit_async(p, deadline_s=0.5, columns="all")
-            res = await proc.collect_async(flight)
-            tg.cancel_scope.cancel()
+        res, ticks = await _ticking(both())
         assert threading.active_count() == threads
         assert ticks > 1
         assert res.counts == solve_allocation(p, effort=res.effort, columns="all").counts
