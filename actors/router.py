@@ -46,7 +46,6 @@ instance's own HTTP endpoint (``req.proxied``) are only counted as arrivals, for
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -71,7 +70,7 @@ from coral.messages.requests import (
     RoutingStats,
     WorkItem,
 )
-from coral.routing import kv_compatible, pick, uniform
+from coral.routing import instance_bound, kv_compatible, pick, uniform
 from coral.scenario import Deployment
 from coral.sim.report import LogHist
 from coral.workload import Slo
@@ -265,8 +264,7 @@ class Router(TickActor):
         """The most of the router's requests instance ``i`` holds at once (see the module docstring)."""
         slo = self.slo[i.deployment]
         decode = self.mean_out[i.deployment] * slo.tpot_s
-        service = slo.ttft_s if i.mode == "prefill" else decode if i.mode == "decode" else slo.ttft_s + decode
-        return max(1, math.ceil(i.weight * (service + self.timing.instance_queue_s)))
+        return instance_bound(i.weight, i.mode, slo.ttft_s, decode, self.timing.instance_queue_s)
 
     # -- the tick ------------------------------------------------------------------------------------
 

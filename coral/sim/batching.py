@@ -10,6 +10,7 @@ import math
 from collections import deque
 
 from coral.perf.roofline import NET_LATENCY_S
+from coral.routing import instance_bound, kv_compatible
 from coral.sim.state import (
     _EMPTY,
     DRAINING,
@@ -443,9 +444,7 @@ class Batching(SimState):
         """The most requests the mesh's router gives ``inst`` at once: ``weight × (service + instance_queue_s)``
         (``actors.router``; service is the SLO's time for one request in the instance's mode)."""
         d = inst.dep
-        decode = d.shape_out * d.tpot
-        service = d.ttft if inst.mode == "prefill" else decode if inst.mode == "decode" else d.ttft + decode
-        return max(1, math.ceil(inst.weight * (service + self.cfg.instance_queue_s)))
+        return instance_bound(inst.weight, inst.mode, d.ttft, d.shape_out * d.tpot, self.cfg.instance_queue_s)
 
     def _held(self, inst: Inst) -> int:
         return inst.n_active + inst.incoming + len(inst.pq.q) + sum(len(p.waiting) for p in inst.paths)
@@ -459,7 +458,7 @@ class Batching(SimState):
         g = req.dep.decode.get(region)
         if g is None or not g.insts:
             return None
-        ok = [i for i in g.insts if i.tpl.kv_min_nic <= nic * (1.0 + 1e-12)] or g.insts
+        ok = kv_compatible(g.insts, nic, lambda i: i.tpl.kv_min_nic) or g.insts
         return self._draw([i for i in ok if self._held(i) < i.bound] or ok)
 
     def _handoff(self, req: Req, src: Inst, t: float) -> None:

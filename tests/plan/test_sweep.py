@@ -10,14 +10,11 @@ from typing import Any
 
 import pytest
 
-from coral.catalog import Catalog, load_catalog
-from coral.cli.planning import deployment_templates
-from coral.perf import PerfModel
+from coral.catalog import Catalog
 from coral.plan import Plan, PlanRequest
 from coral.scenario import load_scenario
-from coral.store import TemplateStore
 from solvers.allocation import SolverEffort
-from solvers.planning import Planner, request_at
+from solvers.planning import request_at
 from solvers.study import (
     AVAILABILITY,
     COLUMNS,
@@ -25,12 +22,12 @@ from solvers.study import (
     ColumnResult,
     availability,
     cell_request,
-    column_templates,
     not_worse,
     sweep_cell,
 )
 from tests.cli import conftest as cli
 from tests.cli.conftest import Coral
+from tests.plan.columns import column_planners
 
 coral = cli.coral  # the CLI tests' fixture: run `coral` in this process
 
@@ -158,15 +155,8 @@ def test_coral_is_never_worse_than_any_column_in_every_cell_of_the_sweep(small_e
     at a deadline of 8 s: Coral's plan is never worse than any other column's wherever its portfolio
     solved each restriction to the end (a restriction cut by its share of the deadline may lose to the
     same restriction solved alone with the whole deadline; on a loaded machine that happened at 2 s)."""
-    sc_path, store_path = small_env
-    cat = load_catalog()
-    perf = PerfModel(cat)
-    sc = load_scenario(str(sc_path), cat)
-    with TemplateStore(store_path, readonly=True) as store:
-        tpls = deployment_templates(store, sc, "coral", perf_version=perf.version)
-    planners: dict[str, Callable[[PlanRequest], Plan]] = {
-        c: Planner("coral", sc, cat, perf, column_templates(c, tpls), 8.0) for c in COLUMNS
-    }
+    sc, cat, made = column_planners(small_env, 8.0)
+    planners: dict[str, Callable[[PlanRequest], Plan]] = dict(made)
     coral_plans: list[Plan] = []
     coral = planners["coral"]
 

@@ -9,15 +9,11 @@ from typing import Any
 
 import pytest
 
-from coral.catalog import load_catalog
-from coral.cli.planning import deployment_templates
-from coral.perf import PerfModel
 from coral.plan import Plan
-from coral.scenario import load_scenario
-from coral.store import TemplateStore
 from solvers.allocation import SolverEffort
-from solvers.planning import Planner, request_at
-from solvers.study import AVAILABILITY, COLUMNS, SCALES, cell_request, column_templates, sweep_cell
+from solvers.planning import request_at
+from solvers.study import AVAILABILITY, SCALES, cell_request, sweep_cell
+from tests.plan.columns import column_planners
 
 
 @pytest.mark.slow
@@ -25,15 +21,8 @@ def test_coral_is_never_worse_in_every_cell_even_when_every_solve_is_cut(small_e
     """Every demand scale x availability setting of the default sweep on the small library, every column at
     a 0.02 s deadline: Coral's plan is never worse than any other column's, and its recorded effort (with
     the same starting plans) replays it exactly."""
-    sc_path, store_path = small_env
-    cat = load_catalog()
-    perf = PerfModel(cat)
-    sc = load_scenario(str(sc_path), cat)
-    with TemplateStore(store_path, readonly=True) as store:
-        tpls = deployment_templates(store, sc, "coral", perf_version=perf.version)
-    planners: dict[str, Callable[..., Plan]] = {
-        c: Planner("coral", sc, cat, perf, column_templates(c, tpls), 0.02) for c in COLUMNS
-    }
+    sc, cat, made = column_planners(small_env, 0.02)
+    planners: dict[str, Callable[..., Plan]] = dict(made)
     coral = planners["coral"]
     calls: list[tuple[Any, tuple[Plan, ...], Plan]] = []
 
