@@ -28,7 +28,10 @@ Rules checked, measured / predicted (same load, same run):
 - KV: each stage reserves KV for n * b sequences at the shape's maximum context, against the peak KV
   tokens the stage held (vLLM's block use times its block size) and the peak requests running, both read
   from vLLM's own log lines (one per engine step, and the running count every 0.25 s: ``pm.SERVER_ARGS``),
-  which the server writes whatever the load; polls of ``/metrics`` missed the busy phase under load;
+  which the server writes whatever the load; polls of ``/metrics`` missed the busy phase under load. The
+  shape's maximum context is the mean request's end (80 tokens) while the closed loops' prompts are
+  exponential (``pm.workload``), so the same count is also predicted at the contexts the running requests
+  really had (``pm.kv_tokens_peak`` over the client's streams, in whole blocks);
 - prompt interference: one long prompt adds its whole prompt pass to the others' decode steps (a round
   takes the heaviest micro-batch's loop, sum_i (tau_i + K pre_1,i)), against the measured stall; and the
   open-loop TPOT p90 against the template (the smallest b whose capacity covers the rate).
@@ -234,6 +237,7 @@ def measure_split(
             pm.stream_timed(tg.endpoint, tg.served, [10 + s] * 16, 4, api_key=tg.api_key)
         sc = pm.Scraper(tg.endpoint, tg.api_key)
         bs, blocks = pm.cache_config(sc.text())
+        tg = attrs.evolve(tg, block_size=bs)
         rec["kv"] = {
             "block_size": bs,
             "num_blocks": blocks,
@@ -326,6 +330,10 @@ def compare(doc: dict[str, Any], perf: PerfModel) -> list[dict[str, Any]]:
             seen = f"{ticks:.0f} log ticks, {steps:.0f} log steps, {polls:.0f} polls"
             note = f"tokens held (peak, blocks of {bs}); the rule in whole blocks: {whole}; {seen}"
             add(sp, "KV n*b seqs: tokens", f"c={c} b={b}", held, pr["kv_tokens"], r["load"], note)
+            if "streams_peak_kv_tokens" in r:  # the same rule at the contexts the requests really had
+                note = "peak over the streams of the running requests' prompt + tokens so far, in whole blocks"
+                add(sp, "KV n*b seqs: at real contexts", f"c={c} b={b}", held, r["streams_peak_kv_tokens"],
+                    r["load"], note)  # fmt: skip
             note = f"peak running; {seen}"
             add(sp, "KV n*b seqs: sequences", f"c={c} b={b}", r["peak_running"], n * b, r["load"], note)
         for r in rec["open"]:

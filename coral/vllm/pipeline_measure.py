@@ -434,6 +434,27 @@ class Scraper:
         }
 
 
+def kv_tokens_peak(reqs: Sequence[Timed], block_size: int) -> float:
+    """The most KV tokens, in whole blocks of ``block_size``, that the requests held at once, from their
+    streams: a request holds its prompt from its start, one more token at each token's arrival, and its
+    blocks until its last token."""
+    events: list[tuple[float, int, int]] = []  # (time, order, blocks added): a release after growth at a tie
+    for r in reqs:
+        held = math.ceil(r.prompt / block_size)
+        events.append((r.started, 0, held))
+        for k, t in enumerate(r.tokens, start=1):
+            now = math.ceil((r.prompt + k) / block_size)
+            if now != held:
+                events.append((t, 0, now - held))
+                held = now
+        events.append((r.tokens[-1], 1, -held))
+    total = peak = 0
+    for _, _, d in sorted(events):
+        total += d
+        peak = max(peak, total)
+    return float(peak * block_size)
+
+
 def _summary(reqs: Sequence[Timed], span: float) -> dict[str, float]:
     tp = [r.tpot for r in reqs if r.out > 1]
     tt = [r.ttft for r in reqs]
@@ -463,6 +484,8 @@ class Target:
     vocab: int = 1024
     max_len: int = 1024
     log: str = ""
+    block_size: int = 0
+    """vLLM's KV block size, once read (``cache_config``); 0: closed runs do not rebuild the KV peak."""
 
 
 def run_closed(
@@ -483,7 +506,10 @@ def run_closed(
         t0 = time.monotonic()
         reqs = [r for f in [pool.submit(worker, w) for w in range(concurrency)] for r in f.result()]
         span = time.monotonic() - t0
-    return {"concurrency": concurrency, **_summary(reqs, span), **sc.steps()}
+    out = {"concurrency": concurrency, **_summary(reqs, span), **sc.steps()}
+    if tg.block_size > 0:
+        out["streams_peak_kv_tokens"] = kv_tokens_peak(reqs, tg.block_size)
+    return out
 
 
 def run_open(
