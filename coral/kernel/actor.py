@@ -174,7 +174,7 @@ class ActorContext:
             await self.clock.sleep(dt)
         finally:
             self._rt.asleep -= 1
-            self._rt.woke()
+            self._rt.changed()
 
     def every(self, period: float, fn: Callable[[], Awaitable[None]], *, first: float | None = None) -> None:
         """Call ``fn`` every ``period`` seconds of kernel time, first at ``first`` (default now + period).
@@ -228,6 +228,7 @@ class Alarm:
         if self._sleep is not None and not self._pending:
             self._pending = True
             self._rt.busy += 1
+            self._rt.changed()
             self._sleep.cancel()
         self._rearm.set()
 
@@ -299,8 +300,7 @@ class ActorRuntime:
         supervisor: Supervisor,
         policy: RestartPolicy | None,
         make_bus: Callable[[Actor], BusClient],
-        on_change: Callable[[], None],
-        on_activity: Callable[[], None],
+        on_change: Callable[[ActorRuntime], None],
         request_shutdown: Callable[[str], None],
     ) -> None:
         self._factory: Callable[[], Actor] | None = None
@@ -319,8 +319,7 @@ class ActorRuntime:
         self.supervisor = supervisor
         self.policy = policy
         self._make_bus = make_bus
-        self.changed = on_change
-        self._activity = on_activity
+        self._on_change = on_change
         self.request_shutdown = request_shutdown
         self.counters = ActorCounters()
         self.busy = 1  # starting counts as busy until the first on_start returns
@@ -345,19 +344,20 @@ class ActorRuntime:
             return False
         return self._bus is None or self._bus.backlog == 0
 
+    def changed(self) -> None:
+        """Tell the mesh that this actor's idleness may have changed (every move towards busy must)."""
+        self._on_change(self)
+
     def _enter(self) -> None:
         self.busy += 1
-        self._activity()
         self.changed()
-
-    def woke(self) -> None:
-        self._activity()
 
     def hold(self) -> None:
         """A timer crashed: stay busy until the crash is handled (the actor task learns of it only once
         the timers' task group cancelled it; without this a virtual clock could move on first)."""
         self.held += 1
         self.busy += 1
+        self.changed()
 
     def _exit(self) -> None:
         self.busy -= 1
@@ -393,6 +393,7 @@ class ActorRuntime:
             with self.scope:
                 actor = handle.actor
                 bus = self._make_bus(actor)
+                bus.on_arrival = self.changed
                 async with bus:
                     self._bus = bus
                     await self._incarnations(actor, task_status)

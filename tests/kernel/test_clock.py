@@ -56,6 +56,42 @@ async def test_cancelled_sleeper_is_forgotten() -> None:
     await clock.sleep(0)
 
 
+async def test_cancelled_sleepers_below_the_earliest_leave_no_stop_behind() -> None:
+    """A sleep cancelled while others sleep (the heap keeps it until it reaches the top): the clock neither
+    stops at its deadline nor counts it, and the others still wake in order."""
+    clock = VirtualClock()
+    stops: list[float] = []
+    woke: list[str] = []
+
+    async def sleeper(name: str, t: float) -> None:
+        await clock.sleep_until(t)
+        woke.append(name)
+
+    async def settle() -> None:
+        stops.append(clock.now())
+        await anyio.wait_all_tasks_blocked()
+
+    async with anyio.create_task_group() as tg:
+        scopes = {}
+        for name, t in [("a", 1.0), ("x", 2.0), ("b", 3.0), ("y", 3.0), ("c", 3.0), ("z", 4.0)]:
+            scope = anyio.CancelScope()
+            scopes[name] = scope
+
+            async def run(scope: anyio.CancelScope = scope, name: str = name, t: float = t) -> None:
+                with scope:
+                    await sleeper(name, t)
+
+            tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        for name in ("x", "y", "z"):
+            scopes[name].cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleepers == 3 and clock.next_deadline() == 1.0
+        await clock.advance_to(10.0, settle=settle)
+    assert woke == ["a", "b", "c"] and stops == [1.0, 3.0]
+    assert clock.sleepers == 0 and clock.next_deadline() is None
+
+
 async def test_virtual_clock_rejects_bad_input() -> None:
     clock = VirtualClock(start=10.0)
     with pytest.raises(ClockError, match="cannot move the clock back"):
