@@ -99,17 +99,36 @@ class ScaledClock:
 
 
 class _Sleeper:
-    __slots__ = ("deadline", "dropped", "event", "seq", "woken")
+    """One task asleep on a ``VirtualClock``: a bare asyncio future on asyncio (an ``anyio.Event`` costs a
+    backend look-up per sleep), an ``anyio.Event`` elsewhere."""
 
-    def __init__(self, deadline: float, seq: int) -> None:
-        self.deadline = deadline
-        self.seq = seq
-        self.event = anyio.Event()
+    __slots__ = ("dropped", "event", "future", "woken")
+
+    def __init__(self) -> None:
         self.woken = False
         self.dropped = False
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
+        self.event: anyio.Event | None = anyio.Event() if loop is None else None
 
-    def __lt__(self, other: _Sleeper) -> bool:
-        return (self.deadline, self.seq) < (other.deadline, other.seq)
+    async def wait(self) -> None:
+        if self.future is not None:
+            await self.future
+        else:
+            assert self.event is not None
+            await self.event.wait()
+
+    def wake(self) -> None:
+        self.woken = True
+        if self.future is not None:
+            if not self.future.done():
+                self.future.set_result(None)
+        else:
+            assert self.event is not None
+            self.event.set()
 
 
 async def let_tasks_run(max_rounds: int = 10_000) -> None:
@@ -151,7 +170,7 @@ class VirtualClock:
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = _check_t(start, "start")
-        self._heap: list[_Sleeper] = []
+        self._heap: list[tuple[float, int, _Sleeper]] = []  # (deadline, seq): ties wake in sleep order
         self._dropped = 0  # cancelled sleepers still in the heap (removed when they reach its top)
         self._seq = 0
         self._advancing = False
@@ -168,10 +187,10 @@ class VirtualClock:
             await anyio.lowlevel.checkpoint()
             return
         self._seq += 1
-        sleeper = _Sleeper(t, self._seq)
-        heapq.heappush(self._heap, sleeper)
+        sleeper = _Sleeper()
+        heapq.heappush(self._heap, (t, self._seq, sleeper))
         try:
-            await sleeper.event.wait()
+            await sleeper.wait()
         finally:
             if not sleeper.woken:  # cancelled: advance_to must not stop at its deadline
                 sleeper.dropped = True
@@ -181,7 +200,7 @@ class VirtualClock:
     def _trim(self) -> None:
         """Pop the cancelled sleepers off the heap's top (O(log n) each, instead of a removal's O(n))."""
         heap = self._heap
-        while heap and heap[0].dropped:
+        while heap and heap[0][2].dropped:
             heapq.heappop(heap)
             self._dropped -= 1
 
@@ -192,7 +211,7 @@ class VirtualClock:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a sleeper, or None when nobody sleeps."""
-        return self._heap[0].deadline if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     async def advance_to(self, t: float, settle: Callable[[], Awaitable[None]] | None = None) -> None:
         """Move time to ``t``, waking sleepers deadline by deadline and awaiting ``settle`` after each.
@@ -207,13 +226,12 @@ class VirtualClock:
         step = let_tasks_run if settle is None else settle
         self._advancing = True
         try:
-            while self._heap and self._heap[0].deadline <= t:
-                deadline = self._heap[0].deadline
+            heap = self._heap
+            while heap and heap[0][0] <= t:
+                deadline = heap[0][0]
                 self._now = deadline
-                while self._heap and self._heap[0].deadline == deadline:
-                    sleeper = heapq.heappop(self._heap)  # never a dropped one: _trim keeps them off the top
-                    sleeper.woken = True
-                    sleeper.event.set()
+                while heap and heap[0][0] == deadline:
+                    heapq.heappop(heap)[2].wake()  # never a dropped one: _trim keeps them off the top
                     self._trim()
                 await step()
             self._now = t

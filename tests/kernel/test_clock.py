@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from coral.kernel import ClockError, RealClock, ScaledClock, VirtualClock
+from coral.kernel.clock import let_tasks_run
 
 
 async def test_virtual_clock_wakes_in_time_order() -> None:
@@ -122,3 +124,30 @@ async def test_scaled_clock_sleeps_scaled() -> None:
     assert clock.now() - t0 >= 1.0
     with pytest.raises(ClockError):
         await clock.sleep(-2)
+
+
+async def test_let_tasks_run_returns_once_a_chain_of_wakes_has_run_and_not_before() -> None:
+    """Each task wakes the next through an event and yields a few times on the way: ``let_tasks_run``
+    returns only when the whole chain ran, and does not wait for a task asleep in real time."""
+    n = 20
+    events = [anyio.Event() for _ in range(n + 1)]
+    done: list[int] = []
+
+    async def link(i: int) -> None:
+        await events[i].wait()
+        for _ in range(i % 4):
+            await anyio.lowlevel.checkpoint()
+        done.append(i)
+        events[i + 1].set()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(link, i)
+        tg.start_soon(anyio.sleep, 3600)  # blocked on a timer: not runnable
+        await let_tasks_run()
+        assert done == []
+        events[0].set()
+        with anyio.fail_after(5):
+            await let_tasks_run()
+        assert done == list(range(n)) and events[n].is_set()
+        tg.cancel_scope.cancel()
