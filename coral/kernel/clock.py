@@ -123,6 +123,9 @@ class _Sleeper:
 
     def wake(self) -> None:
         self.woken = True
+        self._resolve()
+
+    def _resolve(self) -> None:
         if self.future is not None:
             if not self.future.done():
                 self.future.set_result(None)
@@ -186,16 +189,30 @@ class VirtualClock:
         if t <= self._now:
             await anyio.lowlevel.checkpoint()
             return
-        self._seq += 1
-        sleeper = _Sleeper()
-        heapq.heappush(self._heap, (t, self._seq, sleeper))
+        sleeper = self.sleeper(t)
         try:
             await sleeper.wait()
         finally:
-            if not sleeper.woken:  # cancelled: advance_to must not stop at its deadline
-                sleeper.dropped = True
-                self._dropped += 1
-                self._trim()
+            self.drop(sleeper)
+
+    def sleeper(self, t: float) -> _Sleeper:
+        """A sleep until ``t`` (> now), registered now: ``await s.wait()`` returns when the clock reaches
+        ``t`` (``s.woken``) or when ``drop(s)`` interrupts it (not woken). What ``sleep_until`` does, for a
+        waiter that is interrupted without a cancel scope (``actor.Alarm``)."""
+        self._seq += 1
+        sleeper = _Sleeper()
+        heapq.heappush(self._heap, (t, self._seq, sleeper))
+        return sleeper
+
+    def drop(self, sleeper: _Sleeper) -> None:
+        """Forget a sleep that was not woken (cancelled or interrupted): the clock will not stop at its
+        deadline; its waiter, if still waiting, returns. No-op on a woken or dropped one."""
+        if sleeper.woken or sleeper.dropped:
+            return
+        sleeper.dropped = True
+        self._dropped += 1
+        sleeper._resolve()
+        self._trim()
 
     def _trim(self) -> None:
         """Pop the cancelled sleepers off the heap's top (O(log n) each, instead of a removal's O(n))."""
