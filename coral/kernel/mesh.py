@@ -260,7 +260,7 @@ class Mesh:
         )
 
     async def client(self, name: str, *, subscribe: Iterable[str] = (), inbox_size: int = 1024) -> BusClient:
-        """A connected bus client owned by the mesh (closed after the actors stop); quiesce syncs it."""
+        """A connected in-process bus client owned by the mesh (closed after the actors stop)."""
         tg = self._require_running("client")
         self._check_free(name)
         bus = LocalBusClient(
