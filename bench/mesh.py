@@ -17,6 +17,8 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
 - per actor (workers summed as ``worker-*``): messages handled, timer calls (ticks) and the wall time
   spent in them, the share of the run's wall time, and the bus totals (routed, published);
 - ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``);
+- ``--hog``: runs one CPU-bound process beside the mesh for the whole run (the issue's targets are set
+  on a 2-core machine with one other CPU-bound process running);
 - ``--compare``: also runs the simulator on the same scenario, seed and planner, on the mesh's own
   requests (``deployment_arrivals``), with the mesh's provisioning and loading delays and its demand
   monitor (``SimConfig.for_cloud``), and prints each
@@ -35,6 +37,7 @@ import itertools
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -81,6 +84,7 @@ def parse() -> argparse.Namespace:
         help="planner policy, as `coral up --policy` (default: coral; pd-homo runs every model as a P/D pair)",
     )
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
+    p.add_argument("--hog", action="store_true", help="run one CPU-bound process beside the mesh (busy loop)")
     p.add_argument("--compare", action="store_true", help="also run `coral simulate` and compare attainment")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p.parse_args()
@@ -221,20 +225,26 @@ def main() -> None:
             }
         return rows
 
-    started = [time.monotonic()]
-    load0 = os.getloadavg()
-    cpu0 = time.process_time()
-    prof = cProfile.Profile() if args.profile is not None else None
-    if prof is not None:
-        prof.enable()
-    res = anyio.run(
-        lambda: run_mesh(setup, sc, cat, perf, pace=speed, state=state, on_start=on_start, on_step=on_step),
-        backend="asyncio",
-    )
-    if prof is not None:
-        prof.disable()
-        prof.dump_stats(str(args.profile))
-    cpu = time.process_time() - cpu0
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.hog else None
+    try:
+        started = [time.monotonic()]
+        load0 = os.getloadavg()
+        cpu0 = time.process_time()
+        prof = cProfile.Profile() if args.profile is not None else None
+        if prof is not None:
+            prof.enable()
+        res = anyio.run(
+            lambda: run_mesh(setup, sc, cat, perf, pace=speed, state=state, on_start=on_start, on_step=on_step),
+            backend="asyncio",
+        )
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(str(args.profile))
+        cpu = time.process_time() - cpu0
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
     mesh = meshes[0]
     per: dict[str, dict[str, float]] = {}
     for name, c in mesh.counters().items():
@@ -248,6 +258,7 @@ def main() -> None:
     out: dict[str, Any] = {
         "scenario": sc.name,
         "speed": args.speed,
+        "hog": args.hog,
         "simulated_s": simulated,
         "wall_s": round(res.wall_s, 2),
         "cpu_s": round(cpu, 2),
@@ -271,7 +282,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=1))
         return
-    print(f"mesh bench: scenario {sc.name}, speed {args.speed}, load {out['load_before']} -> {out['load_after']}")
+    beside = ", beside a CPU hog" if args.hog else ""
+    print(
+        f"mesh bench: scenario {sc.name}, speed {args.speed}{beside}, load {out['load_before']} -> {out['load_after']}"
+    )
     print(
         f"  {simulated:.0f} simulated s in {res.wall_s:.1f} s wall ({out['x_real_time']}x real time), "
         f"{cpu:.1f} s CPU; bus: {out['bus']['routed']} routed, {out['bus']['published']} published"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -41,7 +42,7 @@ import attrs
 
 from coral.errors import CoralError
 from coral.kernel.client import BusClient
-from coral.kernel.clock import Clock
+from coral.kernel.clock import Clock, VirtualClock
 from coral.kernel.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from coral.kernel.wire import Envelope, check_name, check_positive
 
@@ -174,7 +175,7 @@ class ActorContext:
             await self.clock.sleep(dt)
         finally:
             self._rt.asleep -= 1
-            self._rt.woke()
+            self._rt.changed()
 
     def every(self, period: float, fn: Callable[[], Awaitable[None]], *, first: float | None = None) -> None:
         """Call ``fn`` every ``period`` seconds of kernel time, first at ``first`` (default now + period).
@@ -216,7 +217,8 @@ class Alarm:
         self._rt = runtime
         self._fn = fn
         self.at = math.inf
-        self._sleep: anyio.CancelScope | None = None
+        self._sleeping = False
+        self._interrupt: Callable[[], None] = _nothing
         self._rearm = anyio.Event()
         self._pending = False
 
@@ -225,10 +227,11 @@ class Alarm:
         if not t < self.at:
             return
         self.at = t
-        if self._sleep is not None and not self._pending:
+        if self._sleeping and not self._pending:
             self._pending = True
             self._rt.busy += 1
-            self._sleep.cancel()
+            self._rt.changed()
+            self._interrupt()
         self._rearm.set()
 
     def _settled(self) -> None:
@@ -245,21 +248,49 @@ class Alarm:
 
     async def _loop(self) -> None:
         rt = self._rt
+        clock = rt.clock
+        virtual = clock if isinstance(clock, VirtualClock) else None
         while True:
             target = self.at
             self._settled()  # before the sleep below registers its deadline (synchronously)
-            with anyio.CancelScope() as scope:
-                self._sleep = scope
-                if target == math.inf:
-                    self._rearm = anyio.Event()
+            if target == math.inf:
+                self._rearm = anyio.Event()
+                self._sleeping = True
+                self._interrupt = _nothing  # set() sets _rearm
+                try:
                     await self._rearm.wait()
-                else:
-                    await rt.clock.sleep_until(target)
-            self._sleep = None
-            if scope.cancelled_caught or target == math.inf or self.at != target:
+                finally:
+                    self._sleeping = False
+                continue
+            if virtual is not None and target > virtual.now():  # interrupted by dropping the sleep
+                sleeper = virtual.sleeper(target)
+                self._sleeping = True
+                self._interrupt = functools.partial(virtual.drop, sleeper)
+                try:
+                    await sleeper.wait()
+                finally:
+                    self._sleeping = False
+                    virtual.drop(sleeper)
+                if not sleeper.woken:
+                    continue
+            else:
+                with anyio.CancelScope() as scope:
+                    self._sleeping = True
+                    self._interrupt = scope.cancel
+                    try:
+                        await clock.sleep_until(target)
+                    finally:
+                        self._sleeping = False
+                if scope.cancelled_caught:
+                    continue
+            if self.at != target:
                 continue
             self.at = math.inf
             await rt.fire(self._fn, target)
+
+
+def _nothing() -> None:
+    pass
 
 
 @attrs.define
@@ -299,8 +330,7 @@ class ActorRuntime:
         supervisor: Supervisor,
         policy: RestartPolicy | None,
         make_bus: Callable[[Actor], BusClient],
-        on_change: Callable[[], None],
-        on_activity: Callable[[], None],
+        on_change: Callable[[ActorRuntime], None],
         request_shutdown: Callable[[str], None],
     ) -> None:
         self._factory: Callable[[], Actor] | None = None
@@ -319,8 +349,7 @@ class ActorRuntime:
         self.supervisor = supervisor
         self.policy = policy
         self._make_bus = make_bus
-        self.changed = on_change
-        self._activity = on_activity
+        self._on_change = on_change
         self.request_shutdown = request_shutdown
         self.counters = ActorCounters()
         self.busy = 1  # starting counts as busy until the first on_start returns
@@ -345,19 +374,20 @@ class ActorRuntime:
             return False
         return self._bus is None or self._bus.backlog == 0
 
+    def changed(self) -> None:
+        """Tell the mesh that this actor's idleness may have changed (every move towards busy must)."""
+        self._on_change(self)
+
     def _enter(self) -> None:
         self.busy += 1
-        self._activity()
         self.changed()
-
-    def woke(self) -> None:
-        self._activity()
 
     def hold(self) -> None:
         """A timer crashed: stay busy until the crash is handled (the actor task learns of it only once
         the timers' task group cancelled it; without this a virtual clock could move on first)."""
         self.held += 1
         self.busy += 1
+        self.changed()
 
     def _exit(self) -> None:
         self.busy -= 1
@@ -393,6 +423,7 @@ class ActorRuntime:
             with self.scope:
                 actor = handle.actor
                 bus = self._make_bus(actor)
+                bus.on_arrival = self.changed
                 async with bus:
                     self._bus = bus
                     await self._incarnations(actor, task_status)

@@ -135,6 +135,8 @@ class BusClient:
         self.handshake_timeout = check_positive(handshake_timeout, "handshake_timeout")
         self.codec = codec
         self.stats = ClientStats()
+        self.on_arrival: Callable[[], None] | None = None
+        """Called whenever a message lands in the inbox (the mesh tracks its actors' idleness by it)."""
         self.ready: Ready | None = None
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._name_b = name.encode()
@@ -441,6 +443,8 @@ class BusClient:
             self.stats.discarded += 1
             return
         self.stats.received += 1
+        if self.on_arrival is not None:
+            self.on_arrival()
 
     async def _report(self, bad: Malformed) -> None:
         self.stats.errors += 1
@@ -649,4 +653,6 @@ class LocalBusClient(BusClient):
             self.stats.discarded += 1
             return True
         self.stats.received += 1
+        if self.on_arrival is not None:
+            self.on_arrival()
         return True

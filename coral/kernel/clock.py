@@ -15,6 +15,7 @@ Transport liveness (heartbeats, handshake retries) uses real time, never this cl
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import math
 import time
@@ -98,23 +99,48 @@ class ScaledClock:
 
 
 class _Sleeper:
-    __slots__ = ("deadline", "event", "seq", "woken")
+    """One task asleep on a ``VirtualClock``: a bare asyncio future on asyncio (an ``anyio.Event`` costs a
+    backend look-up per sleep), an ``anyio.Event`` elsewhere."""
 
-    def __init__(self, deadline: float, seq: int) -> None:
-        self.deadline = deadline
-        self.seq = seq
-        self.event = anyio.Event()
+    __slots__ = ("dropped", "event", "future", "woken")
+
+    def __init__(self) -> None:
         self.woken = False
+        self.dropped = False
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
+        self.event: anyio.Event | None = anyio.Event() if loop is None else None
 
-    def __lt__(self, other: _Sleeper) -> bool:
-        return (self.deadline, self.seq) < (other.deadline, other.seq)
+    async def wait(self) -> None:
+        if self.future is not None:
+            await self.future
+        else:
+            assert self.event is not None
+            await self.event.wait()
+
+    def wake(self) -> None:
+        self.woken = True
+        self._resolve()
+
+    def _resolve(self) -> None:
+        if self.future is not None:
+            if not self.future.done():
+                self.future.set_result(None)
+        else:
+            assert self.event is not None
+            self.event.set()
 
 
 async def let_tasks_run(max_rounds: int = 10_000) -> None:
     """Yield to the event loop until every other task is blocked (or ``max_rounds`` loop turns passed).
 
     Like ``anyio.wait_all_tasks_blocked`` but without its 0.1 s sleeps; asyncio only (pyzmq needs it),
-    falling back to the anyio function elsewhere.
+    falling back to the anyio function elsewhere. On asyncio's own loop a turn costs O(1): every other
+    task is blocked when the loop's ready queue is empty (a task that can run, and a future that completed,
+    always has a callback there); on another loop each turn scans every task.
     """
     try:
         this = asyncio.current_task()
@@ -122,6 +148,13 @@ async def let_tasks_run(max_rounds: int = 10_000) -> None:
         this = None
     if this is None:
         await anyio.wait_all_tasks_blocked()
+        return
+    ready = getattr(this.get_loop(), "_ready", None)
+    if isinstance(ready, collections.deque):
+        for _ in range(max_rounds):
+            await asyncio.sleep(0)
+            if not ready:
+                return
         return
     for _ in range(max_rounds):
         await asyncio.sleep(0)
@@ -140,7 +173,8 @@ class VirtualClock:
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = _check_t(start, "start")
-        self._heap: list[_Sleeper] = []
+        self._heap: list[tuple[float, int, _Sleeper]] = []  # (deadline, seq): ties wake in sleep order
+        self._dropped = 0  # cancelled sleepers still in the heap (removed when they reach its top)
         self._seq = 0
         self._advancing = False
 
@@ -155,24 +189,46 @@ class VirtualClock:
         if t <= self._now:
             await anyio.lowlevel.checkpoint()
             return
-        self._seq += 1
-        sleeper = _Sleeper(t, self._seq)
-        heapq.heappush(self._heap, sleeper)
+        sleeper = self.sleeper(t)
         try:
-            await sleeper.event.wait()
+            await sleeper.wait()
         finally:
-            if not sleeper.woken:  # cancelled: drop it so that advance_to does not stop at its deadline
-                self._heap.remove(sleeper)
-                heapq.heapify(self._heap)
+            self.drop(sleeper)
+
+    def sleeper(self, t: float) -> _Sleeper:
+        """A sleep until ``t`` (> now), registered now: ``await s.wait()`` returns when the clock reaches
+        ``t`` (``s.woken``) or when ``drop(s)`` interrupts it (not woken). What ``sleep_until`` does, for a
+        waiter that is interrupted without a cancel scope (``actor.Alarm``)."""
+        self._seq += 1
+        sleeper = _Sleeper()
+        heapq.heappush(self._heap, (t, self._seq, sleeper))
+        return sleeper
+
+    def drop(self, sleeper: _Sleeper) -> None:
+        """Forget a sleep that was not woken (cancelled or interrupted): the clock will not stop at its
+        deadline; its waiter, if still waiting, returns. No-op on a woken or dropped one."""
+        if sleeper.woken or sleeper.dropped:
+            return
+        sleeper.dropped = True
+        self._dropped += 1
+        sleeper._resolve()
+        self._trim()
+
+    def _trim(self) -> None:
+        """Pop the cancelled sleepers off the heap's top (O(log n) each, instead of a removal's O(n))."""
+        heap = self._heap
+        while heap and heap[0][2].dropped:
+            heapq.heappop(heap)
+            self._dropped -= 1
 
     @property
     def sleepers(self) -> int:
         """How many tasks are asleep on this clock."""
-        return len(self._heap)
+        return len(self._heap) - self._dropped
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a sleeper, or None when nobody sleeps."""
-        return self._heap[0].deadline if self._heap else None
+        return self._heap[0][0] if self._heap else None
 
     async def advance_to(self, t: float, settle: Callable[[], Awaitable[None]] | None = None) -> None:
         """Move time to ``t``, waking sleepers deadline by deadline and awaiting ``settle`` after each.
@@ -187,13 +243,13 @@ class VirtualClock:
         step = let_tasks_run if settle is None else settle
         self._advancing = True
         try:
-            while self._heap and self._heap[0].deadline <= t:
-                deadline = self._heap[0].deadline
+            heap = self._heap
+            while heap and heap[0][0] <= t:
+                deadline = heap[0][0]
                 self._now = deadline
-                while self._heap and self._heap[0].deadline == deadline:
-                    sleeper = heapq.heappop(self._heap)
-                    sleeper.woken = True
-                    sleeper.event.set()
+                while heap and heap[0][0] == deadline:
+                    heapq.heappop(heap)[2].wake()  # never a dropped one: _trim keeps them off the top
+                    self._trim()
                 await step()
             self._now = t
         finally:

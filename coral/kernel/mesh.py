@@ -41,7 +41,7 @@ from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ShutdownRequested
 from coral.kernel.journal import Fsync, Journal
 from coral.kernel.keys import ClientKeys, ServerKeys
-from coral.kernel.wire import KERNEL, BusError, Endpoints, check_name, check_positive
+from coral.kernel.wire import KERNEL, Endpoints, check_name, check_positive
 
 
 class MeshError(CoralError):
@@ -109,9 +109,9 @@ class Mesh:
         self._broker_stop = anyio.Event()
         self._shutdown = anyio.Event()
         self._changed = anyio.Event()
+        self._unsettled: set[ActorRuntime] = set()  # every actor not in it is idle (see _all_idle)
         self._bell = anyio.Event()
         self._watching = False
-        self._activity = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
 
@@ -236,11 +236,11 @@ class Mesh:
             policy=policy,
             make_bus=self._actor_bus,
             on_change=self._poke,
-            on_activity=self._bump,
             request_shutdown=self.request_shutdown,
         )
         self._check_free(rt.name)
         self._runtimes[rt.name] = rt
+        self._unsettled.add(rt)
         try:
             handle: ActorHandle = await tg.start(rt.run)
         except BaseException:
@@ -260,7 +260,7 @@ class Mesh:
         )
 
     async def client(self, name: str, *, subscribe: Iterable[str] = (), inbox_size: int = 1024) -> BusClient:
-        """A connected bus client owned by the mesh (closed after the actors stop); quiesce syncs it."""
+        """A connected in-process bus client owned by the mesh (closed after the actors stop)."""
         tg = self._require_running("client")
         self._check_free(name)
         bus = LocalBusClient(
@@ -322,17 +322,24 @@ class Mesh:
 
     # -- idleness ------------------------------------------------------------------------------------
 
-    def _poke(self) -> None:
+    def _poke(self, rt: ActorRuntime) -> None:
+        self._unsettled.add(rt)
         if self._watching:
             self._watching = False
             self._changed.set()
             self._changed = anyio.Event()
 
-    def _bump(self) -> None:
-        self._activity += 1
-
     def _all_idle(self) -> bool:
-        return all(rt.idle for rt in self._runtimes.values())
+        """Whether every actor is idle, checking only those that changed since they were last seen idle:
+        an actor leaves idleness only by a message in its inbox or by its own busy count rising, and both
+        call ``ActorRuntime.changed``, which puts it back in ``_unsettled``."""
+        unsettled = self._unsettled
+        while unsettled:
+            rt = unsettled.pop()
+            if not rt.idle:
+                unsettled.add(rt)
+                return False
+        return True
 
     async def _wait_idle(self) -> None:
         await let_tasks_run()
@@ -344,30 +351,19 @@ class Mesh:
     async def quiesce(self, timeout: float = 30.0) -> None:
         """Wait until every actor is idle with an empty inbox and no message is in flight.
 
-        In flight means sent by an actor or by a client from ``mesh.client`` and not yet handled; a client
-        the mesh does not own must ``await client.sync()`` before this to have its sends counted. The
-        timeout is in real seconds.
+        In flight means sent by an actor or by a client from ``mesh.client`` and not yet handled (these
+        are in-process clients: what they send is routed before ``send`` returns). A client the mesh does
+        not own must ``await client.sync()`` before this to have its sends counted. The timeout is in real
+        seconds.
         """
+        await let_tasks_run()
+        if self._all_idle():  # the common case, without the timeout's cancel scope and timer
+            return
         with anyio.move_on_after(timeout) as scope:
-            while True:
-                await self._wait_idle()
-                mark = self._activity
-                remote = [b for b in self._buses() if not isinstance(b, LocalBusClient)]
-                if remote:  # a local client has nothing in flight: its sends are routed when made
-                    for _ in range(2):  # first flushes every sender into the kernel, then every receiver
-                        async with anyio.create_task_group() as tg:
-                            for bus in remote:
-                                tg.start_soon(_sync_unless_closed, bus)
-                    await self._wait_idle()
-                if self._activity == mark:
-                    return
+            await self._wait_idle()
         if scope.cancelled_caught:
             busy = [name for name, rt in self._runtimes.items() if not rt.idle]
             raise MeshError(f"quiesce: not idle after {timeout}s (busy: {', '.join(busy) or 'none'})")
-
-    def _buses(self) -> list[BusClient]:
-        buses = [rt._bus for rt in self._runtimes.values() if rt._bus is not None]
-        return [b for b in buses + list(self._clients.values()) if not b.closed]
 
     async def advance_to(self, t: float) -> None:
         """Virtual clock only: quiesce, then move time to ``t``, quiescing after each wake-up."""
@@ -379,12 +375,3 @@ class Mesh:
     async def advance(self, dt: float) -> None:
         """Virtual clock only: ``advance_to(now + dt)``."""
         await self.advance_to(self.clock.now() + dt)
-
-
-async def _sync_unless_closed(bus: BusClient) -> None:
-    """Sync with the kernel; a client that closes meanwhile (an actor ending) has nothing left in flight."""
-    try:
-        await bus.sync()
-    except BusError:
-        if not bus.closed:
-            raise

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from coral.kernel import ClockError, RealClock, ScaledClock, VirtualClock
+from coral.kernel.clock import let_tasks_run
 
 
 async def test_virtual_clock_wakes_in_time_order() -> None:
@@ -56,6 +58,42 @@ async def test_cancelled_sleeper_is_forgotten() -> None:
     await clock.sleep(0)
 
 
+async def test_cancelled_sleepers_below_the_earliest_leave_no_stop_behind() -> None:
+    """A sleep cancelled while others sleep (the heap keeps it until it reaches the top): the clock neither
+    stops at its deadline nor counts it, and the others still wake in order."""
+    clock = VirtualClock()
+    stops: list[float] = []
+    woke: list[str] = []
+
+    async def sleeper(name: str, t: float) -> None:
+        await clock.sleep_until(t)
+        woke.append(name)
+
+    async def settle() -> None:
+        stops.append(clock.now())
+        await anyio.wait_all_tasks_blocked()
+
+    async with anyio.create_task_group() as tg:
+        scopes = {}
+        for name, t in [("a", 1.0), ("x", 2.0), ("b", 3.0), ("y", 3.0), ("c", 3.0), ("z", 4.0)]:
+            scope = anyio.CancelScope()
+            scopes[name] = scope
+
+            async def run(scope: anyio.CancelScope = scope, name: str = name, t: float = t) -> None:
+                with scope:
+                    await sleeper(name, t)
+
+            tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        for name in ("x", "y", "z"):
+            scopes[name].cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert clock.sleepers == 3 and clock.next_deadline() == 1.0
+        await clock.advance_to(10.0, settle=settle)
+    assert woke == ["a", "b", "c"] and stops == [1.0, 3.0]
+    assert clock.sleepers == 0 and clock.next_deadline() is None
+
+
 async def test_virtual_clock_rejects_bad_input() -> None:
     clock = VirtualClock(start=10.0)
     with pytest.raises(ClockError, match="cannot move the clock back"):
@@ -86,3 +124,30 @@ async def test_scaled_clock_sleeps_scaled() -> None:
     assert clock.now() - t0 >= 1.0
     with pytest.raises(ClockError):
         await clock.sleep(-2)
+
+
+async def test_let_tasks_run_returns_once_a_chain_of_wakes_has_run_and_not_before() -> None:
+    """Each task wakes the next through an event and yields a few times on the way: ``let_tasks_run``
+    returns only when the whole chain ran, and does not wait for a task asleep in real time."""
+    n = 20
+    events = [anyio.Event() for _ in range(n + 1)]
+    done: list[int] = []
+
+    async def link(i: int) -> None:
+        await events[i].wait()
+        for _ in range(i % 4):
+            await anyio.lowlevel.checkpoint()
+        done.append(i)
+        events[i + 1].set()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(link, i)
+        tg.start_soon(anyio.sleep, 3600)  # blocked on a timer: not runnable
+        await let_tasks_run()
+        assert done == []
+        events[0].set()
+        with anyio.fail_after(5):
+            await let_tasks_run()
+        assert done == list(range(n)) and events[n].is_set()
+        tg.cancel_scope.cancel()

@@ -196,9 +196,42 @@ async def test_quiesce_waits_for_a_chain_of_actors() -> None:
             assert sink.count == k + 1  # every hop done before quiesce returned
 
 
+async def test_quiesce_looks_only_at_the_actors_that_did_something(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settle step's cost follows the work done, not the mesh's size: with 60 idle actors and a chain
+    of 3 relays, quiesce after a send checks the idleness of the chain's actors, not of every actor; and
+    an actor that leaves idleness (a message in its inbox, a timer) is always checked again."""
+    from coral.kernel.actor import ActorRuntime
+
+    checked: list[str] = []
+    idle = ActorRuntime.idle.fget
+    assert idle is not None
+    monkeypatch.setattr(ActorRuntime, "idle", property(lambda rt: checked.append(rt.name) or idle(rt)))
+    sink = Counter("sink")
+    async with Mesh(clock=VirtualClock()) as mesh:
+        for i in range(60):
+            await mesh.spawn(Counter(f"idle{i}"))
+        await mesh.spawn(sink)
+        await mesh.spawn(Relay("r2", "sink"))
+        await mesh.spawn(Relay("r1", "r2"))
+        await mesh.spawn(Ticker("ticker", 5.0))
+        client = await mesh.client("client")
+        await mesh.quiesce()
+        checked.clear()
+        await mesh.quiesce()
+        assert checked == []  # nothing happened: nothing to look at
+        for k in range(3):
+            await client.send("r1", Ping(0))
+            await mesh.quiesce()
+            assert sink.count == k + 1
+            assert set(checked) <= {"r1", "r2", "sink"} and "sink" in checked
+            checked.clear()
+        await mesh.advance_to(12.0)  # the ticker fires at 5 and 10
+        assert set(checked) <= {"ticker"} and "ticker" in checked
+
+
 async def test_a_client_closing_during_a_sync_ends_it_at_once() -> None:
-    """What quiesce relies on when an actor's bus closes while it syncs: the sync fails as closed, at once
-    (not after its timeout), and a closed client reports ``closed``."""
+    """A client whose bus closes while it syncs: the sync fails as closed, at once (not after its timeout),
+    and a closed client reports ``closed``."""
     from coral.kernel import BusClient, BusError
 
     async with Mesh(clock=VirtualClock()) as mesh:
@@ -222,9 +255,6 @@ async def test_a_client_closing_during_a_sync_ends_it_at_once() -> None:
         assert client.closed
         with pytest.raises(BusError, match="closed"):
             await client.sync()
-        from coral.kernel.mesh import _sync_unless_closed
-
-        await _sync_unless_closed(client)  # quiesce's step: a bus that closed has nothing in flight
         await mesh.quiesce()
 
 
