@@ -340,6 +340,7 @@ class _Sim(Fleet):
         est = self.monitor.estimate()
         if moved(self.mon_demand, est, self.monitor):
             self.mon_demand = est
+            self.monitor.published(est)
             self._replan(t, "demand")
         if t < self.duration:
             self._push(min(t + self.cfg.monitor_tick_s, self.duration), K_MONITOR, t)
