@@ -345,14 +345,24 @@ class Gateway:
             self.on_pending()
         finish = "length" if req.max_tokens is not None else "stop"
         created = int(time.time())
+        events = openai.TokenEvents(req, rid, created) if req.stream else None
         sent = -1  # tokens streamed; -1: headers not sent yet
         o: Outcome | None = None
         try:
             async with rx:
-                async for o in rx:
+                while True:
+                    try:
+                        o = await rx.receive()
+                    except anyio.EndOfStream:
+                        break
+                    while o.kind == "progress":  # the outcomes that came with it: one write for them all
+                        try:
+                            o = rx.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
                     if o.kind == "failed":
                         break
-                    if not req.stream:
+                    if events is None:
                         if o.kind == "done":
                             await respond(send, 200, openai.completion(req, rid, out, created, finish))
                             return
@@ -361,16 +371,22 @@ class Gateway:
                     if sent < 0:
                         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
                         sent = 0
+                    parts = []
                     if upto > sent:
                         text = openai.words(rid, sent, upto)
-                        await send_chunk(send, openai.chunk(req, rid, created, text, first=sent == 0, finish=None))
+                        first = sent == 0
+                        parts.append(openai.chunk(req, rid, created, text, first=True, finish=None) if first
+                                     else events.event(text))  # fmt: skip
                         sent = upto
                     if o.kind == "done":
-                        await send_chunk(send, openai.chunk(req, rid, created, "", first=False, finish=finish))
+                        parts.append(openai.chunk(req, rid, created, "", first=False, finish=finish))
                         if req.include_usage:
-                            await send_chunk(send, openai.usage_chunk(req, rid, created, out))
-                        await send({"type": "http.response.body", "body": openai.DONE, "more_body": False})
+                            parts.append(openai.usage_chunk(req, rid, created, out))
+                        parts.append(openai.DONE)
+                        await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
                         return
+                    if parts:
+                        await send_chunk(send, parts[0])
         finally:
             self.waiters.pop(rid, None)
         reason = o.reason if o is not None and o.kind == "failed" else "the mesh stopped"
