@@ -79,5 +79,6 @@ class DemandMonitor(TickActor):
             reason = "initial" if self.published is None else "operator"
         self.overrides_changed = False
         self.published = demand
+        self.estimator.published(demand)
         self.seq += 1
         await self.ctx.publish(DemandUpdate(self.seq, now, demand, est, tuple(sorted(self.overrides)), reason))

@@ -31,7 +31,9 @@ counting a retry. At the end of a run (``req.finish``) whatever is still open fa
 every arrival ends completed or failed with a reason.
 
 Reports, every ``report_s``: ``req.counts`` (arrivals per deployment whose arrival time has passed, for
-the demand monitor), ``req.stats`` (totals, SLO attainment and latency quantiles per deployment) and
+the demand monitor), ``req.stats`` (totals, SLO attainment and latency quantiles per deployment; a
+request waits (``queued``, the demand monitor's backlog) at the router or at an instance that has not
+started it, as the instance's last report says (``Completions.waiting``), and is in flight otherwise) and
 ``req.latency`` (the window's TTFT and TPOT samples). A completion meets the SLO when its TTFT and its TPOT
 (time per output token after the first) are within the deployment's targets.
 
@@ -148,6 +150,8 @@ class Router(TickActor):
         self.finishing = False
         self.seq = 0
         self.replies: dict[str, list[Outcome]] = {}
+        self.waiting_at: dict[str, int] = {}
+        """Per instance, the router's requests its engine holds but has not started (its last report)."""
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -173,6 +177,8 @@ class Router(TickActor):
                 self.known[i.id] = i
             self.serving = sorted((i for i in msg.instances if i.state in ROUTABLE_STATES), key=_inst_order)
             lost, stopped = set(msg.lost), set(msg.stopped)
+            for iid in lost | stopped:
+                self.waiting_at.pop(iid, None)
             for rid in sorted(self.open):
                 r = self.open[rid]
                 if r.instance in lost:
@@ -187,6 +193,8 @@ class Router(TickActor):
 
     def _outcomes(self, msg: Completions) -> None:
         info = self.known.get(msg.instance)
+        if msg.waiting >= 0:
+            self.waiting_at[msg.instance] = msg.waiting
         for o in msg.outcomes:
             r = self.open.get(o.id)
             if r is None or r.instance != msg.instance:
@@ -369,11 +377,20 @@ class Router(TickActor):
         await self.ctx.publish(ArrivalCounts(now, since, counts))
         in_flight: dict[str, int] = {}
         queued: dict[str, int] = {}
+        held: dict[str, int] = {}
         for r in self.open.values():
             if not r.instance and r.spec.t > now:
                 continue  # fed ahead of its arrival (the feed's next tick): it waits for nothing yet
             side = in_flight if r.instance else queued
             side[r.spec.deployment] = side.get(r.spec.deployment, 0) + 1
+            if r.instance:
+                held[r.instance] = held.get(r.instance, 0) + 1
+        for iid in sorted(held):  # sent to an instance but not started there: waiting too
+            info = self.known.get(iid)
+            waiting = min(self.waiting_at.get(iid, 0), held[iid])
+            if info is not None and waiting > 0:
+                in_flight[info.deployment] -= waiting
+                queued[info.deployment] = queued.get(info.deployment, 0) + waiting
         await self.ctx.publish(
             LatencySamples(
                 now,

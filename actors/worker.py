@@ -16,6 +16,10 @@ Delivery is prompt (``actors.base``): the worker applies its messages within ``H
 and then runs its engine up to that instant and sends what finished (``on_wake``); the rest of its work
 (load checks, heartbeats) keeps the tick.
 
+Waiting: each report to the router says how many of its requests the engine holds but has not started
+(``Completions.waiting``, when the engine says: the simulated one does), and a report goes out when only
+that number changed.
+
 Progress: for work items with ``progress`` (the HTTP gateway's requests), the head worker reports the
 tokens generated so far whenever they grow (``progress`` outcomes), at the engine's times: while such a
 request is in flight it asks to be woken at the engine's next event (``next_event_at``), so each token
@@ -129,6 +133,7 @@ class StageWorker(TickActor):
         self.hb_every = timing.ticks(timing.heartbeat_s)
         self.ticks = 0
         self.watched: dict[int, int] = {}
+        self.waiting = 0 if callable(getattr(engine, "waiting", None)) else -1
 
     def engine_now(self, now: float) -> float:
         return now - self.lag
@@ -226,8 +231,11 @@ class StageWorker(TickActor):
         out = self.engine.poll(self.engine_now(now))
         if self.watched:
             out = self._progress(now, out)
-        if out:
-            await self.ctx.send(self.router, Completions(self.instance, now, tuple(out)))
+        held = getattr(self.engine, "waiting", None)  # an engine that says what it has not started
+        waiting = held() if callable(held) else -1
+        if out or waiting != self.waiting:
+            self.waiting = waiting
+            await self.ctx.send(self.router, Completions(self.instance, now, tuple(out), waiting))
         nxt = getattr(self.engine, "next_event_at", None)  # an engine that knows when it acts next
         if self.watched and callable(nxt):
             t = nxt()

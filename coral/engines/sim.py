@@ -199,10 +199,9 @@ class SimEngine:
         m = self._model
         if m is None:
             return EngineMetrics()
-        queued = len(m._group(m.inst).pullq.q) + sum(len(p.waiting) for p in m.inst.paths)
         return EngineMetrics(
             in_flight=len(m.items),
-            queued=queued,
+            queued=self.waiting(),
             completed=m.completed,
             failed=m.failed,
             preemptions=m.preemptions,
@@ -263,6 +262,13 @@ class SimEngine:
     def model(self) -> _InstanceModel | None:
         """The head engine's instance model (None on other nodes)."""
         return self._model
+
+    def waiting(self) -> int:
+        """Requests the instance holds but has not started: in its queue or a path's waiting line."""
+        m = self._model
+        if m is None:
+            return 0
+        return len(m._group(m.inst).pullq.q) + sum(len(p.waiting) for p in m.inst.paths)
 
     def next_event_at(self) -> float | None:
         """The engine time of its next event (a request entering, a stage finishing), None when idle."""

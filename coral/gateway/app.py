@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectSendStream
 
 from coral.errors import CoralError
 from coral.gateway import openai
@@ -38,6 +38,45 @@ _PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 class GatewayError(CoralError):
     """A gateway set up with an impossible value; the message names the parameter."""
+
+
+class Mailbox:
+    """The outcomes of one simulated request as the mesh hands them over (a deque and a future to wait on:
+    cheaper per streamed token than a memory object stream, asyncio only)."""
+
+    __slots__ = ("closed", "items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[Outcome] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def put(self, o: Outcome) -> None:
+        self.items.append(o)
+        self._wake()
+
+    def close(self) -> None:
+        """No more outcomes: ``take`` returns what is left, then nothing."""
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def take(self) -> list[Outcome]:
+        """Every outcome that came since the last call (waiting for one); [] once closed and empty."""
+        while not self.items:
+            if self.closed:
+                return []
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        out = list(self.items)
+        self.items.clear()
+        return out
 
 
 class _Reply(Exception):
@@ -89,7 +128,7 @@ class Gateway:
         self.linked = False
         self.pending: list[tuple[int, str, int, int]] = []
         self.proxied: dict[str, int] = {}
-        self.waiters: dict[int, MemoryObjectSendStream[Outcome]] = {}
+        self.waiters: dict[int, Mailbox] = {}
         self.shed = 0
         self.retried = 0
         self.prefilled = 0
@@ -107,9 +146,9 @@ class Gateway:
     def on_results(self, msg: RequestResults) -> None:
         """Hand the mesh's progress and outcomes to the requests waiting for them."""
         for o in msg.outcomes:
-            tx = self.waiters.get(o.id)
-            if tx is not None:
-                tx.send_nowait(o)
+            box = self.waiters.get(o.id)
+            if box is not None:
+                box.put(o)
 
     def take_inputs(self, now: float) -> list[object]:
         """The messages for the router at a quiet point at kernel time ``now``: the simulated requests
@@ -127,8 +166,8 @@ class Gateway:
     def unlink(self) -> None:
         """The mesh is gone: fail every simulated request still waiting."""
         self.linked = False
-        for tx in self.waiters.values():
-            tx.close()
+        for box in self.waiters.values():
+            box.close()
         self.waiters.clear()
         self.pending.clear()
 
@@ -230,7 +269,7 @@ class Gateway:
                 serve = self.proxy(req, rid, inst, path, body, send)
             else:
                 serve = self.simulate(req, rid, send)
-            if not req.stream:
+            if not req.stream or not inst.endpoint:  # a simulated stream's client may leave: it ends at done
                 await serve
                 return
             async with anyio.create_task_group() as tg:
@@ -338,39 +377,48 @@ class Gateway:
         """Hand the request to the mesh's router and answer with placeholder text at the simulated times:
         all at completion, or (streamed) each token batch as the simulated instance generates it."""
         out = req.max_tokens or self.default_out.get(req.model, DEFAULT_OUT)
-        tx, rx = anyio.create_memory_object_stream[Outcome](math.inf)
-        self.waiters[rid] = tx
+        box = self.waiters[rid] = Mailbox()
         self.pending.append((rid, req.model, req.prompt_tokens, out))
         if self.on_pending is not None:
             self.on_pending()
         finish = "length" if req.max_tokens is not None else "stop"
         created = int(time.time())
+        events = openai.TokenEvents(req, rid, created) if req.stream else None
         sent = -1  # tokens streamed; -1: headers not sent yet
         o: Outcome | None = None
         try:
-            async with rx:
-                async for o in rx:
-                    if o.kind == "failed":
-                        break
-                    if not req.stream:
-                        if o.kind == "done":
-                            await respond(send, 200, openai.completion(req, rid, out, created, finish))
-                            return
-                        continue
-                    upto = out if o.kind == "done" else min(o.tokens, out)
-                    if sent < 0:
-                        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-                        sent = 0
-                    if upto > sent:
-                        text = openai.words(rid, sent, upto)
-                        await send_chunk(send, openai.chunk(req, rid, created, text, first=sent == 0, finish=None))
-                        sent = upto
+            while True:
+                got = await box.take()  # all that came since the last: one write for them
+                if not got:
+                    break
+                o = got[-1]  # the latest progress, or the end (nothing follows a request's end)
+                if o.kind == "failed":
+                    break
+                if events is None:
                     if o.kind == "done":
-                        await send_chunk(send, openai.chunk(req, rid, created, "", first=False, finish=finish))
-                        if req.include_usage:
-                            await send_chunk(send, openai.usage_chunk(req, rid, created, out))
-                        await send({"type": "http.response.body", "body": openai.DONE, "more_body": False})
+                        await respond(send, 200, openai.completion(req, rid, out, created, finish))
                         return
+                    continue
+                upto = out if o.kind == "done" else min(o.tokens, out)
+                if sent < 0:
+                    await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+                    sent = 0
+                parts = []
+                if upto > sent:
+                    text = openai.words(rid, sent, upto)
+                    first = sent == 0
+                    parts.append(openai.chunk(req, rid, created, text, first=True, finish=None) if first
+                                 else events.event(text))  # fmt: skip
+                    sent = upto
+                if o.kind == "done":
+                    parts.append(openai.chunk(req, rid, created, "", first=False, finish=finish))
+                    if req.include_usage:
+                        parts.append(openai.usage_chunk(req, rid, created, out))
+                    parts.append(openai.DONE)
+                    await send({"type": "http.response.body", "body": b"".join(parts), "more_body": False})
+                    return
+                if parts:
+                    await send_chunk(send, parts[0])
         finally:
             self.waiters.pop(rid, None)
         reason = o.reason if o is not None and o.kind == "failed" else "the mesh stopped"

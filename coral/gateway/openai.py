@@ -192,6 +192,18 @@ def chunk(req: ApiRequest, rid: int, created: int, text: str, *, first: bool, fi
     return b"data: " + encode_json(body) + b"\n\n"
 
 
+class TokenEvents:
+    """The token events of one streamed response after its first, from a template encoded once: the same
+    bytes as ``chunk(req, rid, created, text, first=False, finish=None)``, with only the text encoded per
+    event."""
+
+    def __init__(self, req: ApiRequest, rid: int, created: int) -> None:
+        self.head, self.tail = chunk(req, rid, created, "\0", first=False, finish=None).rsplit(b'"\\u0000"', 1)
+
+    def event(self, text: str) -> bytes:
+        return self.head + encode_json(text) + self.tail
+
+
 def usage_chunk(req: ApiRequest, rid: int, created: int, out: int) -> bytes:
     """The final usage event (``stream_options.include_usage``)."""
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"

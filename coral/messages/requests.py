@@ -116,11 +116,13 @@ class Outcome:
 @message("req.done")
 @attrs.frozen
 class Completions:
-    """Outcomes from one instance since its previous report."""
+    """Outcomes from one instance since its previous report, and the router's requests it holds but has
+    not started at ``at`` (``waiting``; -1: its engine does not say)."""
 
     instance: str
     at: float
     outcomes: tuple[Outcome, ...]
+    waiting: int = -1
 
 
 @message("req.counts")

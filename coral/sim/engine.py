@@ -329,17 +329,29 @@ class _Sim(Fleet):
             if inst.state != DEAD:
                 self._release(inst, end)
 
+    def _waiting(self) -> dict[str, int]:
+        """Requests waiting per deployment, as the mesh's router counts them: in the router's queue, or
+        at an instance that has not started them (its queue and its paths' waiting lines)."""
+        out = {d.name: len(d.entry.pullq.q) for d in self.deps}
+        if self.router_queues:
+            for inst in self.insts.values():
+                n = len(inst.pq.q) + sum(len(p.waiting) for p in inst.paths)
+                if n:
+                    out[inst.dep.name] += n
+        return out
+
     def _monitor(self, since: float, t: float) -> None:
         """The demand monitor's tick: observe the arrivals since the last, re-plan when the estimate moved."""
         assert self.monitor is not None and self.mon_demand is not None and self.cfg.monitor is not None
         self.monitor.observe(since, t, {d.name: self.mon_counts[d.idx] for d in self.deps})
         for d in self.deps:
             self._expire(d.entry.pullq.q, t)
-        self.monitor.backlog({d.name: len(d.entry.pullq.q) for d in self.deps})  # the router's queue
+        self.monitor.backlog(self._waiting())
         self.mon_counts = [0] * len(self.deps)
         est = self.monitor.estimate()
         if moved(self.mon_demand, est, self.monitor):
             self.mon_demand = est
+            self.monitor.published(est)
             self._replan(t, "demand")
         if t < self.duration:
             self._push(min(t + self.cfg.monitor_tick_s, self.duration), K_MONITOR, t)

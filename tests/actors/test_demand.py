@@ -1,5 +1,6 @@
 """The demand monitor's change test: a constant Poisson stream does not re-plan; a step does, as fast as the
-relative thresholds alone would."""
+relative thresholds alone would; a small sustained one (+20%) within a couple of minutes (the accumulated
+evidence), and a sustained fall too."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+import coral.demand
 from actors.demand import DemandMonitor
 from coral.demand import DemandEstimator, moved
 from coral.messages.demand import DemandUpdate
@@ -25,10 +27,13 @@ def relative_only(old: float, new: float, t: DemandTuning) -> bool:
     return rise or (old > new and old - new > max(t.down * old, t.floor))
 
 
-async def run(rates: list[float], seed: int) -> tuple[list[int], list[int], float]:
+async def run(
+    rates: list[float], seed: int, values: list[tuple[int, float]] | None = None
+) -> tuple[list[int], list[int], float]:
     """Feed the monitor seeded Poisson counts, one report every 5 s at ``rates[k]`` for report k; return
     the reports after which it published an update (the initial one left out), those after which the
-    relative thresholds alone would have, and its last published demand."""
+    relative thresholds alone would have, and its last published demand. ``values`` gets (report,
+    published demand) of each update."""
     tuning = DemandTuning()
     mon = DemandMonitor(tick_s=1.0, deployments=["d"], prior={"d": rates[0]}, tuning=tuning, start=0.0)
     ctx = await attach(mon)
@@ -44,6 +49,8 @@ async def run(rates: list[float], seed: int) -> tuple[list[int], list[int], floa
         updates = [m for m in published if isinstance(m, DemandUpdate)]
         if updates and updates[0].reason != "initial":
             new_rule.append(k)
+            if values is not None:
+                values.append((k, updates[0].demand["d"]))
         v = mon.estimator.estimate()["d"]
         if relative_only(shadow, v, tuning):
             shadow = v
@@ -108,3 +115,44 @@ def test_a_published_demand_below_the_backlog_moves() -> None:
     assert not moved({"d": 5.0}, est.estimate(), est)  # no fall while a request waits
     est.backlog({})
     assert moved({"d": 5.0}, est.estimate(), est)  # nothing waits: the fall is taken
+
+
+async def _covered_after(before: float, after: float, seeds: range) -> list[float]:
+    """Seconds from a step ``before`` -> ``after`` (at report 120) until the published demand has moved
+    past half the step, per seed (inf: not in 20 min)."""
+    step, out = 120, []
+    for seed in seeds:
+        values: list[tuple[int, float]] = []
+        await run([before] * step + [after] * 240, 100 + seed, values)
+        mid = (before + after) / 2
+        now = [v for k, v in values if k < step][-1:] or [before]  # the demand in force at the step
+        at = [(k, v) for k, v in values if k >= step]
+        k = next((k for k, v in [(step, now[0]), *at] if (v - mid) * (after - before) >= 0), None)
+        out.append((k - step + 1) * REPORT_S if k is not None else math.inf)
+    return out
+
+
+@pytest.mark.parametrize(("before", "after", "median_s"), [(5.0, 6.0, 200.0), (6.0, 3.6, 120.0)])
+async def test_a_sustained_small_change_is_published_within_minutes(
+    before: float, after: float, median_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A +20% step (or -40%) is published after the accumulated evidence passes ``CUSUM_H``: the median
+    over 9 seeds is within ``median_s``, and no step is missed. The single-window tests alone (the
+    evidence switched off) take longer on the rise: a median 275 s, and one step not in 20 min."""
+    delays = await _covered_after(before, after, range(9))
+    assert float(np.median(delays)) <= median_s, delays
+    assert max(delays) < math.inf, delays
+    if after > before:
+        monkeypatch.setattr(coral.demand, "CUSUM_H", math.inf)
+        alone = await _covered_after(before, after, range(9))
+        assert float(np.median(alone)) > float(np.median(delays)), (alone, delays)
+
+
+def test_the_evidence_restarts_at_each_publication() -> None:
+    """Evidence against the old rate is dropped when a new rate is published, and kept when it is not."""
+    est = DemandEstimator(["d", "e"], {"d": 5.0, "e": 5.0}, DemandTuning(), 0.0)
+    for k in range(10):
+        est.observe(5.0 * k, 5.0 * (k + 1), {"d": 40, "e": 40})  # 8 req/s against 5
+    assert est.rise["d"] > coral.demand.CUSUM_H and est.fall["d"] == 0.0
+    est.published({"d": 8.0, "e": 5.0})
+    assert est.rise["d"] == 0.0 and est.rise["e"] > coral.demand.CUSUM_H

@@ -212,3 +212,31 @@ async def test_without_kv_needs_every_decode_instance_of_the_region_takes_handof
                                    _pd("d2", "decode", 1.0, 25e9, "slow"))))  # fmt: skip
     got = await _handoffs(r, ctx, range(200), 2.0)
     assert set(got) == {"w-d1", "w-d2"} and 0.7 < len(got["w-d1"]) / 100 < 1.3
+
+
+async def test_requests_an_instance_has_not_started_count_as_waiting(scenario: Scenario) -> None:
+    """Of five requests sent to an instance, the three its last report says it has not started are waiting
+    (the demand monitor's backlog), the other two in flight; a lost instance's count is forgotten."""
+    r, ctx = await _router(scenario, report_s=2.0)
+    await r.handle(envelope(_fleet(1, _inst("i1", 1.0))))
+    await r.handle(envelope(_arrivals(range(5))))
+    await ctx.run_until(1.0)
+    assert _dispatched(ctx) == {"w-i1": [0, 1, 2, 3, 4]}
+    await r.handle(envelope(Completions("i1", 1.0, (), waiting=3), source="w-i1"))
+    await ctx.run_until(2.0)
+    (row,) = [
+        d for d in [m for m in ctx.published if isinstance(m, RoutingStats)][-1].deployments if d.deployment == DEP
+    ]
+    assert (row.in_flight, row.queued) == (2, 3)
+    await r.handle(envelope(Completions("i1", 2.5, (Outcome(0, "done", 2.5, 1.0),), waiting=0), source="w-i1"))
+    await ctx.run_until(4.0)
+    (row,) = [
+        d for d in [m for m in ctx.published if isinstance(m, RoutingStats)][-1].deployments if d.deployment == DEP
+    ]
+    assert (row.in_flight, row.queued) == (4, 0)
+    await r.handle(envelope(Completions("i1", 4.5, (), waiting=4), source="w-i1"))
+    await ctx.run_until(4.75)
+    assert r.waiting_at == {"i1": 4}
+    await r.handle(envelope(_fleet(2, _inst("i2", 1.0), lost=("i1",))))
+    await ctx.run_until(5.0)
+    assert "i1" not in r.waiting_at

@@ -143,3 +143,20 @@ async def test_an_engine_that_breaks_is_reported_to_the_supervisor_and_stopped(w
     assert engine.stopped and w.state == "dead"
     await ctx.run_until(6.0)
     assert exits == [w.name]
+
+
+async def test_the_router_hears_how_many_requests_the_engine_has_not_started(world: World) -> None:
+    """More requests than the instance can start at once: its reports say how many wait in it, and a report
+    goes out when only that number changed; when all are done, none waits."""
+    w, ctx, _ = await _worker(world)
+    await ctx.run_until(1.0)
+    await w.handle(envelope(ServeInstance("i1"), source="supervisor"))
+    await w.handle(envelope(Dispatch("i1", _items(range(600), 1.5)), source="router"))
+    await ctx.run_until(2.0)
+    reports = [m for d, m in ctx.sent if d == "router" and isinstance(m, Completions)]
+    assert reports and reports[-1].waiting > 0
+    assert reports[-1].waiting == w.engine.metrics().queued
+    await ctx.run_until(1200.0)
+    reports = [m for d, m in ctx.sent if d == "router" and isinstance(m, Completions)]
+    assert reports[-1].waiting == 0
+    assert any(not m.outcomes for m in reports)  # a change of the count alone was reported

@@ -12,9 +12,9 @@ import anyio.abc
 import pytest
 
 from coral.gateway import Gateway, GatewayError, serving
-from coral.gateway.app import Receive, Scope, Send
+from coral.gateway.app import Mailbox, Receive, Scope, Send
 from coral.gateway.upstream import PlaceholderServer
-from coral.messages import FleetUpdate, InstanceInfo, ProxiedArrivals
+from coral.messages import FleetUpdate, InstanceInfo, Outcome, ProxiedArrivals
 from tests.gateway.helpers import sse
 
 LOCAL = ("127.0.0.1", 0)
@@ -344,3 +344,27 @@ async def test_disaggregated_two_step_protocol() -> None:
             st, hd, body = await post(s, url + "/v1/completions", {"model": "lonely", "prompt": "x"})
             assert st == 503 and "decode" in json.loads(body)["error"]["message"] and hd["Retry-After"]
             assert gw.prefilled == 9
+
+
+async def test_a_mailbox_hands_over_what_came_together_and_ends_when_closed() -> None:
+    """A simulated request's outcomes: the ones that came before a take are taken together (one write); a
+    take waits for the next; a closed mailbox gives what is left, then nothing."""
+    box = Mailbox()
+    box.put(Outcome(1, "progress", 1.0, tokens=1))
+    box.put(Outcome(1, "progress", 1.0, tokens=2))
+    assert [o.tokens for o in await box.take()] == [1, 2]
+    got: list[list[Outcome]] = []
+    async with anyio.create_task_group() as tg:
+
+        async def taker() -> None:
+            got.append(await box.take())
+
+        tg.start_soon(taker)
+        await anyio.sleep(0.01)
+        assert got == []  # it waits
+        box.put(Outcome(1, "done", 2.0, tokens=3))
+    assert [o.kind for o in got[0]] == ["done"]
+    box.put(Outcome(1, "progress", 3.0, tokens=4))
+    box.close()
+    assert [o.tokens for o in await box.take()] == [4]
+    assert await box.take() == []
