@@ -360,5 +360,5 @@ def _template_keys(p: AllocationProblem) -> frozenset[str]:
             raise _fail(f"{where}.prefill_tok_s", f"must be > 0 for mode {t.mode!r}")
         if t.mode in ("aggregated", "decode") and t.decode_tok_s <= 0:
             raise _fail(f"{where}.decode_tok_s", f"must be > 0 for mode {t.mode!r}")
-    _CHECKED[:] = [*_CHECKED[-3:], (p.templates, M, T, frozenset(keys))]
+    _CHECKED[:] = [*_CHECKED[-8:], (p.templates, M, T, frozenset(keys))]
     return frozenset(keys)
