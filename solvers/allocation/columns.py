@@ -96,6 +96,8 @@ class _Merged:
     u_of: IntArray  # original template -> its unique template
     key_to_i: Mapping[str, int]
     nc: IntArray  # (U, T)
+    nz_type: IntArray  # (U, K): node types each unique template uses, padded with T
+    nz_count: IntArray  # (U, K): how many of each, padded with 1
     per_u: Mapping[str, NDArray[Any]]  # load, m, mode, P, D, need per unique template
 
 
@@ -124,11 +126,17 @@ def _merged(p: AllocationProblem) -> _Merged:
         u_of[i] = u
     reps = [p.templates[ms[0]] for ms in members]
     U = len(reps)
+    nc = np.array([t.node_counts for t in reps], dtype=np.int64).reshape(U, T)
+    K = max(int((nc > 0).sum(axis=1).max()), 1) if U else 1
+    order_t = np.argsort(nc <= 0, axis=1, kind="stable")[:, :K]
+    nz_count = np.take_along_axis(nc, order_t, axis=1)
     merged = _Merged(
         members=tuple(tuple(ms) for ms in members),
         u_of=u_of,
         key_to_i={t.key: i for i, t in enumerate(p.templates)},
-        nc=np.array([t.node_counts for t in reps], dtype=np.int64).reshape(U, T),
+        nc=nc,
+        nz_type=np.where(nz_count > 0, order_t, T).astype(np.int64),
+        nz_count=np.maximum(nz_count, 1),
         per_u={
             "load": np.array([t.load_s for t in reps], dtype=np.float64),
             "m": np.array([t.m for t in reps], dtype=np.int64),
@@ -153,10 +161,13 @@ def _columns(p: AllocationProblem) -> _Columns:
     renum = np.full(len(merged.members), -1, dtype=np.int64)
     renum[live] = np.arange(U)
     nc_u = merged.nc[live].reshape(U, T)
+    nz_type_u, nz_count_u = merged.nz_type[live], merged.nz_count[live]
     offered = np.isfinite(p.price)
-    bad = (nc_u > 0).astype(np.int64) @ (~offered).T.astype(np.int64) > 0  # (U, R)
-    per_g = np.where(nc_u[:, None, :] > 0, p.avail[None, :, :] // np.maximum(nc_u[:, None, :], 1), 1 << 40)
-    ub_ur = per_g.min(axis=2) if T else np.zeros((U, R), dtype=np.int64)
+    # over each template's node types only (padding type T: offered, unbounded)
+    off_pad = np.concatenate([offered, np.ones((R, 1), dtype=bool)], axis=1)
+    av_pad = np.concatenate([p.avail, np.full((R, 1), 1 << 40, dtype=p.avail.dtype)], axis=1)
+    bad = ~off_pad[:, nz_type_u].all(axis=2).T  # (U, R)
+    ub_ur = (av_pad[:, nz_type_u] // nz_count_u[None]).min(axis=2).T if T else np.zeros((U, R), dtype=np.int64)
     tu, r = np.nonzero((ub_ur >= 1) & ~bad)
     tu = tu.astype(np.int64)
     r = r.astype(np.int64)
@@ -199,6 +210,8 @@ def _columns(p: AllocationProblem) -> _Columns:
             mode == _PRE, np.where(nc > 0, p.nic_bytes_s[None, :], np.inf).min(axis=1, initial=np.inf), 0.0
         ),
         "need": need,
+        "nz_type": nz_type_u[tu],
+        "nz_count": nz_count_u[tu],
     }
     base = {
         "M": M,
@@ -297,15 +310,11 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
     feed_q = grid[group[pool[feed_j]], feed_pos] if len(feed_j) else np.zeros(0, dtype=np.int64)
     order_f = np.argsort(feed_q, kind="stable")
     fed = np.split(feed_j[order_f], np.searchsorted(feed_q[order_f], np.arange(1, Q))) if Q else []
-    nc = arrays["nc"]
-    K = max(int((nc > 0).sum(axis=1).max()), 1) if len(nc) else 1
-    order_t = np.argsort(nc <= 0, axis=1, kind="stable")[:, :K]
-    nz_count = np.take_along_axis(nc, order_t, axis=1)
-    nz_type = np.where(nz_count > 0, order_t, base["T"])
+    dec_order = np.argsort(np.where(mode == _DEC, pool, Q), kind="stable")
+    dec_pool = np.where(mode == _DEC, pool, Q)[dec_order]
+    by_dec = np.split(dec_order, np.searchsorted(dec_pool, np.arange(1, Q + 1)))[:Q] if Q else []
     return _Columns(
         **base,
-        nz_type=nz_type.astype(np.int64),
-        nz_count=np.maximum(nz_count, 1),
         **arrays,
         pool=pool,
         pool_m=gm.astype(np.int64),
@@ -317,5 +326,5 @@ def _assemble(base: dict[str, Any], arrays: dict[str, Any]) -> _Columns:
         by_model=by_model,
         by_region=by_region,
         by_pool_pre=tuple(np.asarray(f, dtype=np.int64) for f in fed),
-        by_pool_dec=tuple(np.nonzero((pool == q) & (mode == _DEC))[0] for q in range(Q)),
+        by_pool_dec=tuple(np.asarray(d, dtype=np.int64) for d in by_dec),
     )
