@@ -257,6 +257,8 @@ class AllocationResult:
     num_rows: int
     merged_templates: int
     column_generation: bool
+    capacity_rps: FloatArray
+    """req/s each model's instances serve as the program counts them (may exceed its demand)."""
     split_groups: int = 0
     """MIPs the decomposition by model solved (0: not used; more than the models: groups were merged)."""
 

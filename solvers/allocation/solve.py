@@ -321,7 +321,8 @@ class _Run:
         status = _status(proven, service_proven, bound)
         if status == "no bound":
             bound, gap = 0.0, 1.0 if objective > 0 else 0.0
-        served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
+        capacity = _State(c, best).capacity() if c.J else np.zeros(c.M)
+        served = np.minimum(capacity, c.demand)
         used = self.used
         return AllocationResult(
             counts=_counts(c, best),
@@ -353,6 +354,7 @@ class _Run:
             num_rows=self.mat.num_rows,
             merged_templates=sum(map(len, c.members)) - len(c.members),
             column_generation=self.columns == "generated",
+            capacity_rps=capacity,
             split_groups=split.groups,
         )
 
