@@ -9,9 +9,10 @@ Policies, on the same allocation program, prices, availability and demand:
   chose. Coral's plan is solved first; for each (deployment, region), the nodes it uses there (every
   instance, prefill and decode ones included) are Helix's fixed cluster, which ``solvers.helix.helix_plan``
   splits into groups, each placed by the placement MILP at its own depth and batch size (nodes may idle).
-  Cost is all those nodes' price (so equal to Coral's); capacity is the groups' req/s at the deployment's
-  shape; each group serves at most its capacity times min(utilisation, the queueing-safe utilisation
-  below), as a Coral column does, and unmet demand is reported. Status and gap are the worst of the
+  Cost is all those nodes' price (so equal to Coral's); an instance's capacity is its group's req/s at
+  the deployment's shape; each group serves at most that times min(utilisation, the queueing-safe
+  utilisation below), as a Coral column does, and the deployment's capacity is that sum (unmet demand
+  is the rest). Status and gap are the worst of the
   clusters' (each MILP time-limited by ``helix_limit_s``; with ``bounded``, a cluster is given up after
   ``HELIX_HARD`` times its MILPs' limits: then ``unknown``, capacity 0);
   solve time is that of the placements alone (the cluster is Helix's input, so Coral's solve is not
@@ -274,7 +275,6 @@ class Planner:
         util = self.scenario.planner.utilisation
         limit = self.helix_limit_s if self.helix_limit_s is not None else self.deadline_s
         usable = dict.fromkeys(deps, 0.0)
-        cap = dict.fromkeys(deps, 0.0)
         insts: list[PlannedInstances] = []
         made: dict[str, Template] = {}
         statuses: list[str] = []
@@ -303,7 +303,6 @@ class Planner:
                 made[tpl.id] = tpl
                 rps = tpl.requests_per_s(d.shape.mean_in, d.shape.mean_out)
                 usable[name] += rps * min(util, queueing_utilisation(tpl, d, util))
-                cap[name] += rps
                 insts.append(PlannedInstances(name, tpl.id, region, 1, group, "aggregated", price(group), rps))
             if hp.idle:
                 insts.append(PlannedInstances(name, f"idle:{'+'.join(hp.idle)}", region, 1, hp.idle, "aggregated",
@@ -311,7 +310,9 @@ class Planner:
         serving = []
         for d in self.scenario.deployments:
             demand = float(req.demand.get(d.name, 0.0))
-            serving.append(DeploymentServing(d.name, d.model, demand, cap[d.name], max(0.0, demand - usable[d.name])))
+            serving.append(
+                DeploymentServing(d.name, d.model, demand, usable[d.name], max(0.0, demand - usable[d.name]))
+            )
         worst = max(statuses, key=PLACEMENT_STATUS_ORDER.index, default="optimal")
         status = "optimal" if worst == "infeasible" else worst  # a proven infeasible cluster serves 0: proven
         cost_h = sum(i.cost_per_hour for i in insts)
@@ -349,10 +350,11 @@ def to_plan(
     *,
     seq: int,
 ) -> Plan:
-    """The Plan that an allocation result describes."""
+    """The Plan that an allocation result describes: each instance with its own nominal req/s (its template's
+    at the deployment's shape: prefill or decode side alone for those), each deployment with the capacity
+    that the program counts (``AllocationResult.capacity_rps``: after the utilisation target and the
+    queueing headroom, each prefill instance's KV limit and the NIC levels that pair it with decode)."""
     insts = []
-    cap = {d.name: 0.0 for d in planner.scenario.deployments}
-    pd: dict[tuple[str, str], list[float]] = {}
     for (j, r), cnt in sorted(res.counts.items()):
         if cnt <= 0:
             continue
@@ -361,16 +363,13 @@ def to_plan(
         cost = sum(float(prob.price[r, prob.node_types.index(n)]) for n in t.nodes)
         if t.mode == "aggregated":
             rps = t.requests_per_s(d.shape.mean_in, d.shape.mean_out)
-            cap[d.name] += cnt * rps
         else:
             rps = (t.prefill_tok_s / d.shape.mean_in) if t.mode == "prefill" else (t.decode_tok_s / d.shape.mean_out)
-            slot = pd.setdefault((d.name, region), [0.0, 0.0])
-            slot[0 if t.mode == "prefill" else 1] += cnt * rps
         insts.append(PlannedInstances(d.name, t.id, region, int(cnt), t.nodes, t.mode, cost, rps))
-    for (dep, _region), (p, dd) in pd.items():
-        cap[dep] += min(p, dd)
     serving = tuple(
-        DeploymentServing(d.name, d.model, float(prob.demand_rps[m]), cap[d.name], float(res.unmet_rps[m]))
+        DeploymentServing(
+            d.name, d.model, float(prob.demand_rps[m]), float(res.capacity_rps[m]), float(res.unmet_rps[m])
+        )
         for m, d in enumerate(planner.scenario.deployments)
     )
     effort = res.effort.as_mapping()

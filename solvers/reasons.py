@@ -5,8 +5,10 @@ For each deployment with unmet demand, in this order:
 1. No way to serve it under the policy: no aggregated template, and no prefill or no decode template
    (a prefill template must meet the TTFT target, a decode template the TPOT target; ``homo`` and
    ``pd-homo`` admit only homogeneous ones).
-2. Its capacity covers the demand, but the plan may load it only to the utilisation target and the
-   queueing limit of the TTFT target (``solvers.planning``), which is less.
+2. Its instances' nominal capacity (each at its template's req/s, prefill and decode paired per region,
+   as ``coral.capacity`` counts a fleet) covers the demand, but the plan may load them only to the
+   utilisation target and the queueing limit of the TTFT target (``solvers.planning``; the plan's
+   capacity counts that), which is less.
 3. Availability: in every region, each way to add capacity (an aggregated instance, or a prefill and a
    decode instance, whose node types the region offers) needs a node type whose availability the plan
    already uses up. The node types named are those that block the most of its templates.
@@ -38,14 +40,33 @@ def unmet_reasons(
         for n in inst.nodes:
             used[(inst.region, n)] += inst.count
     deps = {d.name: d for d in sc.deployments}
+    nominal = _nominal(plan)
     out: dict[str, list[str]] = {}
     for s in plan.serving:
         if s.unmet_rps <= TOL * max(1.0, s.demand_rps):
             continue
         d = deps[s.deployment]
         tpls = templates.get(d.name, [])
-        out[d.name] = _reasons(plan, req, tpls, used, d.slo.ttft_s, d.slo.tpot_s, s.capacity_rps, s.demand_rps,
-                               sc, policy)  # fmt: skip
+        cap = nominal.get(d.name, 0.0)
+        out[d.name] = _reasons(plan, req, tpls, used, d.slo.ttft_s, d.slo.tpot_s, cap, s.demand_rps, sc, policy)
+    return out
+
+
+def _nominal(plan: Plan) -> dict[str, float]:
+    """Per deployment: its instances' req/s at their templates' capacity, prefill and decode paired per
+    region (the lesser side)."""
+    out: dict[str, float] = {}
+    side: dict[tuple[str, str, str], float] = {}
+    for i in plan.instances:
+        if i.mode == "aggregated":
+            out[i.deployment] = out.get(i.deployment, 0.0) + i.count * i.capacity_rps
+        else:
+            side[(i.deployment, i.region, i.mode)] = (
+                side.get((i.deployment, i.region, i.mode), 0.0) + i.count * i.capacity_rps
+            )
+    for (dep, region, mode), rps in side.items():
+        if mode == "prefill":
+            out[dep] = out.get(dep, 0.0) + min(rps, side.get((dep, region, "decode"), 0.0))
     return out
 
 

@@ -35,16 +35,20 @@ class _State:
     def __init__(self, c: _Columns, x: IntArray) -> None:
         self.c = c
         self.x = x.astype(np.int64).copy()
-        xf = self.x.astype(np.float64)
-        self.agg = np.bincount(c.m, weights=c.rate * xf, minlength=c.M)
-        gi = np.maximum(c.pool, 0)
-        ing = c.pool >= 0
+        nz = np.flatnonzero(self.x)  # a plan uses few columns: sum over those alone
+        xf = self.x[nz].astype(np.float64)
+        self.agg = np.bincount(c.m[nz], weights=c.rate[nz] * xf, minlength=c.M)
+        pool = c.pool[nz]
+        ing = pool >= 0
         # one padding pool (index Q) that the grid points to
-        self.gs: FloatArray = np.bincount(gi[ing], weights=(c.prate * xf)[ing], minlength=c.Q + 1).astype(np.float64)
-        self.gd: FloatArray = np.bincount(gi[ing], weights=(c.drate * xf)[ing], minlength=c.Q + 1).astype(np.float64)
+        self.gs: FloatArray = np.bincount(pool[ing], weights=(c.prate[nz] * xf)[ing], minlength=c.Q + 1).astype(
+            np.float64
+        )
+        self.gd: FloatArray = np.bincount(pool[ing], weights=(c.drate[nz] * xf)[ing], minlength=c.Q + 1).astype(
+            np.float64
+        )
         self.used = np.zeros((c.R, c.T), dtype=np.int64)
-        for g in range(c.T):
-            self.used[:, g] = np.bincount(c.r, weights=c.nc[:, g] * xf, minlength=c.R).round().astype(np.int64)
+        np.add.at(self.used, c.r[nz], c.nc[nz] * self.x[nz, None])
 
     def room(self, idx: IntArray) -> IntArray:
         """How many more instances of each column in ``idx`` fit the availability left."""

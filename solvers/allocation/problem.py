@@ -257,6 +257,8 @@ class AllocationResult:
     num_rows: int
     merged_templates: int
     column_generation: bool
+    capacity_rps: FloatArray
+    """req/s each model's instances serve as the program counts them (may exceed its demand)."""
     split_groups: int = 0
     """MIPs the decomposition by model solved (0: not used; more than the models: groups were merged)."""
 
@@ -360,5 +362,5 @@ def _template_keys(p: AllocationProblem) -> frozenset[str]:
             raise _fail(f"{where}.prefill_tok_s", f"must be > 0 for mode {t.mode!r}")
         if t.mode in ("aggregated", "decode") and t.decode_tok_s <= 0:
             raise _fail(f"{where}.decode_tok_s", f"must be > 0 for mode {t.mode!r}")
-    _CHECKED[:] = [*_CHECKED[-3:], (p.templates, M, T, frozenset(keys))]
+    _CHECKED[:] = [*_CHECKED[-8:], (p.templates, M, T, frozenset(keys))]
     return frozenset(keys)

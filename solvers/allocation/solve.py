@@ -77,7 +77,7 @@ import highspy
 import numpy as np
 from numpy.typing import NDArray
 
-from solvers.allocation.columns import _columns
+from solvers.allocation.columns import _AGG, _columns, _merged
 from solvers.allocation.decomposition import SPLIT_MIN_COLUMNS, SPLIT_SHARE, _mip_phase, _Split, _split_phase
 from solvers.allocation.heuristics import (
     _better,
@@ -97,6 +97,7 @@ from solvers.allocation.problem import (
     AllocationInputError,
     AllocationProblem,
     AllocationResult,
+    AllocTemplate,
     SolverEffort,
 )
 from solvers.allocation.relaxation import _AUTO_GENERATED, _cg_job, _dive_job, _DiveOutcome, _lp_job, _LpOutcome
@@ -120,8 +121,9 @@ RESTRICT_SHARE = 0.5
 def _restrictions(p: AllocationProblem) -> list[tuple[str, IntArray]]:
     """(name, template indices) of each restriction of ``RESTRICTIONS`` that selects some but not all of
     p's templates, and not the same ones as an earlier restriction."""
-    homo = np.array([int((t.node_counts > 0).sum()) == 1 for t in p.templates], dtype=bool)
-    agg = np.array([t.mode == "aggregated" for t in p.templates], dtype=bool)
+    merged = _merged(p)  # per unique template, then per template
+    homo = ((merged.nc > 0).sum(axis=1) == 1)[merged.u_of]
+    agg = (merged.per_u["mode"] == _AGG)[merged.u_of]
     masks = {"homo": homo & agg, "pd-homo": homo & ~agg, "homo-pd": homo, "agg": agg}
     out: list[tuple[str, IntArray]] = []
     seen: set[bytes] = set()
@@ -133,12 +135,20 @@ def _restrictions(p: AllocationProblem) -> list[tuple[str, IntArray]]:
     return out
 
 
+_SUBSETS: list[tuple[tuple[AllocTemplate, ...], bytes, tuple[AllocTemplate, ...]]] = []
+"""The last restrictions' template tuples: the same tuple for the same subset of the same tuple, so that
+validation and merging (``problem._template_keys``, ``columns._merged``) recognise it the next solve."""
+
+
 def _restrict(p: AllocationProblem, idx: IntArray) -> AllocationProblem:
     """The same problem over the templates ``idx`` (and their running instances)."""
-    keep = {p.templates[i].key for i in idx}
-    return attrs.evolve(
-        p, templates=[p.templates[i] for i in idx], current={k: v for k, v in p.current.items() if k[0] in keep}
-    )
+    sig = idx.tobytes()
+    sub = next((s for ts, i, s in _SUBSETS if ts is p.templates and i == sig), None)
+    if sub is None:
+        sub = tuple(p.templates[i] for i in idx)
+        _SUBSETS[:] = [*_SUBSETS[-7:], (p.templates, sig, sub)]
+    keep = {t.key for t in sub}
+    return attrs.evolve(p, templates=sub, current={k: v for k, v in p.current.items() if k[0] in keep})
 
 
 def _status(proven: bool, service_proven: bool, bound: float) -> str:
@@ -311,7 +321,8 @@ class _Run:
         status = _status(proven, service_proven, bound)
         if status == "no bound":
             bound, gap = 0.0, 1.0 if objective > 0 else 0.0
-        served = np.minimum(_State(c, best).capacity(), c.demand) if c.J else np.zeros(c.M)
+        capacity = _State(c, best).capacity() if c.J else np.zeros(c.M)
+        served = np.minimum(capacity, c.demand)
         used = self.used
         return AllocationResult(
             counts=_counts(c, best),
@@ -341,8 +352,9 @@ class _Run:
             mip_nodes=self.nodes,
             num_columns=self.mat.num_cols,
             num_rows=self.mat.num_rows,
-            merged_templates=sum(len(ms) - 1 for ms in c.members),
+            merged_templates=sum(map(len, c.members)) - len(c.members),
             column_generation=self.columns == "generated",
+            capacity_rps=capacity,
             split_groups=split.groups,
         )
 
@@ -408,12 +420,12 @@ def _restrict_phase(run: _Run) -> None:
         k = run.next_restriction
         name, idx = todo[k]
         run.next_restriction += 1
-        sub = _restrict(problem, idx)
         kw: dict[str, Any] = {"mip_gap": run.mip_gap, "columns": run.columns, "portfolio": False}
         recorded = dict(limits.restricted).get(name, SolverEffort())
         if run.out_of_time() or (run.deadline is None and recorded == _SKIP_ALL):  # not even its heuristic
             run.restricted.append((name, _SKIP_ALL))
             continue
+        sub = _restrict(problem, idx)
         mask = np.zeros(len(problem.templates), dtype=bool)
         mask[idx] = True
         inside = [x for m, x in run.portfolio_plans if not (m & ~mask).any()]
