@@ -46,6 +46,31 @@ def _stats() -> dict[int, tuple[int, int, float]]:
     return out
 
 
+KINDS = (
+    (b"vllm.model_executor.models.registry", "vLLM model registry child"),
+    (b"coral.vllm.serve", "vLLM API server (coral.vllm.serve)"),
+    (b"VLLM::EngineCore", "vLLM engine core"),
+    (b"VLLM::Worker", "vLLM worker (pipeline rank)"),
+    (b"VLLM", "vLLM, other"),
+    (b"exec(eval(sys.stdin", "pytest-xdist worker (execnet)"),
+    (b"pytest", "pytest"),
+    (b"coral.cli", "coral CLI run"),
+    (b"worker", "coral worker"),
+)
+"""How ``bench/test_tiers.py`` names a process, by the first marker in its command line (vLLM renames its
+processes, e.g. ``VLLM::EngineCore``)."""
+
+
+def process_kind(pid: int) -> str:
+    """The kind of process ``pid`` (``KINDS``), read once when it is first seen."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read(4096)
+    except OSError:
+        return "other"
+    return next((name for mark, name in KINDS if mark in cmd), "other")
+
+
 class TreeCpu:
     """The CPU time of every descendant of ``root``, sampled from /proc (Linux) every ``every_s`` seconds
     until ``stop()``: each process's last reading, keyed by (pid, start time) so reused pids count apart."""
@@ -53,6 +78,7 @@ class TreeCpu:
     def __init__(self, root: int, every_s: float = 0.5) -> None:
         self.root, self.every_s = root, every_s
         self.seen: dict[tuple[int, int], float] = {}
+        self.kinds: dict[tuple[int, int], str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.available = os.path.isdir("/proc")
@@ -69,11 +95,21 @@ class TreeCpu:
             pid = todo.pop()
             _, start, cpu = stats[pid]
             self.seen[(pid, start)] = cpu
+            if (pid, start) not in self.kinds:
+                self.kinds[(pid, start)] = process_kind(pid)
             todo += kids.get(pid, [])
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             self._sample()
+
+    def by_kind(self) -> dict[str, tuple[int, float]]:
+        """kind -> (processes, CPU seconds), dearest first."""
+        out: dict[str, tuple[int, float]] = {}
+        for key, cpu in self.seen.items():
+            n, c = out.get(self.kinds.get(key, "other"), (0, 0.0))
+            out[self.kinds.get(key, "other")] = (n + 1, c + cpu)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
     def stop(self) -> float:
         """Stop sampling; the CPU seconds of every descendant seen."""
@@ -112,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": [round(x, 2) for x in load0],
         "load_after": [round(x, 2) for x in load1],
     }
+    fig["by_kind"] = {k: {"processes": n, "cpu_s": round(c, 1)} for k, (n, c) in tree.by_kind().items()}
     if args.json:
         print(json.dumps(fig))
     else:
@@ -120,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             f"it waited for), {tree_cpu:.0f} s CPU sampled over {len(tree.seen)} descendants, on {os.cpu_count()} "
             f"cores; load {load0[0]:.2f} before, {load1[0]:.2f} after"
         )
+        for kind, (n, c) in tree.by_kind().items():
+            print(f"  {c:8.1f} s CPU  {n:4d} x {kind}")
     return rc
 
 

@@ -710,24 +710,6 @@ def test_decomposition_prunes_only_against_a_start_that_serves_the_demand() -> N
     assert float(c.cost @ split.plan) == pytest.approx(3.0)
 
 
-@pytest.mark.slow
-def test_decomposition_agrees_with_the_full_mip() -> None:
-    """Generated instances where models compete for nodes (in some, not every demand can be served): the
-    same optimum with and without the decomposition, which had to merge models in several of them."""
-    merged = 0
-    for scarcity, load, seed in itertools.product((1.5, 2.0), (0.15, 0.2), (0, 3, 4, 7)):
-        p = generate("core", 12, seed=seed, scarcity=scarcity, load=load)
-        # run to completion (no clock): a 60 s deadline was not enough on a loaded 2-core machine
-        a = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=True)
-        b = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=False)
-        check_plan(p, a)
-        assert a.status == b.status == "optimal"
-        assert a.total_unmet_rps == pytest.approx(b.total_unmet_rps, abs=1e-6)
-        assert a.objective == pytest.approx(b.objective, rel=1e-7)
-        merged += a.split_groups > p.num_models
-    assert merged >= 3
-
-
 # --------------------------------------------------------------------------------------------------
 # Deadline and deterministic replay
 

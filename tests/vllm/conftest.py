@@ -6,11 +6,13 @@ a minute to start on a small CPU machine. Without vLLM they skip with the reason
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,17 +125,27 @@ def single(tiny_model: Path, vllm_dir: Path) -> Iterator[tuple[VllmEngine, float
 
 
 def reference_tokens(model: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """transformers' greedy ``generate()`` in fp32 (what vLLM must reproduce)."""
+    """transformers' greedy ``generate()`` in fp32 (what vLLM must reproduce), one prompt at a time."""
+    return [list(_reference(str(model), tuple(p), n)) for p in prompts]
+
+
+@functools.cache
+def _reference(model: str, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """One prompt's greedy tokens; kept for the run, as five modules ask for the same prompts."""
+    import torch
+
+    with torch.no_grad():
+        g = _hf_model(model).generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return tuple(int(t) for t in g[0, len(prompt) :])
+
+
+@functools.cache
+def _hf_model(model: str) -> Any:
+    # imported here: torch and transformers cost seconds of CPU, which a run without vLLM does not pay
     import torch
     from transformers import LlamaForCausalLM
 
-    m = LlamaForCausalLM.from_pretrained(str(model), dtype=torch.float32)
-    out = []
-    with torch.no_grad():
-        for p in prompts:
-            g = m.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-            out.append([int(t) for t in g[0, len(p) :]])
-    return out
+    return LlamaForCausalLM.from_pretrained(model, dtype=torch.float32)
 
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300, 400], [17, 900, 33, 2, 801, 555, 12, 640, 71, 300, 12]]
