@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import anyio
 from textual import events
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.reactive import var
@@ -42,6 +42,7 @@ from tui.bus import (
     check_speed,
     default_endpoints,
 )
+from tui.keys import OrderedKeysApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen, details
 from tui.screens.form import CommandForm
@@ -71,7 +72,7 @@ SPEED_RANGE = (1e-3, 1e6)
 """The slowest and fastest speed ``[`` and ``]`` go to (kernel seconds per wall second)."""
 
 
-class CoralTui(App[int]):
+class CoralTui(OrderedKeysApp[int]):
     """Fleet, Models, Market, Plans and Events views under a header; steering through forms.
 
     ``state`` is reactive: setting it redraws the header and the visible view (``watch_state``)."""
@@ -167,15 +168,6 @@ class CoralTui(App[int]):
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
         if not self.blink and isinstance(event.widget, Input):
             event.widget.cursor_blink = False
-
-    def on_key(self, event: events.Key) -> None:
-        """A printable key that reaches the app while a text box has focus was typed before the box took
-        the focus (the UI lagging behind ``/``): it went to the widget focused then. It is text for the box
-        (its hotkey did not fire: ``check_action``)."""
-        box = self.focused
-        if isinstance(box, Input) and event.is_printable and event.character:
-            event.stop()
-            box.insert_text_at_cursor(event.character)
 
     # -- drawing -----------------------------------------------------------------------------------
 
