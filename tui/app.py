@@ -19,7 +19,6 @@ import anyio
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.css.query import NoMatches
 from textual.reactive import var
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
@@ -119,6 +118,10 @@ class CoralTui(OrderedKeysApp[int]):
         self._asked_run = 0
         self._asks = 0
         self._previews: dict[str, ConfirmScreen] = {}
+        self._header: StatusHeader | None = None
+        self._tabs: TabbedContent | None = None
+        self._views: dict[str, StateView] = {}
+        """The header, tabs and views, found once on mount (a query walks the screen: not on every batch)."""
         self.set_reactive(CoralTui.state, M.initial_state(gpu_of=gpu_of, link=M.Link("connecting", "", source.address)))
 
     def compose(self) -> ComposeResult:
@@ -137,6 +140,10 @@ class CoralTui(OrderedKeysApp[int]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        base = self.screen_stack[0]
+        self._header = base.query_one(StatusHeader)
+        self._tabs = base.query_one("#views", TabbedContent)
+        self._views = {vid: base.query_one(f"#{vid}-view", StateView) for vid, _ in VIEWS}
         self.state = self.state
         self._focus_view("fleet")
         self.run_worker(self.bus.run(), name="bus", group="bus", exit_on_error=False)
@@ -173,24 +180,17 @@ class CoralTui(OrderedKeysApp[int]):
 
     @property
     def active_view(self) -> str:
-        try:
-            return self.screen_stack[0].query_one("#views", TabbedContent).active or "fleet"
-        except NoMatches:
-            return "fleet"
+        return (self._tabs.active if self._tabs is not None else "") or "fleet"
 
     def _view(self, vid: str) -> StateView | None:
-        try:
-            return self.screen_stack[0].query_one(f"#{vid}-view", StateView)
-        except NoMatches:  # only while the app closes: its widgets are going away under a late message
-            return None
+        return self._views.get(vid)
 
     def watch_state(self, old: M.State, new: M.State) -> None:
         """Redraw the header and the visible view (the others when they are shown)."""
         if not self.screen_stack:
             return
-        base = self.screen_stack[0]
-        for header in base.query(StatusHeader):
-            header.state = new
+        if self._header is not None:
+            self._header.state = new
         view = self._view(self.active_view)
         if view is not None:
             view.state = new
@@ -301,7 +301,8 @@ class CoralTui(OrderedKeysApp[int]):
         return True
 
     def action_view(self, vid: str) -> None:
-        self.screen_stack[0].query_one("#views", TabbedContent).active = vid
+        if self._tabs is not None:
+            self._tabs.active = vid
         self._focus_view(vid)  # now, not on TabActivated: the next key must find the view's table focused
 
     def action_steer_menu(self) -> None:
