@@ -22,7 +22,7 @@ from .helpers import Live, live, until
 
 pytestmark = pytest.mark.slow
 
-NAMES = {"-": "minus", "\t": "tab", "\n": "enter", ".": "full_stop"}
+NAMES = {"-": "minus", "\t": "tab", "\n": "enter", ".": "full_stop", "\x1b": "escape"}
 
 
 def burst(lv: Live, text: str) -> None:
@@ -61,3 +61,15 @@ async def test_a_key_typed_after_enter_goes_past_the_closing_form(tmp_path: Path
         assert isinstance(screen, ConfirmScreen) and screen.title_text.startswith("Pause"), "p went past the form"
         await until(lv.pilot, lambda: screen.is_mounted and bool(lv.fake.received), "the demand")
         assert lv.fake.received == [SetDemand("chat-8b", 20.0)]
+
+
+async def test_esc_leaves_a_form_with_text_in_it_and_sends_nothing(tmp_path: Path) -> None:
+    async with live(tmp_path, size=(80, 24)) as lv:
+        burst(lv, "dchat-8b")
+        await until(lv.pilot, lambda: isinstance(lv.app.screen, CommandForm), "the demand form")
+        form = lv.app.screen
+        assert isinstance(form, CommandForm)
+        await until(lv.pilot, lambda: form.is_mounted and form.current()["deployment"] == "chat-8b", "the text")
+        burst(lv, "\x1bp")  # Esc, then a hotkey of the view under the form
+        await until(lv.pilot, lambda: isinstance(lv.app.screen, ConfirmScreen) and lv.app.screen.is_mounted, "pause")
+        assert lv.fake.received == [] and lv.app.state.command_count == 0, "Esc sent nothing"
