@@ -17,9 +17,8 @@ from typing import Any, ClassVar
 
 import anyio
 from textual import events
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.css.query import NoMatches
 from textual.reactive import var
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, TabbedContent, TabPane
@@ -42,6 +41,7 @@ from tui.bus import (
     check_speed,
     default_endpoints,
 )
+from tui.keys import OrderedKeysApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen, details
 from tui.screens.form import CommandForm
@@ -71,7 +71,7 @@ SPEED_RANGE = (1e-3, 1e6)
 """The slowest and fastest speed ``[`` and ``]`` go to (kernel seconds per wall second)."""
 
 
-class CoralTui(App[int]):
+class CoralTui(OrderedKeysApp[int]):
     """Fleet, Models, Market, Plans and Events views under a header; steering through forms.
 
     ``state`` is reactive: setting it redraws the header and the visible view (``watch_state``)."""
@@ -118,6 +118,10 @@ class CoralTui(App[int]):
         self._asked_run = 0
         self._asks = 0
         self._previews: dict[str, ConfirmScreen] = {}
+        self._header: StatusHeader | None = None
+        self._tabs: TabbedContent | None = None
+        self._views: dict[str, StateView] = {}
+        """The header, tabs and views, found once on mount (a query walks the screen: not on every batch)."""
         self.set_reactive(CoralTui.state, M.initial_state(gpu_of=gpu_of, link=M.Link("connecting", "", source.address)))
 
     def compose(self) -> ComposeResult:
@@ -136,6 +140,10 @@ class CoralTui(App[int]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        base = self.screen_stack[0]
+        self._header = base.query_one(StatusHeader)
+        self._tabs = base.query_one("#views", TabbedContent)
+        self._views = {vid: base.query_one(f"#{vid}-view", StateView) for vid, _ in VIEWS}
         self.state = self.state
         self._focus_view("fleet")
         self.run_worker(self.bus.run(), name="bus", group="bus", exit_on_error=False)
@@ -168,37 +176,21 @@ class CoralTui(App[int]):
         if not self.blink and isinstance(event.widget, Input):
             event.widget.cursor_blink = False
 
-    def on_key(self, event: events.Key) -> None:
-        """A printable key that reaches the app while a text box has focus was typed before the box took
-        the focus (the UI lagging behind ``/``): it went to the widget focused then. It is text for the box
-        (its hotkey did not fire: ``check_action``)."""
-        box = self.focused
-        if isinstance(box, Input) and event.is_printable and event.character:
-            event.stop()
-            box.insert_text_at_cursor(event.character)
-
     # -- drawing -----------------------------------------------------------------------------------
 
     @property
     def active_view(self) -> str:
-        try:
-            return self.screen_stack[0].query_one("#views", TabbedContent).active or "fleet"
-        except NoMatches:
-            return "fleet"
+        return (self._tabs.active if self._tabs is not None else "") or "fleet"
 
     def _view(self, vid: str) -> StateView | None:
-        try:
-            return self.screen_stack[0].query_one(f"#{vid}-view", StateView)
-        except NoMatches:  # only while the app closes: its widgets are going away under a late message
-            return None
+        return self._views.get(vid)
 
     def watch_state(self, old: M.State, new: M.State) -> None:
         """Redraw the header and the visible view (the others when they are shown)."""
         if not self.screen_stack:
             return
-        base = self.screen_stack[0]
-        for header in base.query(StatusHeader):
-            header.state = new
+        if self._header is not None:
+            self._header.state = new
         view = self._view(self.active_view)
         if view is not None:
             view.state = new
@@ -309,7 +301,8 @@ class CoralTui(App[int]):
         return True
 
     def action_view(self, vid: str) -> None:
-        self.screen_stack[0].query_one("#views", TabbedContent).active = vid
+        if self._tabs is not None:
+            self._tabs.active = vid
         self._focus_view(vid)  # now, not on TabActivated: the next key must find the view's table focused
 
     def action_steer_menu(self) -> None:

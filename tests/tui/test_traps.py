@@ -152,8 +152,7 @@ async def test_keys_typed_after_slash_go_to_the_filter_and_esc_leaves_it(tmp_pat
             key.set_sender(lv.app)
             driver.send_message(key)
         box = lv.app.query_one("#events-filter", Input)
-        await lv.pilot.pause(0.5)
-        assert box.value == "chat-32b", (box.value, lv.app.screen, lv.app.focused)
+        await until(lv.pilot, lambda: box.value == "chat-32b", "the filter to read chat-32b", 5)
         assert not isinstance(lv.app.screen, CommandForm), "no hotkey fired"
         assert lv.app.state.command_count == 0
         await lv.pilot.press("escape")

@@ -75,7 +75,9 @@ class FleetView(StateView):
         yield DataTable(id="fleet-instances", cursor_type="row", zebra_stripes=True)
 
     def inputs(self, state: State) -> Sequence[object]:
-        return (state.instances, state.templates, state.market, state.deployments, state.gpu_of, recent_keys(state))
+        # of the deployments only their models (each demand or capacity sample makes new deployment views)
+        models = tuple((name, d.model) for name, d in state.deployments.items())
+        return (state.instances, state.templates, state.market, models, state.gpu_of, recent_keys(state))
 
     _legend: tuple[tuple[object, ...], Text] | None = None
 
