@@ -54,7 +54,8 @@ def unmet_reasons(
 
 def _nominal(plan: Plan) -> dict[str, float]:
     """Per deployment: its instances' req/s at their templates' capacity, prefill and decode paired per
-    region (the lesser side)."""
+    region (the lesser side): ``coral.capacity.capacity_rps``'s rule, which ``solvers`` cannot import (it
+    loads the bus messages, against the package contract)."""
     out: dict[str, float] = {}
     side: dict[tuple[str, str, str], float] = {}
     for i in plan.instances:

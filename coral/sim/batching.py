@@ -447,7 +447,12 @@ class Batching(SimState):
         return instance_bound(inst.weight, inst.mode, d.ttft, d.shape_out * d.tpot, self.cfg.instance_queue_s)
 
     def _held(self, inst: Inst) -> int:
-        return inst.n_active + inst.incoming + len(inst.pq.q) + sum(len(p.waiting) for p in inst.paths)
+        return inst.n_active + inst.incoming + self._unstarted(inst)
+
+    @staticmethod
+    def _unstarted(inst: Inst) -> int:
+        """Requests ``inst`` holds but has not started: its queue and its paths' waiting lines."""
+        return len(inst.pq.q) + sum(len(p.waiting) for p in inst.paths)
 
     def _decode_for(self, req: Req, region: str, nic: float) -> Inst | None:
         """The decode instance a handoff from a sender whose slowest NIC is ``nic`` goes to, as the router

@@ -335,7 +335,7 @@ class _Sim(Fleet):
         out = {d.name: len(d.entry.pullq.q) for d in self.deps}
         if self.router_queues:
             for inst in self.insts.values():
-                n = len(inst.pq.q) + sum(len(p.waiting) for p in inst.paths)
+                n = self._unstarted(inst)
                 if n:
                     out[inst.dep.name] += n
         return out

@@ -111,7 +111,7 @@ def _capped(c: _Columns) -> _Columns:
 
 def _matrix(c: _Columns) -> _Matrix:
     J, Q, M = c.J, c.Q, c.M
-    cc = c = _capped(c)
+    c = _capped(c)
     V = Q  # the carries v
     dem_models = np.nonzero(c.demand > 0)[0].astype(np.int64)
     row_dem = np.full(M, -1, dtype=np.int64)
@@ -210,7 +210,7 @@ def _matrix(c: _Columns) -> _Matrix:
         cost_obj=cost_obj,
         serve_obj=serve_obj,
         integer=np.arange(J + K, dtype=np.int32),
-        capped=cc,
+        capped=c,
     )
 
 
