@@ -9,18 +9,36 @@ for within ``HOP_S`` of its arrival, not at the next tick; the changes that arri
 one plan.
 
 Publication time (the rule): a plan started at kernel time t (its request's ``at``, with the demand,
-market, fleet and settings as applied at t) is published at t + D, where D is the planner's deadline
-(``deadline_s``) in simulated seconds, or 0 when every solve runs to completion (``deterministic``:
-there is no deadline to wait for). Between t and t + D the actor is idle, so the mesh's clock runs
-while the child solves (``SolverProcess.submit`` at t, ``collect`` at t + D); at t + D it waits for the
-result if the child has not finished (the clock stands there until it has). So a plan takes effect at
-t + D whatever the machine's speed: the times stay deterministic, and the solver effort, journalled in
-the plan, makes a replay give the same plan. With D = 0 (``--no-deadline``) it plans and publishes at t,
-the clock standing for the solve. One plan is in flight at a time: the changes that arrive while one is
-in flight are applied to the actor's state as they come, and coalesce into the next plan, started at
-the instant the one in flight is published (so at t + D, published at t + 2D); a plan in flight is
-published even if the allocator was paused or a template forbidden meanwhile (the next plan follows the
-new settings). The re-plan interval counts from the start of the last plan.
+market, fleet and settings as applied at t) is published at the first of the actor's instants that is at
+or after t + D and after the instant its answer reached the mesh (``next_instant`` of it when that is
+later than t + D), where D is the planner's deadline (``deadline_s``) in simulated seconds, or 0 when every
+solve runs to completion (``deterministic``: there is no deadline to wait for; then it plans and publishes
+at t, the clock standing for the solve). Between t and the landing the actor is idle, so the mesh's clock
+runs while the child solves (``SolverProcess.submit`` at t); the solver keeps D as its deadline in wall
+seconds whatever the speed, so the plan's quality does not depend on the speed.
+
+How the answer's instant is known (``landing``):
+
+- ``answer`` (every live run under a deadline): a task of the run (``Answers.run``) collects the result in
+  wall time while the clock runs, and the driver delivers ``PlanAnswer(seq)`` (sender ``solver``) at the
+  kernel time then: at a paced speed, the paced instant at which the answer arrived (the doorbell makes
+  the driver step there at once); at ``--speed max``, the instant the plan started, the clock standing
+  there until the answer came, so that the plan lands at exactly t + D as before. The answer is an input
+  like an HTTP request: journaled, and fed again by a replay at its recorded time (``actors.replay``),
+  whose allocator then collects its own re-solve (same effort, same result) and publishes at the same
+  instant. Why not wait at t + D: at 60x, D = 1 s is 17 ms of wall while a solve takes 0.1-0.4 s, and a
+  clock that stood for it fell 6-24 simulated s behind at each plan; the cost moves into the plan's delay
+  (its landing minus t), which the status line and ``just bench mesh`` show per plan. Two live runs of
+  one scenario at a paced speed may thus land plans at different instants, as they may get HTTP
+  requests at different instants; the journal of each replays exactly.
+- ``deadline`` (``Allocator``'s default, and the replay of a journal recorded before answers were
+  journaled): at t + D it waits for the result if the child has not finished (the clock stands there).
+
+One plan is in flight at a time: the changes that arrive while one is in flight are applied to the actor's
+state as they come, and coalesce into the next plan, started at the instant the one in flight is published
+(so at its landing L, published at L + D at the earliest); a plan in flight is published even if the
+allocator was paused or a template forbidden meanwhile (the next plan follows the new settings). The
+re-plan interval counts from the start of the last plan.
 
 Its operator settings (paused, churn factor, pins, forbidden templates) are published as
 ``AllocatorState`` at its first tick and whenever one changed, so that every client sees them, not only
@@ -47,9 +65,12 @@ optimality proven over the generated columns only (the plan reports the LP bound
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
+import anyio
 import attrs
 
 from actors.base import TickActor, next_instant
@@ -70,19 +91,21 @@ from coral.messages.control import (
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import FleetUpdate
 from coral.messages.market import MarketUpdate
-from coral.messages.plan import NewPlan, PlanChange, PlanInputs
+from coral.messages.plan import NewPlan, PlanAnswer, PlanChange, PlanInputs
 from coral.perf import PerfModel
 from coral.plan import Plan, PlanRequest
 from coral.scenario import Deployment, Scenario
 from coral.templates import Template
 from coral.workload import Slo
-from solvers.allocation import AllocationProblem, SolverEffort
+from solvers.allocation import AllocationProblem, AllocationResult, SolverEffort
 from solvers.planning import Planner, policy_admits, to_plan
 
 PUBLISH_SHARE = 0.12
 """Share of the reaction deadline kept for turning the solution into a plan and publishing it."""
 MIN_SOLVE_SHARE = 0.25
 """The solver gets at least this share of the deadline, however long the problem took to build."""
+LANDINGS = ("answer", "deadline")
+"""How a plan in flight learns when to land (see the module docstring)."""
 
 
 def servable(templates: Sequence[Template]) -> bool:
@@ -103,8 +126,22 @@ def publish_delay(deadline_s: float, deterministic: bool) -> float:
 
 
 @attrs.define(eq=False)
+class StepTimes:
+    """Wall seconds of the allocator's own work for one plan (reported by ``just bench mesh``; never a
+    decision input): building the problem, handing it to the solver process, waiting for the result at
+    the landing (0 when an answer was collected beforehand), and turning it into the published plan."""
+
+    seq: int
+    build_s: float
+    submit_s: float
+    wait_s: float = 0.0
+    finish_s: float = 0.0
+
+
+@attrs.define(eq=False)
 class Pending:
-    """A plan in flight: the solve submitted at ``req.at`` with what it needs to become a ``NewPlan``."""
+    """A plan in flight: the solve submitted at ``req.at`` with what it needs to become a ``NewPlan``;
+    ``result`` (or ``error``) once ``Answers`` collected it."""
 
     due: float
     flight: Flight
@@ -114,6 +151,59 @@ class Pending:
     index: list[tuple[Deployment, Template]]
     seq: int
     inputs: PlanInputs
+    times: StepTimes
+    result: AllocationResult | None = None
+    error: Exception | None = None
+
+
+class Answers:
+    """A live run's plan answers (``landing="answer"``): ``run`` (a task of the run, outside every actor)
+    collects each submitted solve's result in wall time and rings the mesh's doorbell; the driver takes the
+    answers (``take``) at its next quiet point and delivers them as ``PlanAnswer`` inputs."""
+
+    def __init__(self) -> None:
+        self.flights: deque[tuple[SolverProcess, Pending]] = deque()
+        """Plans submitted and not answered yet, oldest first (one at a time in practice)."""
+        self.ready: list[PlanAnswer] = []
+        self.ring: Callable[[], None] = lambda: None
+        """Called when an answer is ready (the run sets it to ``Mesh.ring``)."""
+        self._changed = anyio.Event()
+
+    def watch(self, solver: SolverProcess, p: Pending) -> None:
+        """Collect ``p``'s result (called by the allocator when it submits ``p``)."""
+        self.flights.append((solver, p))
+        self._poke()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def take(self) -> list[PlanAnswer]:
+        """The answers ready since the last call, oldest first."""
+        out, self.ready = self.ready, []
+        return out
+
+    async def wait(self) -> None:
+        """Wait until no plan is left unanswered (``--speed max``: the clock stands meanwhile)."""
+        while self.flights:
+            await self._changed.wait()
+
+    async def run(self) -> None:
+        """Collect results for ever (cancelled with the run)."""
+        while True:
+            while not self.flights:
+                await self._changed.wait()
+            solver, p = self.flights[0]
+            started = time.perf_counter()
+            try:
+                p.result = await solver.collect_async(p.flight)
+            except Exception as exc:  # raised in the allocator when the plan lands, as a collect there would
+                p.error = exc
+            p.times.wait_s = time.perf_counter() - started
+            self.flights.popleft()
+            self.ready.append(PlanAnswer(p.seq))
+            self._poke()
+            self.ring()
 
 
 def effort_of(plan: Plan) -> SolverEffort:
@@ -142,6 +232,8 @@ class Allocator(TickActor):
         prior_demand: Mapping[str, float] | None = None,
         columns: str = "all",
         inspector: Callable[[Allocator, Envelope], Awaitable[bool]] | None = None,
+        landing: str = "deadline",
+        answers: Answers | None = None,
     ) -> None:
         super().__init__(name, tick_s=tick_s, subscribe=["dem.update", "mkt.update", "fleet.update"])
         self.inspector = inspector
@@ -177,7 +269,16 @@ class Allocator(TickActor):
         self.delay_s = publish_delay(self.deadline_s, deterministic)
         """D: a plan started at t is published at t + D (see the module docstring)."""
         self.pending: Pending | None = None
-        """The plan in flight: started, to be published at its ``due`` time."""
+        """The plan in flight: started, to be published at its ``due`` time (or its answer's, if later)."""
+        if landing not in LANDINGS:
+            raise ValueError(f"landing: expected one of {', '.join(LANDINGS)}, got {landing!r}")
+        self.landing = landing
+        self.answers = answers
+        """Collects the answers of a live run with ``landing="answer"`` (None in a replay: its feed has them)."""
+        self.answered: dict[int, float] = {}
+        """Plan sequence -> the kernel time its ``PlanAnswer`` was received (``landing="answer"``)."""
+        self.times: list[StepTimes] = []
+        """The wall time of the allocator's own work per published plan (``StepTimes``)."""
 
     async def started(self) -> None:
         """Spawn the solver process and wait for its ``Ready`` (at most ``READY_S``) before the actor counts
@@ -212,6 +313,8 @@ class Allocator(TickActor):
     # -- inputs --------------------------------------------------------------------------------------
 
     async def handle(self, env: Envelope) -> None:
+        if isinstance(env.msg, PlanAnswer):  # noted on receipt; it counts at instants after it (``on_wake``)
+            self.answered.setdefault(env.msg.seq, self.ctx.now())
         if self.inspector is None or not await self.inspector(self, env):
             await super().handle(env)
 
@@ -335,6 +438,8 @@ class Allocator(TickActor):
             self.shown = state
             await self.ctx.publish(state)
         if self.pending is not None:
+            if self.landing == "answer" and not self.answered.get(self.pending.seq, math.inf) < now:
+                return  # its PlanAnswer wakes the actor
             if now < self.pending.due:
                 self.wake_at(self.pending.due)
                 return
@@ -353,8 +458,9 @@ class Allocator(TickActor):
 
     async def solve(self, now: float, trigger: str) -> NewPlan | None:
         """Start a plan for the current state; publish it now when ``delay_s`` is 0 (returned), else at
-        ``now + delay_s`` (``land``; None here)."""
+        ``now + delay_s`` or at its answer, if later (``land``; None here)."""
         assert self.prices is not None
+        t0 = time.perf_counter()  # wall time, reported only (``StepTimes``)
         sc = self.scenario
         if self.churn != sc.planner.churn_factor:
             sc = attrs.evolve(sc, planner=attrs.evolve(sc.planner, churn_factor=self.churn))
@@ -370,25 +476,39 @@ class Allocator(TickActor):
         prob, index = planner.problem(req)
         spent = time.perf_counter() - started
         left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
-        flight = await self.solver_process().submit_async(prob, deadline_s=left, effort=effort, columns=self.columns)
+        solver = self.solver_process()
+        flight = await solver.submit_async(prob, deadline_s=left, effort=effort, columns=self.columns)
+        times = StepTimes(seq, started + spent - t0, time.perf_counter() - started - spent)
         self.seq = seq
         self.last_plan_at = now
-        self.pending = Pending(now + self.delay_s, flight, planner, req, prob, index, seq, self.inputs)
-        if self.delay_s > 0:
-            self.wake_at(self.pending.due)
-            return None
-        return await self.land()
+        self.pending = Pending(now + self.delay_s, flight, planner, req, prob, index, seq, self.inputs, times)
+        if self.delay_s == 0:
+            return await self.land()
+        self.wake_at(self.pending.due)
+        if self.landing == "answer" and self.answers is not None:
+            self.answers.watch(solver, self.pending)
+        return None
 
     async def land(self) -> NewPlan:
-        """Collect the plan in flight (waiting for the solver process if it is not done: the clock stands
-        meanwhile) and publish it."""
+        """Publish the plan in flight, with the result ``Answers`` collected, or else collected here (waiting
+        for the solver process if it is not done: the clock stands meanwhile)."""
         p = self.pending
         assert p is not None
         self.pending = None
-        res = await self.solver_process().collect_async(p.flight)
+        self.answered = {k: v for k, v in self.answered.items() if k > p.seq}
+        started = time.perf_counter()
+        if p.error is not None:
+            raise p.error
+        res = p.result
+        if res is None:
+            res = await self.solver_process().collect_async(p.flight)
+            p.times.wait_s = time.perf_counter() - started
+            started = time.perf_counter()
         plan = to_plan(p.planner, p.req, p.prob, p.index, res, seq=p.seq)
         diff = tuple(PlanChange(d, t, r, n) for (d, t, r), n in plan.diff(self.last_plan).items())
         self.last_plan = plan
         msg = NewPlan(plan, diff, p.inputs)
         await self.ctx.publish(msg)
+        p.times.finish_s = time.perf_counter() - started
+        self.times.append(p.times)
         return msg

@@ -33,7 +33,7 @@ import anyio
 import anyio.abc
 import attrs
 
-from actors.allocator import Allocator
+from actors.allocator import Allocator, Answers
 from actors.cloud import CloudProvider, SimCloud, StaticHosts
 from actors.demand import DemandMonitor
 from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ListFeed, ScenarioFeed
@@ -62,11 +62,13 @@ from coral.kernel import (
 )
 from coral.kernel.codec import DEFAULT_CODEC
 from coral.messages.control import (
+    ALLOCATOR,
     OPERATOR,
     ROUTER,
 )
 from coral.messages.hosts import HOSTS
 from coral.messages.mesh import MeshEnd, MeshResumed, MeshSetup
+from coral.messages.plan import SOLVER
 from coral.messages.requests import ArrivalBatch, FinishTraffic
 from coral.perf import PerfModel
 from coral.scenario import Scenario
@@ -116,8 +118,12 @@ class CoralMesh:
         resume: Recovery | None = None,
         unknown_nodes: str = "release",
         host_table: HostTable | None = None,
+        landing: str | None = None,
     ) -> None:
         self.setup = setup
+        self.answers = Answers() if landing is None and not setup.deterministic else None
+        """A live run's plan answers (``actors.allocator``); None in a replay and a deterministic run."""
+        self.landing = landing if landing is not None else "answer" if self.answers is not None else "deadline"
         self.host_table = host_table
         self.resume = resume
         self.unknown_nodes = unknown_nodes
@@ -218,6 +224,8 @@ class CoralMesh:
             prior_demand=prior,
             columns=self.setup.columns,
             inspector=answer_inspection,
+            landing=self.landing,
+            answers=self.answers,
         )
         if rs is not None and rs.fleet.plan is not None:
             self.allocator.seq = rs.fleet.plan.plan.seq
@@ -363,10 +371,14 @@ async def drive(
     gateway: OperatorDesk | None = None,
     on_step: Callable[[float], Awaitable[None] | None] | None = None,
     after_step: Callable[[float], Awaitable[None]] | None = None,
+    answers: Answers | None = None,
 ) -> tuple[float, str]:
     """Run the mesh's virtual clock to ``until`` (see the module docstring); return (end time, reason).
-    The operator desk, if any, relays results and answers inquiries meanwhile (``OperatorDesk.relay``)."""
-    args = (mesh, feed, tick_s, until, pace, stop, gateway, on_step, after_step)
+    The operator desk, if any, relays results and answers inquiries meanwhile (``OperatorDesk.relay``).
+    ``answers``: the plan answers of a live run, delivered to the allocator at the first quiet point after
+    they came (paced: the doorbell makes it step there); unpaced, the clock stands at the instant a plan
+    started until its answer came (``actors.allocator``)."""
+    args = (mesh, feed, tick_s, until, pace, stop, gateway, on_step, after_step, answers)
     if gateway is None:
         return await _drive(*args)
     async with anyio.create_task_group() as tg:
@@ -386,11 +398,24 @@ async def _drive(
     gateway: OperatorDesk | None,
     on_step: Callable[[float], Awaitable[None] | None] | None,
     after_step: Callable[[float], Awaitable[None]] | None,
+    answers: Answers | None,
 ) -> tuple[float, str]:
     clock = mesh.clock
     if not isinstance(clock, VirtualClock):
         raise CoralError(f"drive: needs a mesh on a VirtualClock, got {type(clock).__name__}")
     wall0, v0 = time.monotonic(), clock.now()
+
+    async def land() -> None:
+        """Deliver the plan answers that came (unpaced: first wait for those still in flight)."""
+        assert answers is not None
+        if pace is None:
+            await answers.wait()
+        got = answers.take()
+        if got:
+            deliver(mesh, [Input(clock.now(), SOLVER, ALLOCATOR, a) for a in got])
+            await mesh.quiesce()
+
+    lander = land if answers is not None else None
     if gateway is not None:
         gateway.pace = (pace, wall0, v0)
     await mesh.quiesce()
@@ -429,7 +454,7 @@ async def _drive(
         if gateway is not None and gateway.forwarded:
             gateway.forwarded = 0
             await mesh.quiesce()
-        await _step(mesh, clock, feed, nxt)
+        await _step(mesh, clock, feed, nxt, lander)
         if after_step is not None:
             await after_step(nxt)
         if on_step is not None:  # it may send: settle before the clock moves on
@@ -487,8 +512,11 @@ async def _wait_input(
     return held, rang
 
 
-async def _step(mesh: Mesh, clock: VirtualClock, feed: Feed, t: float) -> None:
-    """Move the clock to ``t`` and deliver the inputs due then, with one quiesce per instant.
+async def _step(
+    mesh: Mesh, clock: VirtualClock, feed: Feed, t: float, land: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Move the clock to ``t`` and deliver the inputs due then, with one quiesce per instant; ``land``
+    (the driver's plan answers) runs after each of them.
 
     The inputs go out right after the actors' ticks at ``t`` woke, within the same settle: a message
     received while the clock reads ``t`` takes effect at the next tick whenever it arrives in that step,
@@ -502,6 +530,8 @@ async def _step(mesh: Mesh, clock: VirtualClock, feed: Feed, t: float) -> None:
             delivered = True
             deliver(mesh, feed.take(t))
         await mesh.quiesce()
+        if land is not None:
+            await land()
 
     await clock.advance_to(t, settle=settle)
     if not delivered:
@@ -509,6 +539,8 @@ async def _step(mesh: Mesh, clock: VirtualClock, feed: Feed, t: float) -> None:
         if inputs:
             deliver(mesh, inputs)
             await mesh.quiesce()
+    if land is not None:
+        await land()
 
 
 async def finish_traffic(mesh: Mesh, at: float, tick_s: float) -> float:
@@ -561,6 +593,7 @@ async def run_mesh(
     unknown_nodes: str = "release",
     engine_factory: Callable[[str], Engine] | None = None,
     host_table: HostTable | None = None,
+    landing: str | None = None,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
 
@@ -568,7 +601,9 @@ async def run_mesh(
     run's journal, which ``journal`` must name to append to it) the run restores it and goes on.
     ``engine_factory`` makes the stage workers' engines (default: the simulated engine); with
     ``host_table`` (and a ``hosts`` cloud) the nodes are the hosts whose ``coral worker`` registered with
-    the host registry (``actors.hosts``), which the run spawns.
+    the host registry (``actors.hosts``), which the run spawns. ``landing``: None for a live run (its plans
+    land on their answers, collected here, unless it is deterministic); a replay gives the journal's mode,
+    whose answers come in its feed (``actors.allocator``).
     """
     cm = CoralMesh(
         setup,
@@ -581,6 +616,7 @@ async def run_mesh(
         unknown_nodes=unknown_nodes,
         engine_factory=engine_factory,
         host_table=host_table,
+        landing=landing,
     )
     st = state if state is not None else RunState()
     t0 = time.perf_counter()
@@ -602,6 +638,10 @@ async def run_mesh(
                     st.update(env)
 
             tg.start_soon(watcher)
+            if cm.answers is not None:
+                cm.answers.ring = mesh.ring
+                tg.start_soon(cm.answers.run)
+            st.clock = mesh.clock.now
             await cm.start(mesh)
             if on_start is not None:
                 await on_start(mesh, cm)
@@ -620,6 +660,7 @@ async def run_mesh(
                 gateway=gw,
                 on_step=on_step,
                 after_step=stepped,
+                answers=cm.answers,
             )
             if reason == "stopped":
                 end = await finish_traffic(mesh, end, setup.timing.tick_s)

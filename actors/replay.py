@@ -6,7 +6,10 @@ sent by the input feed, and the operator commands sent to their owners. ``replay
 mesh from the setup (on a virtual clock from the same start), delivers those inputs at their recorded
 times, re-solves each plan with the solver effort the journal recorded, runs to the recorded end
 (``mesh.end``) and compares the decisions (the published messages of ``DECISION_TAGS``) tag by tag, in
-order. A plan's wall-clock solve time is not a decision and is ignored.
+order. A plan's wall-clock solve time is not a decision and is ignored. A live run's plans land on their
+answers (``plan.answer`` inputs, ``actors.allocator``): the replay delivers them at their recorded times,
+and its allocator lands each plan then; a journal with plans and no answers was recorded before answers
+were journaled, and its plans land at their start + the deadline (``Recording.landing``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from coral.errors import CoralError
 from coral.kernel import JournalRecord, read_journal
 from coral.messages.control import OWNERS, is_command
 from coral.messages.mesh import DECISION_TAGS, INPUT_SOURCES, INPUT_TAGS, MeshEnd, MeshSetup
-from coral.messages.plan import NewPlan
+from coral.messages.plan import NewPlan, PlanAnswer
 from solvers.allocation import SolverEffort
 
 
@@ -57,6 +60,14 @@ class Recording:
     def efforts(self) -> dict[int, SolverEffort]:
         """Plan sequence -> the solver effort recorded with it."""
         return {d.msg.plan.seq: effort_of(d.msg.plan) for d in self.decisions if isinstance(d.msg, NewPlan)}
+
+    def landing(self) -> str:
+        """How the recorded run's plans landed (``actors.allocator.LANDINGS``): on their answers, unless the
+        journal holds plans and no answer (recorded before answers were journaled, or deterministic, where
+        a plan lands at its start)."""
+        if any(isinstance(i.msg, PlanAnswer) for i in self.inputs):
+            return "answer"
+        return "deadline" if any(isinstance(d.msg, NewPlan) for d in self.decisions) else "answer"
 
 
 @attrs.frozen
@@ -220,6 +231,7 @@ async def replay_journal(
             feed=ListFeed(rec.inputs),
             until=until,
             efforts=rec.efforts(),
+            landing=rec.landing(),
         )
         actual = [d for d in decisions_of(jpath) if rec.end is not None or d.at < until]
     diffs = compare(expected, actual)

@@ -3,6 +3,7 @@ command results, crashes, bus errors, deployments short of capacity and refused 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -23,6 +24,11 @@ class RunState:
 
     plan: NewPlan | None = None
     plans: int = 0
+    landed: float | None = None
+    """The kernel time at which the latest plan was published (its landing: ``actors.allocator``)."""
+    clock: Callable[[], float] | None = None
+    """The mesh's clock (``run_mesh`` sets it), read when a plan arrives: the watcher sees each message
+    while the clock still reads the instant it was published (the mesh quiesces before it moves on)."""
     fleet: FleetUpdate | None = None
     demand: DemandUpdate | None = None
     market: MarketUpdate | None = None
@@ -51,6 +57,7 @@ class RunState:
         if isinstance(msg, NewPlan):
             self.plan = msg
             self.plans += 1
+            self.landed = self.clock() if self.clock is not None else None
         elif isinstance(msg, FleetUpdate):
             self.fleet = msg
         elif isinstance(msg, DemandUpdate):

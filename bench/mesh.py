@@ -8,8 +8,11 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
   process, simulated seconds per wall second (target: the default hour in at most 60 s wall);
 - ``--speed N``: paced at N simulated seconds per wall second; reported: how far the clock fell behind
   the pace at its worst, when, and at each sixth of the run (target at 60: never more than 5 s behind);
-- the plans with their triggers and times, the start-up time, and the slowest steps of the clock with
-  the actors busy in each (a plan stops the clock for its solve);
+- the plans with their triggers and times, each plan's landing (the kernel time it was published) and
+  delay (landing minus start: the deadline D at ``--speed max``, later when paced and the answer came
+  after D: ``actors.allocator``), the allocator's own wall time per plan (building the problem, handing
+  it to the solver process, the solve it waited for, turning the result into the plan), the start-up
+  time, and the slowest steps of the clock with the actors busy in each;
 - plans are solved under the scenario's deadline, as ``coral up`` does; ``--no-deadline`` solves each to
   completion (the deterministic run, in the mesh and in ``--compare``'s simulator);
 - ``--policy pd-homo`` plans every deployment as prefill/decode pairs (the KV handoff path), as
@@ -91,16 +94,25 @@ def parse() -> argparse.Namespace:
 
 
 class PlanLog(RunState):
-    """The run's watcher state, plus each plan's simulated time and trigger."""
+    """The run's watcher state, plus each plan's simulated start, trigger and landing."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.log: list[tuple[float, str]] = []
+        self.log: list[tuple[float, str, float]] = []
 
     def update(self, env: Any) -> None:
         super().update(env)
         if isinstance(env.msg, NewPlan):
-            self.log.append((env.msg.plan.at, env.msg.plan.trigger))
+            landed = self.landed if self.landed is not None else math.nan
+            self.log.append((env.msg.plan.at, env.msg.plan.trigger, landed))
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    """Median and maximum of ``xs`` (NaN when empty)."""
+    if not xs:
+        return {"p50": math.nan, "max": math.nan}
+    ys = sorted(xs)
+    return {"p50": ys[len(ys) // 2], "max": ys[-1]}
 
 
 def worst(trace: list[tuple[float, float, float]], speed: float | None) -> dict[str, float]:
@@ -178,8 +190,11 @@ def main() -> None:
     last: dict[str, float] = {}
     t0: list[float] = []
 
-    async def on_start(mesh: Mesh, _cm: CoralMesh) -> None:
+    cms: list[CoralMesh] = []
+
+    async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
         meshes.append(mesh)
+        cms.append(cm)
         t0.extend((time.monotonic(), mesh.clock.now()))
         started.append(t0[0] - started[0])
 
@@ -246,6 +261,8 @@ def main() -> None:
             hog.kill()
             hog.wait()
     mesh = meshes[0]
+    alloc = cms[0].allocator
+    assert alloc is not None
     per: dict[str, dict[str, float]] = {}
     for name, c in mesh.counters().items():
         key = "worker-*" if name.startswith("worker-") else name
@@ -272,8 +289,19 @@ def main() -> None:
         "load_before": [round(x, 2) for x in load0],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "plans": len(state.log),
-        "plan_times": [round(t) for t, _ in state.log],
-        "plan_triggers": dict(Counter(trigger for _, trigger in state.log).most_common()),
+        "plan_times": [round(t) for t, _, _ in state.log],
+        "plan_triggers": dict(Counter(trigger for _, trigger, _ in state.log).most_common()),
+        "deadline_s": setup.deadline_s,
+        "landing": cms[0].landing,
+        "plan_landings": [
+            {"trigger": trig, "at": t, "landed": round(land, 3), "delay_s": round(land - t, 3)}
+            for t, trig, land in state.log
+        ],
+        "plan_delay_s": {k: round(v, 3) for k, v in spread([land - t for t, _, land in state.log]).items()},
+        "allocator_ms": {
+            part: {k: round(1e3 * v, 1) for k, v in spread([getattr(x, part) for x in alloc.times]).items()}
+            for part in ("build_s", "submit_s", "wait_s", "finish_s")
+        },
         "bus": {"routed": mesh.broker.stats.routed, "published": mesh.broker.stats.published},
         "actors": {k: {**v, "busy_s": round(v["busy_s"], 3)} for k, v in sorted(per.items())},
     }
@@ -291,6 +319,19 @@ def main() -> None:
         f"{cpu:.1f} s CPU; bus: {out['bus']['routed']} routed, {out['bus']['published']} published"
     )
     print(f"  {out['plans']} plans, by trigger: {out['plan_triggers']}; at simulated t: {out['plan_times']}")
+    d = out["plan_delay_s"]
+    print(
+        f"  plan delay (landing - start, simulated s; D = {setup.deadline_s:g} s, plans land on {out['landing']}): "
+        f"median {d['p50']:.2f}, max {d['max']:.2f}; per plan (trigger start -> landing +delay):"
+    )
+    for r in out["plan_landings"]:
+        print(f"    {r['trigger']:<24} t={r['at']:>9.3f} -> {r['landed']:>9.3f}  +{r['delay_s']:.3f}")
+    a = out["allocator_ms"]
+    print(
+        "  allocator per plan, wall ms (median / max): "
+        + ", ".join(f"{k[:-2]} {v['p50']:.1f} / {v['max']:.1f}" for k, v in a.items())
+        + " (build, submit and finish hold the clock; wait is the solve, held only at --speed max)"
+    )
     print(
         f"  start-up: {out['start_s']:.2f} s wall to the actors' start, then {out['first_step_s']:.2f} s to the "
         "clock's first step"

@@ -104,9 +104,10 @@ def render_status(
         diff = " ".join(
             f"{'+' if c.delta > 0 else ''}{c.delta} {c.deployment}/{c.template_id[:6]}@{c.region}" for c in st.plan.diff
         )
+        landed = f", landed +{st.landed - p.at:,.1f} s" if st.landed is not None else ""
         lines.append(
             Text(
-                f"plan #{p.seq} at t={p.at:,.0f} ({p.trigger}): ${p.cost_per_hour:,.2f}/h, {p.status}, "
+                f"plan #{p.seq} at t={p.at:,.0f} ({p.trigger}{landed}): ${p.cost_per_hour:,.2f}/h, {p.status}, "
                 f"solve {p.solve_s * 1e3:,.0f} ms; diff {diff or 'none'}"
             )
         )

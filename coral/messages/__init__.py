@@ -99,7 +99,7 @@ from coral.messages.mesh import (
     MeshTiming,
     SetupError,
 )
-from coral.messages.plan import NewPlan, PlanChange, PlanInputs
+from coral.messages.plan import SOLVER, NewPlan, PlanAnswer, PlanChange, PlanInputs
 from coral.messages.requests import (
     GATEWAY,
     OUTCOME_KINDS,
@@ -137,6 +137,7 @@ __all__ = [
     "PRICE_WATCHER",
     "ROUTABLE_STATES",
     "ROUTER",
+    "SOLVER",
     "SUPERVISOR",
     "AllocatorState",
     "ApiRefused",
@@ -182,6 +183,7 @@ __all__ = [
     "PauseAllocator",
     "PendingStart",
     "PinTemplate",
+    "PlanAnswer",
     "PlanChange",
     "PlanInputs",
     "PlanPreview",

@@ -26,9 +26,9 @@ from coral.templates import Template
 
 SETUP_VERSION = 1
 
-INPUT_SOURCES = ("feed.market", "feed.traffic", "feed.faults", "operator", "gateway")
+INPUT_SOURCES = ("feed.market", "feed.traffic", "feed.faults", "operator", "gateway", "solver")
 """Senders of external inputs: what a replay feeds into a fresh mesh."""
-INPUT_TAGS = ("mkt.quote", "req.arrivals", "req.finish", "fleet.fault", "req.proxied")
+INPUT_TAGS = ("mkt.quote", "req.arrivals", "req.finish", "fleet.fault", "req.proxied", "plan.answer")
 DECISION_TAGS = (
     "mkt.update",
     "dem.update",

@@ -4,6 +4,10 @@
 replay re-solves with exactly that effort. ``diff`` lists instance counts to start (positive) or stop
 (negative) per (deployment, template, region). ``inputs`` names the sequence numbers of the demand,
 market and fleet updates the plan was solved from (0: none yet).
+
+``PlanAnswer`` is an external input of a live run: the solver's answer to plan ``seq`` reached the mesh
+at the kernel time it is delivered (sent by ``SOLVER``, journaled, and fed again by a replay); the
+allocator publishes that plan then, or at its start + the deadline if that is later (``actors.allocator``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,18 @@ class PlanInputs:
     demand_seq: int = 0
     market_seq: int = 0
     fleet_seq: int = 0
+
+
+SOLVER = "solver"
+"""The sender of ``PlanAnswer`` inputs (the run's driver, on the solver process's behalf)."""
+
+
+@message("plan.answer")
+@attrs.frozen
+class PlanAnswer:
+    """The solver's answer to plan ``seq`` reached the mesh (see the module docstring)."""
+
+    seq: int
 
 
 @message("plan.new")
