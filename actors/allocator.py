@@ -97,13 +97,15 @@ from coral.plan import Plan, PlanRequest
 from coral.scenario import Deployment, Scenario
 from coral.templates import Template
 from coral.workload import Slo
-from solvers.allocation import AllocationProblem, AllocationResult, SolverEffort
+from solvers.allocation import AllocationProblem, AllocationResult, AllocTemplate, SolverEffort
 from solvers.planning import Planner, policy_admits, to_plan
 
 PUBLISH_SHARE = 0.12
 """Share of the reaction deadline kept for turning the solution into a plan and publishing it."""
 MIN_SOLVE_SHARE = 0.25
 """The solver gets at least this share of the deadline, however long the problem took to build."""
+Columns = tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]]
+"""``Planner.program_columns``: the program's columns and the (deployment, template) of each."""
 LANDINGS = ("answer", "deadline")
 """How a plan in flight learns when to land (see the module docstring)."""
 
@@ -275,6 +277,9 @@ class Allocator(TickActor):
         self.landing = landing
         self.answers = answers
         """Collects the answers of a live run with ``landing="answer"`` (None in a replay: its feed has them)."""
+        self._columns: tuple[tuple[tuple[str, ...], ...], Columns] | None = None
+        """The allocation program's columns (``Planner.program_columns``), kept while the usable templates
+        (their ids per deployment) stay the same: they depend on nothing else a plan changes."""
         self.answered: dict[int, float] = {}
         """Plan sequence -> the kernel time its ``PlanAnswer`` was received (``landing="answer"``)."""
         self.times: list[StepTimes] = []
@@ -466,6 +471,9 @@ class Allocator(TickActor):
             sc = attrs.evolve(sc, planner=attrs.evolve(sc.planner, churn_factor=self.churn))
         tpls = {d: self.usable(d) for d in self.deployments}
         planner = Planner(self.policy, sc, self.catalog, self.perf, tpls, self.deadline_s)
+        key = tuple(tuple(t.id for t in ts) for ts in tpls.values())
+        if self._columns is None or self._columns[0] != key:
+            self._columns = (key, planner.program_columns())
         req = PlanRequest(now, dict(self.demand), dict(self.prices), dict(self.avail), dict(self.current), trigger)
         seq = self.seq + 1
         effort = self.efforts.get(seq)
@@ -473,7 +481,7 @@ class Allocator(TickActor):
             effort = SolverEffort()
 
         started = time.perf_counter()  # transport-side timing: the deadline, never a decision input
-        prob, index = planner.problem(req)
+        prob, index = planner.problem(req, self._columns[1])
         spent = time.perf_counter() - started
         left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
         solver = self.solver_process()

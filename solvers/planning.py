@@ -179,15 +179,17 @@ class Planner:
     """Solves the allocation program: ``solve_allocation`` here, or a solver process's ``solve`` (its owner
     passes it in)."""
 
-    def problem(self, req: PlanRequest) -> tuple[AllocationProblem, list[tuple[Deployment, Template]]]:
-        sc, cat = self.scenario, self.catalog
-        deps = list(sc.deployments)
+    def program_columns(self) -> tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]]:
+        """The program's columns, one per template of each deployment, and the (deployment, template) each
+        stands for. They depend on the templates and the scenario's deployments, node types and utilisation
+        only: a caller that plans again over the same templates may keep them (``problem(req, columns)``),
+        and the shared tuple also spares their validation (``solvers.allocation.problem``)."""
+        sc = self.scenario
         nodes = list(sc.node_types)
-        regions = list(sc.regions)
         gidx = {n: i for i, n in enumerate(nodes)}
         columns: list[AllocTemplate] = []
         index: list[tuple[Deployment, Template]] = []
-        for m, d in enumerate(deps):
+        for m, d in enumerate(sc.deployments):
             for t in self.templates[d.name]:
                 counts = np.zeros(len(nodes), dtype=np.int64)
                 for n, c in t.node_counts.items():
@@ -207,6 +209,20 @@ class Planner:
                     )
                 )
                 index.append((d, t))
+        return tuple(columns), index
+
+    def problem(
+        self,
+        req: PlanRequest,
+        columns: tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]] | None = None,
+    ) -> tuple[AllocationProblem, list[tuple[Deployment, Template]]]:
+        """The allocation program for ``req`` over ``columns`` (default: ``self.program_columns()``), and its index."""
+        sc, cat = self.scenario, self.catalog
+        deps = list(sc.deployments)
+        nodes = list(sc.node_types)
+        regions = list(sc.regions)
+        gidx = {n: i for i, n in enumerate(nodes)}
+        cols, index = columns if columns is not None else self.program_columns()
         price = np.full((len(regions), len(nodes)), np.inf)
         avail = np.zeros((len(regions), len(nodes)), dtype=np.int64)
         for (r, n), p in req.prices.items():
@@ -215,7 +231,7 @@ class Planner:
         for (r, n), a in req.availability.items():
             if r in regions and n in gidx:
                 avail[regions.index(r), gidx[n]] = a
-        keys = {c.key for c in columns}
+        keys = {c.key for c in cols}
         current = {}
         for (dep, tid, r), cnt in req.current.items():
             key = f"{dep}/{tid}"
@@ -238,7 +254,7 @@ class Planner:
             regions=regions,
             price=price,
             avail=avail,
-            templates=columns,
+            templates=cols,
             current=current,
             churn_factor=sc.planner.churn_factor,
             utilisation=sc.planner.utilisation,
