@@ -287,10 +287,13 @@ class Allocator(TickActor):
 
     async def started(self) -> None:
         """Spawn the solver process and wait for its ``Ready`` (at most ``READY_S``) before the actor counts
-        as started, so that the mesh's clock does not run while the child imports highspy and numpy."""
+        as started, so that the mesh's clock does not run while the child imports highspy and numpy; build
+        the first plan's program columns meanwhile too (``program_columns``)."""
         if self.solver is None:
             self.solver = SolverProcess()
         await self.solver.start_async(READY_S)
+        tpls = {d: self.usable(d) for d in self.deployments}  # the first plan's columns, before the clock runs
+        self.program_columns(Planner(self.policy, self.scenario, self.catalog, self.perf, tpls, self.deadline_s))
         if self.pending is not None:  # a restart while a plan was in flight: it is still published on time
             self.wake_at(max(self.pending.due, next_instant(self.ctx.now())))
 
@@ -455,6 +458,13 @@ class Allocator(TickActor):
         self.triggers.clear()
         await self.solve(now, trigger)
 
+    def program_columns(self, planner: Planner) -> Columns:
+        """``planner.program_columns()``, kept while the templates it plans over (their ids) stay the same."""
+        key = tuple(tuple(t.id for t in planner.templates[d]) for d in self.deployments)
+        if self._columns is None or self._columns[0] != key:
+            self._columns = (key, planner.program_columns())
+        return self._columns[1]
+
     def solver_process(self) -> SolverProcess:
         """The solver process (spawned here when the actor has not started it)."""
         if self.solver is None:
@@ -471,9 +481,7 @@ class Allocator(TickActor):
             sc = attrs.evolve(sc, planner=attrs.evolve(sc.planner, churn_factor=self.churn))
         tpls = {d: self.usable(d) for d in self.deployments}
         planner = Planner(self.policy, sc, self.catalog, self.perf, tpls, self.deadline_s)
-        key = tuple(tuple(t.id for t in ts) for ts in tpls.values())
-        if self._columns is None or self._columns[0] != key:
-            self._columns = (key, planner.program_columns())
+        columns = self.program_columns(planner)
         req = PlanRequest(now, dict(self.demand), dict(self.prices), dict(self.avail), dict(self.current), trigger)
         seq = self.seq + 1
         effort = self.efforts.get(seq)
@@ -481,7 +489,7 @@ class Allocator(TickActor):
             effort = SolverEffort()
 
         started = time.perf_counter()  # transport-side timing: the deadline, never a decision input
-        prob, index = planner.problem(req, self._columns[1])
+        prob, index = planner.problem(req, columns)
         spent = time.perf_counter() - started
         left = max((1.0 - PUBLISH_SHARE) * self.deadline_s - spent, MIN_SOLVE_SHARE * self.deadline_s)
         solver = self.solver_process()

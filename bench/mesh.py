@@ -148,6 +148,25 @@ def slowest(trace: list[tuple[float, float, float]], busy: list[dict[str, float]
     ]
 
 
+def idle_core(steps: list[tuple[float, float]], v0: float, speed: float | None) -> dict[str, Any]:
+    """The pace an idle core would have kept, estimated from the CPU time of each step (this process
+    only: the mesh runs on one thread; the solver process has a core of its own): each step starts at
+    its paced wall time or when the one before it ended, whichever is later, and lasts its CPU time. A
+    loaded machine stretches wall time, not CPU time much, so this shows what the mesh itself costs.
+    Returns the CPU seconds of the slowest steps and, paced, the worst lag (simulated s) this gives."""
+    slow = sorted(steps, key=lambda r: -r[1])[:5]
+    out: dict[str, Any] = {"slowest_cpu": [{"t": t, "cpu_s": round(c, 3)} for t, c in slow]}
+    if speed is not None:
+        wall, worst, at = 0.0, 0.0, math.nan
+        for t, c in steps:
+            wall = max(wall, (t - v0) / speed) + c
+            lag = wall * speed - (t - v0)
+            if lag > worst:
+                worst, at = lag, t
+        out["behind_s"], out["behind_at"] = round(worst, 2), at
+    return out
+
+
 def behind_at(trace: list[tuple[float, float, float]], duration_s: float, parts: int = 6) -> list[list[float]]:
     """How far behind the pace (simulated s) the clock was at each ``duration_s / parts`` of the run."""
     out = []
@@ -195,8 +214,10 @@ def main() -> None:
     async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
         meshes.append(mesh)
         cms.append(cm)
-        t0.extend((time.monotonic(), mesh.clock.now()))
+        t0.extend((time.monotonic(), mesh.clock.now(), time.process_time()))
         started.append(t0[0] - started[0])
+
+    cpu_steps: list[tuple[float, float]] = []  # per step: (simulated t, CPU s of this process in it)
 
     def on_step(t: float) -> None:
         if t0:
@@ -204,6 +225,9 @@ def main() -> None:
             lag = wall * speed - (t - t0[1]) if speed is not None else 0.0
             behind[0] = max(behind[0], lag)
             trace.append((wall, t, lag))
+            cpu = time.process_time()
+            cpu_steps.append((t, cpu - t0[2]))
+            t0[2] = cpu
             now = grouped_busy(meshes[0])
             busy.append({k: v - last.get(k, 0.0) for k, v in now.items() if v - last.get(k, 0.0) > 1e-3})
             last.clear()
@@ -285,6 +309,7 @@ def main() -> None:
         "first_step_s": round(trace[0][0], 2) if trace else None,
         "worst": worst(trace, speed),
         "slowest_steps": slowest(trace, busy),
+        "idle_core": idle_core(cpu_steps, t0[1] if t0 else 0.0, speed),
         "behind_at": behind_at(trace, sc.duration_s) if speed is not None else None,
         "load_before": [round(x, 2) for x in load0],
         "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -343,6 +368,13 @@ def main() -> None:
             f"at simulated t={w['t']:.0f} ({w['wall_s']:.1f} s into the run)"
         )
         print("  behind the pace (simulated t: s): " + ", ".join(f"{t}: {b}" for t, b in out["behind_at"]))
+    ic = out["idle_core"]
+    print(
+        "  on an idle core (each step's CPU time, paced): "
+        + (f"at most {ic['behind_s']:.2f} simulated s behind at t={ic['behind_at']:.0f}; " if speed else "")
+        + "slowest steps' CPU: "
+        + ", ".join(f"{r['cpu_s']:.3f} s at t={r['t']:.0f}" for r in ic["slowest_cpu"])
+    )
     print("  slowest steps (wall s, ending at simulated t, busiest actors in it):")
     for r in out["slowest_steps"]:
         who = ", ".join(f"{k} {v:.2f} s" for k, v in r["busy"].items())
