@@ -7,7 +7,9 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
 - ``--speed max`` (the default): as fast as possible; reported: wall seconds, CPU seconds of this
   process, simulated seconds per wall second (target: the default hour in at most 60 s wall);
 - ``--speed N``: paced at N simulated seconds per wall second; reported: how far the clock fell behind
-  the pace at its worst, when, and at each sixth of the run (target at 60: never more than 5 s behind);
+  the pace at its worst, when, and at each sixth of the run (target at 60: never more than 5 s behind),
+  and the worst lag an idle core would have given, from each step's CPU time (``idle_core``: on a shared
+  machine the measured lag is mostly the machine's);
 - the plans with their triggers and times, each plan's landing (the kernel time it was published) and
   delay (landing minus start: the deadline D at ``--speed max``, later when paced and the answer came
   after D: ``actors.allocator``), the allocator's own wall time per plan (building the problem, handing
