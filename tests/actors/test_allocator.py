@@ -25,14 +25,33 @@ def _market(sc: Scenario, world: World, seq: int = 1) -> MarketUpdate:
     return MarketUpdate(seq, 0.0, quotes, quotes)
 
 
-async def _allocator(world: World, *, deterministic: bool = True) -> tuple[Allocator, FakeContext, Scenario]:
+async def _allocator(
+    world: World, *, deterministic: bool = True, landing: str = "deadline"
+) -> tuple[Allocator, FakeContext, Scenario]:
     sc = world.scenario("mesh-steady")
     with TemplateStore(world.store, readonly=True) as store:
         lib = library_for(store, sc)
     a = Allocator(
-        tick_s=1.0, scenario=sc, catalog=world.catalog, perf=world.perf, library=lib, deterministic=deterministic
+        tick_s=1.0,
+        scenario=sc,
+        catalog=world.catalog,
+        perf=world.perf,
+        library=lib,
+        deterministic=deterministic,
+        landing=landing,
     )
     return a, await attach(a), sc
+
+
+async def start_first_plan(a: Allocator, ctx: FakeContext, sc: Scenario, world: World) -> float:
+    """Give the allocator a market and a demand at t = 1.3; return when its first plan started (in flight)."""
+    await ctx.run_until(1.3)
+    demand = {x.name: 2 * x.demand.at(0.0) for x in sc.deployments}
+    await a.handle(envelope(_market(sc, world)))
+    await a.handle(envelope(DemandUpdate(1, 1.3, demand, demand)))
+    start = next_instant(1.3)
+    await ctx.run_until(start)
+    return start
 
 
 def _plans(ctx: FakeContext) -> list[NewPlan]:
@@ -98,12 +117,7 @@ async def test_under_a_deadline_a_plan_is_published_at_its_start_plus_the_deadli
     try:
         d = sc.planner.deadline_s
         assert a.delay_s == d > 0
-        await ctx.run_until(1.3)
-        due = next_instant(1.3)
-        demand = {x.name: 2 * x.demand.at(0.0) for x in sc.deployments}
-        await a.handle(envelope(_market(sc, world)))
-        await a.handle(envelope(DemandUpdate(1, 1.3, demand, demand)))
-        await ctx.run_until(due)
+        due = await start_first_plan(a, ctx, sc, world)
         assert _plans(ctx) == [] and a.pending is not None and a.pending.due == due + d  # submitted, not published
         await a.handle(envelope(Replan(), source="operator"))  # while the first is in flight
         await ctx.run_until(due + 0.5)

@@ -4,17 +4,13 @@ time; here the test delivers the answers, as a replay's feed does, and the alloc
 
 from __future__ import annotations
 
-from actors.allocator import Allocator
 from actors.base import HOP_S, next_instant
-from actors.compose import library_for
 from coral.messages.control import Replan
-from coral.messages.demand import DemandUpdate
 from coral.messages.plan import SOLVER, NewPlan, PlanAnswer
-from coral.store import TemplateStore
 
 from ..mesh.helpers import World
-from .fake import attach, envelope
-from .test_allocator import _market
+from .fake import envelope
+from .test_allocator import _allocator, start_first_plan
 
 
 def _plans(published: list[object]) -> list[NewPlan]:
@@ -22,20 +18,11 @@ def _plans(published: list[object]) -> list[NewPlan]:
 
 
 async def test_a_plan_lands_at_its_answer_or_at_its_start_plus_the_deadline_whichever_is_later(world: World) -> None:
-    sc = world.scenario("mesh-steady")
-    with TemplateStore(world.store, readonly=True) as store:
-        lib = library_for(store, sc)
-    a = Allocator(tick_s=1.0, scenario=sc, catalog=world.catalog, perf=world.perf, library=lib, landing="answer")
-    ctx = await attach(a)
+    a, ctx, sc = await _allocator(world, deterministic=False, landing="answer")
     try:
         d = a.delay_s
         assert d == sc.planner.deadline_s > 0
-        await ctx.run_until(1.3)
-        start = next_instant(1.3)
-        demand = {x.name: 2 * x.demand.at(0.0) for x in sc.deployments}
-        await a.handle(envelope(_market(sc, world)))
-        await a.handle(envelope(DemandUpdate(1, 1.3, demand, demand)))
-        await ctx.run_until(start)
+        start = await start_first_plan(a, ctx, sc, world)
         assert a.pending is not None and a.pending.seq == 1 and a.pending.due == start + d
         await ctx.run_until(start + 3 * d)  # past its deadline with no answer: the clock ran on, nothing landed
         assert _plans(ctx.published) == [] and a.pending is not None
