@@ -185,10 +185,21 @@ class Answers:
         out, self.ready = self.ready, []
         return out
 
-    async def wait(self) -> None:
-        """Wait until no plan is left unanswered (``--speed max``: the clock stands meanwhile)."""
-        while self.flights:
-            await self._changed.wait()
+    async def wait(self, stop: anyio.Event | None = None) -> None:
+        """Wait until no plan is left unanswered (``--speed max``: the clock stands meanwhile) or ``stop``."""
+        if not self.flights:
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def stopped(stop: anyio.Event) -> None:
+                await stop.wait()
+                tg.cancel_scope.cancel()
+
+            if stop is not None:
+                tg.start_soon(stopped, stop)
+            while self.flights:
+                await self._changed.wait()
+            tg.cancel_scope.cancel()
 
     async def run(self) -> None:
         """Collect results for ever (cancelled with the run)."""

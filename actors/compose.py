@@ -409,7 +409,7 @@ async def _drive(
         """Deliver the plan answers that came (unpaced: first wait for those still in flight)."""
         assert answers is not None
         if pace is None:
-            await answers.wait()
+            await answers.wait(stop)
         got = answers.take()
         if got:
             deliver(mesh, [Input(clock.now(), SOLVER, ALLOCATOR, a) for a in got])

@@ -30,12 +30,18 @@ SPEED = 50.0
 
 
 class SlowSolverProcess(SolverProcess):
-    """A solver process whose answers come ``SLOW_S`` wall seconds late (a solve that outlasts D/speed)."""
+    """A solver process whose answers come ``late_s`` wall seconds late (a solve that outlasts D/speed)."""
+
+    late_s = SLOW_S
 
     async def collect_async(self, flight: Flight, **kw: Any) -> AllocationResult:
         res = await super().collect_async(flight, **kw)
-        await anyio.sleep(SLOW_S)
+        await anyio.sleep(self.late_s)
         return res
+
+
+class StuckSolverProcess(SlowSolverProcess):
+    late_s = 3600.0
 
 
 def _landings(path: Path) -> tuple[list[tuple[int, float, float]], dict[int, float]]:
@@ -97,3 +103,27 @@ def test_a_journal_with_plans_and_no_answers_lands_them_at_the_deadline() -> Non
         rec = read_recording(journal_path(name))
         assert not any(isinstance(i.msg, PlanAnswer) for i in rec.inputs)
         assert rec.landing() == "deadline"
+
+
+async def test_a_stop_at_full_speed_ends_the_run_without_waiting_for_the_answer(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actors.allocator, "SolverProcess", StuckSolverProcess)
+    sc = world.scenario("mesh-steady")
+    setup = world.setup("mesh-steady", LIVE, sc)
+    stop = anyio.Event()
+    meshes: list[CoralMesh] = []
+
+    async def on_start(_mesh: Any, cm: CoralMesh) -> None:
+        meshes.append(cm)
+
+    async def stopper() -> None:
+        while not (meshes and meshes[0].answers is not None and meshes[0].answers.flights):
+            await anyio.sleep(0.01)
+        stop.set()  # the clock stands at the first plan's start, waiting for an answer that will not come
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stopper)
+        with anyio.fail_after(60):  # a hang guard, not a speed target
+            res = await run_mesh(setup, sc, world.catalog, world.perf, stop=stop, on_start=on_start)
+    assert res.reason == "stopped" and res.state.plans == 0
