@@ -244,7 +244,6 @@ def main() -> None:
     def compare(mesh_summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
         with TemplateStore(Path(store), readonly=True) as st:
             plan_fn, templates = make_planner(args.policy, sc, cat, perf, st, solve=solve)
-        dur = args.duration if args.duration is not None else sc.duration_s
         delay = publish_delay(setup.deadline_s, setup.deterministic)  # plans take effect when the mesh's do
         cfg = SimConfig.for_cloud(setup.cloud, monitor=setup.demand, plan_delay_s=delay)
         arrivals = deployment_arrivals(
@@ -297,6 +296,7 @@ def main() -> None:
         row["handled"] += c.handled
         row["ticks"] += c.timers
         row["busy_s"] += c.busy_s
+    dur = args.duration if args.duration is not None else sc.duration_s
     simulated = res.end + setup.timing.warmup_s  # the run starts warmup_s before the scenario's time 0
     out: dict[str, Any] = {
         "scenario": sc.name,
@@ -312,7 +312,7 @@ def main() -> None:
         "worst": worst(trace, speed),
         "slowest_steps": slowest(trace, busy),
         "idle_core": idle_core(cpu_steps, t0[1] if t0 else 0.0, speed),
-        "behind_at": behind_at(trace, sc.duration_s) if speed is not None else None,
+        "behind_at": behind_at(trace, dur) if speed is not None else None,
         "load_before": [round(x, 2) for x in load0],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "plans": len(state.log),
