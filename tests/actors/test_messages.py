@@ -23,6 +23,7 @@ SAMPLES: list[object] = [
     m.MarketUpdate(1, 1.0, (m.Quote("r1", "a", 1.5, 4),), (m.Quote("r1", "a", 1.5, 4),), ("r1/a",), "operator"),
     m.DemandUpdate(2, 3.0, {"chat": 1.5}, {"chat": 1.2}, ("chat",), "operator"),
     m.NewPlan(PLAN, (m.PlanChange("chat", "t1", "r1", 2),), m.PlanInputs(1, 2, 3)),
+    m.PlanAnswer(3),
     m.FleetUpdate(4, 5.0, (INFO,), ("i0",), (), ("i9",), (m.PendingStart("chat", "t1", "r1", 1),), 3.5, 0.25, "plan"),
     m.FleetAction(1.0, "start", "i1", "chat", "t1", "r1", "plan 1"),
     m.NodeLost(2.0, "n1", "r1", "a", "i1", "heartbeat"),
