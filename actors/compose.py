@@ -11,6 +11,8 @@ wall time, and an input
 that arrives in wall time (the mesh's doorbell: an HTTP request at the gateway) makes it step at once to
 the paced time of that arrival, where ``on_step`` delivers it: nothing waits for the next tick. Unpaced,
 the clock still stops at each of those deadlines inside ``VirtualClock.advance_to``: the same decisions.
+A live run's plan answers (``actors.allocator.Answers``) are such inputs too: the driver delivers each
+when it came (paced) or holds the clock at the plan's start until it comes (unpaced).
 Because every decision depends only on the inputs and their kernel times (see ``actors.base``), a run
 recorded to a journal replays exactly (``actors.replay``); a live run is the same computation, paced.
 
