@@ -52,6 +52,7 @@ KINDS = (
     (b"VLLM::EngineCore", "vLLM engine core"),
     (b"VLLM::Worker", "vLLM worker (pipeline rank)"),
     (b"VLLM", "vLLM, other"),
+    (b"multiprocessing.spawn", "spawned child (multiprocessing: solver process, pool worker)"),
     (b"exec(eval(sys.stdin", "pytest-xdist worker (execnet)"),
     (b"pytest", "pytest"),
     (b"coral.cli", "coral CLI run"),
@@ -60,9 +61,13 @@ KINDS = (
 """How ``bench/test_tiers.py`` names a process, by the first marker in its command line (vLLM renames its
 processes, e.g. ``VLLM::EngineCore``)."""
 
+PROVISIONAL = frozenset({"other", "spawned child (multiprocessing: solver process, pool worker)"})
+"""Kinds read again at every sample: vLLM renames its engine core and workers some seconds after they
+start; until then they look like any spawned child."""
+
 
 def process_kind(pid: int) -> str:
-    """The kind of process ``pid`` (``KINDS``), read once when it is first seen."""
+    """The kind of process ``pid`` (``KINDS``) from its command line now."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read(4096)
@@ -95,7 +100,7 @@ class TreeCpu:
             pid = todo.pop()
             _, start, cpu = stats[pid]
             self.seen[(pid, start)] = cpu
-            if (pid, start) not in self.kinds:
+            if self.kinds.get((pid, start), "other") in PROVISIONAL:
                 self.kinds[(pid, start)] = process_kind(pid)
             todo += kids.get(pid, [])
 

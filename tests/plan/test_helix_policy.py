@@ -80,6 +80,8 @@ demand = DEMAND
 
 Env = tuple[Path, Path]
 
+pytestmark = pytest.mark.xdist_group("helix-policy")  # the module's store (``env``) is built once a run, not per worker
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
@@ -96,13 +98,21 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     return sc, store
 
 
+_PLANS: dict[tuple[str, str, str], dict[str, Any]] = {}
+"""``plan``'s answers on the module's own scenario, kept for the run: two tests read the same helix plan."""
+
+
 def plan(sc: Path, store: Path, capsys: pytest.CaptureFixture[str], policy: str) -> dict[str, Any]:
+    key = (str(sc), str(store), policy)
+    if key in _PLANS:
+        return _PLANS[key]
     capsys.readouterr()
     argv = ["plan", "--scenario", str(sc), "--store", str(store), "--no-build", "--json", "--policy", policy]
     if policy == "helix":  # a time limit that a loaded machine cannot hit: the tests ask for a proven optimum
         argv += ["--helix-limit", "300"]
     assert main(argv) == 0
-    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+    _PLANS[key] = json.loads(capsys.readouterr().out)
+    return _PLANS[key]
 
 
 def with_demand(env: Env, tmp_path: Path, demand: float) -> Path:

@@ -17,7 +17,7 @@ from solvers.rules import evaluate_placement, placement_roles
 from solvers.shapes import exhaustive_shapes, shape_search
 from solvers.small import exact_small
 from tests.solvers.instances import mixed_paths_problem, random_shaped_roles, random_tiny_problem, with_roles
-from tests.solvers.test_placement import _check_placement, _same, agree_with_brute
+from tests.solvers.test_placement import LIMIT, _check_placement, _same, agree_with_brute
 
 
 def test_placement_roles_count_every_path() -> None:
@@ -108,7 +108,7 @@ def test_four_node_role_instances_agree_with_brute_force(seed: int) -> None:
         base = random_tiny_problem(rng, n=4, num_layers=int(rng.integers(2, 6)), max_options=int(rng.integers(1, 3)))
         p = with_roles(rng, base, variants=1)
         ref = brute_force_place(p)
-        for res in (place(p), milp_place(p)):
+        for res in (place(p, time_limit=LIMIT), milp_place(p, time_limit=LIMIT)):
             assert _same(ref, res), (ref, res)
             _check_placement(p, res)
 

@@ -47,8 +47,10 @@ def quiet(app: CoralTui) -> CoralTui:
     return app
 
 
-async def until(pilot: Pilot[Any], cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Let the app run until ``cond()`` holds; fail naming ``what`` if it does not within ``timeout``."""
+async def until(pilot: Pilot[Any], cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Let the app run until ``cond()`` holds; fail naming ``what`` if it does not within ``timeout``. It
+    returns as soon as ``cond()`` holds: ``timeout`` only bounds a wait that would hang, so it is far above
+    what a wait takes alone (10 s timed out at load 15-20)."""
     with anyio.move_on_after(timeout):
         while not cond():
             await pilot.pause(0.02)

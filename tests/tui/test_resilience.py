@@ -70,7 +70,7 @@ async def test_a_command_without_an_answer_fails_and_is_dropped_not_resent(tmp_p
             assert app.state.commands[-1].status == "pending"
             await pilot.pause(0.05)
             assert "1 cmd waiting" in str(app.query_one("#status").render())  # the short form, at 80 columns
-            await until(pilot, lambda: app.state.commands[-1].status == "failed", "the command to time out", 5.0)
+            await until(pilot, lambda: app.state.commands[-1].status == "failed", "the command to time out")
             assert app.state.commands[-1].reason.startswith("no answer within 1 s; not resent")
             app.command_timeout_s = 60.0
             app.send_command("pause", PauseAllocator(True))
