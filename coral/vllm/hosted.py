@@ -85,6 +85,9 @@ class HostTable:
     def register(self, hello: WorkerHello, bus: str) -> None:
         rec = HostRec(hello.name, hello.region, hello.node, hello.gpus, hello.engine_host, bus, hello.incarnation)
         rec.running = {r.key: r for r in hello.running}
+        cur = self.hosts.get(hello.name)
+        if cur is not None and cur.incarnation == hello.incarnation:  # the same worker again: keep what it told
+            rec.exited, rec.refused = cur.exited, cur.refused
         self.hosts[hello.name] = rec
         log.info("host %s registered (%s, %s, engine %s, %d servers running)", *attrs.astuple(hello)[:2],
                  hello.node, hello.engine_host, len(hello.running))  # fmt: skip
@@ -189,19 +192,25 @@ class HostedEngine(VllmEngine):
 
     @property
     def fault(self) -> str:
-        """Why the engine is broken: its own fault, else a lost host or a server that exited or was refused."""
+        """Why the engine is broken: its own fault, else a lost host or a server that exited or was refused.
+
+        A lost host, an exit or a refusal is kept as the engine's own fault once seen: the host's record may
+        change afterwards (a worker that registers again starts a new record), but the node stays lost.
+        """
         if self._fault or not self.hosts:
             return self._fault
         for host, key in zip(self.hosts, self.keys, strict=True):
             rec = self.table.hosts.get(host)
             if rec is None:
-                return f"host {host} is not registered"
+                return f"host {host} is not registered"  # not kept: a resumed kernel hears from it later
             if not rec.alive:
-                return rec.lost_reason
-            if key in rec.exited:
-                return rec.exited[key]
-            if key in rec.refused:
-                return f"launch refused by host {host}: {rec.refused[key]}"
+                self._fault = rec.lost_reason
+            elif key in rec.exited:
+                self._fault = rec.exited[key]
+            elif key in rec.refused:
+                self._fault = f"launch refused by host {host}: {rec.refused[key]}"
+            if self._fault:
+                return self._fault
         return ""
 
     @fault.setter
