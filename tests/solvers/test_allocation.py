@@ -673,7 +673,7 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
         ],
         churn_factor=0.0,
     )  # fmt: skip
-    res = solve_allocation(p, deadline_s=30, mip_gap=0.0, decompose=True)
+    res = solve_allocation(p, deadline_s=30, mip_gap=0.0, decompose=True, master=False)
     assert res.status == "optimal"
     assert res.split_groups == 3  # a, b, then {a, b}
     assert res.cost_per_hour == pytest.approx(4.0)
@@ -681,7 +681,7 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
     # the joint MIP told to stop at its first solution: the full MIP finishes, with the models' bounds as
     # cuts (HiGHS solves this joint MIP before its first interrupt check, so it records no stop: it finished)
     stopped = SolverEffort(split=[(0b11, 1)])
-    cut = solve_allocation(p, effort=stopped, mip_gap=0.0, decompose=True)
+    cut = solve_allocation(p, effort=stopped, mip_gap=0.0, decompose=True, master=False)
     assert cut.effort in (stopped, SolverEffort())
     assert cut.status == "optimal"
     assert cut.cost_per_hour == pytest.approx(4.0)
@@ -726,8 +726,8 @@ def test_same_effort_gives_the_same_plan() -> None:
     # each model's own MIP stopped at its first solution: the decomposition proves nothing, and the
     # full MIP then stops at its second
     fixed = SolverEffort(cost=2, split=[(1 << m, 1) for m in range(p.num_models) if p.demand_rps[m] > 0])
-    a = solve_allocation(p, effort=fixed, decompose=True)
-    b = solve_allocation(p, effort=fixed, decompose=True)
+    a = solve_allocation(p, effort=fixed, decompose=True, master=False)
+    b = solve_allocation(p, effort=fixed, decompose=True, master=False)
     assert a.counts == b.counts
     assert a.effort == b.effort == fixed
     assert a.status != "optimal"
@@ -766,16 +766,20 @@ class FakeClock:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("kind", "decompose"), [("scarce", False), ("plenty", True), ("plenty", False)], ids=["scarce", "split", "full"]
+    ("kind", "decompose", "master"),
+    [("scarce", False, True), ("plenty", True, False), ("plenty", False, False)],
+    ids=["scarce", "split", "full"],
 )
-def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool) -> None:
+def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool, master: bool) -> None:
     """Cut the solve at each of its first clock readings (the phase boundaries: LP, dive, decomposition,
-    serve, cost) and at readings inside its MIPs: each result's effort replays its plan exactly."""
+    serve, cost) and at readings inside its MIPs: each result's effort replays its plan exactly. (The
+    master rounds, which end the plenty case before the decomposition, have their own test in
+    ``test_alloc_master``.)"""
     if kind == "scarce":
         p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
     else:
         p = generate("core", 8, seed=2, load=0.2)
-    kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2}
+    kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2, "master": master}
     counting = FakeClock(None)
     solve_allocation(p, deadline_s=3600.0, clock=counting, **kw)  # type: ignore[arg-type]
     seen = set()
