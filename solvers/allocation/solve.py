@@ -30,8 +30,8 @@ Solution path
    one group holds every model. In a group's MIP, a variable whose one unit costs more than the
    group's part of the best plan so far is left out (costs are nonnegative, so it cannot be in a
    better plan).
-6. The portfolio (``_restrict_phase``), unless the master MIPs or the decomposition proved the plan optimal (no
-   restriction can then beat it): each baseline's restriction (``RESTRICTIONS``: homogeneous
+6. The portfolio (``_restrict_phase``), unless the master MIPs or the decomposition proved the plan
+   optimal (no restriction can then beat it): each baseline's restriction (``RESTRICTIONS``: homogeneous
    aggregated, homogeneous prefill/decode, their union, every aggregated template) solved alone by this
    same driver, smallest first, each warm-started with the best plan of the restrictions inside it. Of
    ``RESTRICT_SHARE`` of the time left, each of the n gets at least its own n-th (measured when the
