@@ -22,8 +22,8 @@ Solution path
    0.5% of the optimum where the decomposition's per-model MIPs did not finish. Proven: every later
    phase is skipped.
 5. Decomposition by model, when the LP serves every demand and the master MIPs did not prove the plan.
-   Models share only the availability rows (the service row is then fixed at full service), so each group of models solves its own cost
-   MIP over all its columns with the whole availability (every model alone at first, one after the
+   Models share only the availability rows (the service row is then fixed at full service), so each
+   group of models solves its own cost MIP over all its columns with the whole availability (every model alone at first, one after the
    other, largest first). The sum of the group optima bounds the program from below,
    and when the union of their plans fits the availability it is optimal. Groups whose plans overrun
    a (region, node type) together are merged and solved again, from the repaired union; at worst
