@@ -22,14 +22,13 @@ Solution path
    0.5% of the optimum where the decomposition's per-model MIPs did not finish. Proven: every later
    phase is skipped.
 5. Decomposition by model, when the LP serves every demand and the master MIPs did not prove the plan.
-   Models share only the availability rows (the service row is then fixed at full service), so each
-   group of models solves its own cost MIP over all its columns with the whole availability (every model alone at first, one after the
-   other, largest first). The sum of the group optima bounds the program from below,
-   and when the union of their plans fits the availability it is optimal. Groups whose plans overrun
-   a (region, node type) together are merged and solved again, from the repaired union; at worst
-   one group holds every model. In a group's MIP, a variable whose one unit costs more than the
-   group's part of the best plan so far is left out (costs are nonnegative, so it cannot be in a
-   better plan).
+   Models share only the availability rows (the service row is then fixed at full service), so each group of
+   models solves its own cost MIP over all its columns with the whole availability (every model alone at
+   first, one after the other, largest first). The sum of the group optima bounds the program from below,
+   and when the union of their plans fits the availability it is optimal. Groups whose plans overrun a
+   (region, node type) together are merged and solved again, from the repaired union; at worst one group
+   holds every model. In a group's MIP, a variable whose one unit costs more than the group's part of the
+   best plan so far is left out (costs are nonnegative, so it cannot be in a better plan).
 6. The portfolio (``_restrict_phase``), unless the master MIPs or the decomposition proved the plan
    optimal (no restriction can then beat it): each baseline's restriction (``RESTRICTIONS``: homogeneous
    aggregated, homogeneous prefill/decode, their union, every aggregated template) solved alone by this
