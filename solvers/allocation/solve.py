@@ -14,13 +14,13 @@ Solution path
    cheapest multiset of up to three that serves as much). The same from the current deployment cut to
    the availability; the best of these wins. The empty plan is always feasible, so there is always a
    plan.
-4. Restricted master MIPs (``master``), when the LP serves every demand: the cost MIP over the integer
-   variables whose LP reduced cost is within a threshold that doubles each round (from 2% of the LP
-   bound), warm-started with the best plan; min(the round's bound, LP bound + threshold) bounds the
-   whole program, and a round whose threshold covers the best plan's gap to the LP bound proves it
-   optimal. They take ``MASTER_SHARE`` of the time left; at 2x-5x demand on core they reached within
-   0.5% of the optimum where the decomposition's per-model MIPs did not finish. Proven: every later
-   phase is skipped.
+4. Restricted master MIPs (``master``), when the LP and the best plan so far serve every demand: the cost
+   MIP over the integer variables whose LP reduced cost is within a threshold that doubles each round
+   (from 2% of the LP bound), warm-started with the best plan; min(the round's bound, LP bound +
+   threshold) bounds the whole program, and a round whose threshold covers the best plan's gap to the LP
+   bound proves it optimal. They take ``MASTER_SHARE`` of the time left; at 2x-5x demand on core they
+   reached within 0.5% of the optimum where the decomposition's per-model MIPs did not finish. Proven:
+   every later phase is skipped.
 5. Decomposition by model, when the LP serves every demand and the master MIPs did not prove the plan.
    Models share only the availability rows (the service row is then fixed at full service), so each group of
    models solves its own cost MIP over all its columns with the whole availability (every model alone at
@@ -477,6 +477,10 @@ def _master_phase(run: _Run) -> None:
     LP prices within a growing threshold, until the best plan is proven optimal or the deadline."""
     c, mat, lp = run.c, run.mat, run.lp
     if not (run.master and c.J > 0 and lp.done and lp.unmet <= run.svc_tol):
+        return
+    if _unmet_total(c, run.best) > run.svc_tol:
+        # no plan yet serves every demand: a round must then find one from scratch, which at 5x quota it
+        # did not within the deadline, where the decomposition's per-model MIPs did
         return
     st = _master_start(c, mat, lp)
     if st is None:
