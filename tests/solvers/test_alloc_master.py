@@ -7,7 +7,7 @@ import pytest
 
 from solvers.allocation import SolverEffort, solve_allocation
 from tests.solvers.alloc_instances import generate
-from tests.solvers.test_allocation import FakeClock, check_plan
+from tests.solvers.test_allocation import check_plan, cuts_replay_exactly
 
 CASES = [(12, 2), (12, 3), (20, 0), (8, 1)]
 """(templates per model n, seed) of ``generate("core", n, seed, load=0.2)``: every demand can be served,
@@ -63,20 +63,7 @@ def test_a_deadline_inside_the_master_rounds_replays_exactly() -> None:
     """Cut the solve at clock readings all through the master phase (between rounds and inside their MIPs):
     each result's effort replays its plan, bound, gap and status exactly."""
     p = generate("core", 12, seed=2, load=0.2)
-    kw = {"columns": "all", "mip_gap": GAP, "portfolio": False, "decompose": False}
-    counting = FakeClock(None)
-    solve_allocation(p, deadline_s=3600.0, clock=counting, **kw)  # type: ignore[arg-type]
-    n = counting.reads
-    masters = set()
-    for ticks in sorted({*range(1, min(n, 12) + 1), *(k * n // 12 for k in range(1, 12))} - {0}):
-        first = solve_allocation(p, deadline_s=3600.0, clock=FakeClock(ticks), **kw)  # type: ignore[arg-type]
-        replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
-        assert replay.effort == first.effort, ticks
-        assert replay.counts == first.counts, ticks
-        assert (replay.objective, replay.bound, replay.gap, replay.status) == (
-            first.objective, first.bound, first.gap, first.status
-        )  # fmt: skip
-        check_plan(p, first)
-        masters.add(first.effort.master)
+    kw: dict[str, object] = {"columns": "all", "mip_gap": GAP, "portfolio": False, "decompose": False}
+    masters = {first.effort.master for first in cuts_replay_exactly(p, kw, 12)}
     assert len({m for m in masters if m is not None}) >= 2  # cut in different rounds or at different solutions
     assert SolverEffort.from_mapping(SolverEffort(master=(2, 1)).as_mapping()) == SolverEffort(master=(2, 1))

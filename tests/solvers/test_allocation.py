@@ -780,12 +780,18 @@ def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool, mas
     else:
         p = generate("core", 8, seed=2, load=0.2)
     kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2, "master": master}
+    seen = {tuple(sorted(first.effort.as_mapping().items())) for first in cuts_replay_exactly(p, kw, 8)}
+    assert len(seen) >= 3  # the cuts fell in different phases
+
+
+def cuts_replay_exactly(p: AllocationProblem, kw: dict[str, object], k: int) -> list[AllocationResult]:
+    """Solve p cut at each of its first k clock readings and at k - 1 readings spread over the rest (how
+    many each phase takes depends on HiGHS); assert each replays exactly from its effort. The cut results."""
     counting = FakeClock(None)
     solve_allocation(p, deadline_s=3600.0, clock=counting, **kw)  # type: ignore[arg-type]
-    seen = set()
     n = counting.reads
-    # the first readings, and readings spread over the rest (how many each phase takes depends on HiGHS)
-    for ticks in sorted({*range(1, min(n, 8) + 1), *(k * n // 8 for k in range(1, 8))} - {0}):
+    out = []
+    for ticks in sorted({*range(1, min(n, k) + 1), *(i * n // k for i in range(1, k))} - {0}):
         first = solve_allocation(p, deadline_s=3600.0, clock=FakeClock(ticks), **kw)  # type: ignore[arg-type]
         replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
         assert replay.effort == first.effort, ticks
@@ -793,8 +799,9 @@ def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool, mas
         assert (replay.objective, replay.bound, replay.gap, replay.status) == (
             first.objective, first.bound, first.gap, first.status
         )  # fmt: skip
-        seen.add(tuple(sorted(first.effort.as_mapping().items())))
-    assert len(seen) >= 3  # the cuts fell in different phases
+        check_plan(p, first)
+        out.append(first)
+    return out
 
 
 class _Enough(Exception):
