@@ -462,6 +462,9 @@ def _restrict_phase(run: _Run) -> None:
             assert phase is not None
             assert own is not None
             left = max(phase.left() / (len(todo) - k), own)  # its own slice, and what earlier ones left
+            if left <= 0:  # the phase began at (or after) the deadline: as if out of time above
+                run.restricted.append((name, _SKIP_ALL))
+                continue
             res = solve_allocation(sub, deadline_s=left, clock=run.clock, **kw)
         if res.effort != SolverEffort():
             run.restricted.append((name, res.effort))
