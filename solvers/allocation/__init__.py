@@ -4,7 +4,8 @@ The program and its letters are stated in ``model``; the solution path in ``solv
 ``problem`` (input, validation, effort and result types), ``columns`` (the (template, region) columns
 after lossless reductions), ``heuristics`` (greedy repair and local search), ``model`` (the HiGHS model),
 ``relaxation`` (LP, column generation, LP dive), ``stopping`` (deadlines; HiGHS runs stopped at them),
-``decomposition`` (MIPs from a warm start; the decomposition by model), ``solve`` (the driver).
+``decomposition`` (MIPs from a warm start; the decomposition by model), ``master`` (restricted master
+MIPs over the columns the LP prices cheap), ``solve`` (the driver).
 """
 
 from solvers.allocation.problem import (

@@ -31,14 +31,18 @@ def _mip_job(
     *,
     row_lo: FloatArray | None = None,
     cuts: list[tuple[IntArray, float]] | None = None,
+    max_nodes: int | None = None,
 ) -> tuple[_Mip, Callable[[], highspy.Highs], int]:
     """One MIP (over the variables ``cols``, default all), warm-started with plan ``start``: (the run, its
-    model builder, its number of integer variables)."""
+    model builder, its number of integer variables). ``max_nodes``: HiGHS's branch-and-bound node limit
+    (a count, so a run it ends replays exactly)."""
     vector = _plan_vector(c, mat, start)
 
     def build() -> highspy.Highs:
         h = _highs(mat, objective, service_hi, mip_gap, mip=True, cols=cols, row_lo=row_lo, cuts=cuts)
         h.setSolution(_highs_solution(vector if cols is None else vector[cols]))
+        if max_nodes is not None:
+            h.setOptionValue("mip_max_nodes", max_nodes)
         return h
 
     n_x = c.J + len(mat.keep_cols)
@@ -70,10 +74,13 @@ def _mip_phase(
     cols: IntArray | None,
     cuts: list[tuple[IntArray, float]] | None = None,
     on_solution: Callable[[_Mip, list[IntArray]], None] | None = None,
+    max_nodes: int | None = None,
 ) -> tuple[_Mip, list[IntArray]]:
     """One MIP: (the run, the plans it found, in order). ``on_solution(run, plans)`` is called after each
     solution it takes, with the plans so far."""
-    run, build, num_int = _mip_job(c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts)
+    run, build, num_int = _mip_job(
+        c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts, max_nodes=max_nodes
+    )
     each = None if on_solution is None else (lambda r: on_solution(r, _mip_plans(c, mat, r, cols)))
     run.run(build, num_int, deadline, each)
     return run, _mip_plans(c, mat, run, cols)

@@ -93,6 +93,10 @@ def _pairs(value: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(sorted((int(a), int(b)) for a, b in value))
 
 
+def _pair(value: tuple[int, int] | None) -> tuple[int, int] | None:
+    return None if value is None else (int(value[0]), int(value[1]))
+
+
 def _conv_avail(value: Any) -> IntArray:
     return _to_ints("AllocationProblem.avail", value)
 
@@ -185,6 +189,10 @@ class SolverEffort:
     """LP solves the diving heuristic made, when it stopped early (None: ran to completion or not needed)."""
     decompose: int | None = None
     """0: the decomposition by model was skipped (the deadline came first); None: it ran or was not needed."""
+    master: tuple[int, int] | None = attrs.field(default=None, converter=_pair)
+    """(round i, solutions k) when the restricted master MIPs (``solvers.allocation.master``) stopped early: its
+    rounds before i ran to completion, round i took k improving solutions (0: not started), none after.
+    None: it ran to completion or was not needed."""
     restricted: tuple[tuple[str, SolverEffort], ...] = attrs.field(default=(), converter=_subs)
     """(restriction, the effort of its sub-solve) of each restriction of the portfolio (``RESTRICTIONS``)
     whose sub-solve was cut short; one not listed ran to completion or was not needed."""
@@ -200,6 +208,8 @@ class SolverEffort:
             ("decompose", self.decompose),
         )  # fmt: skip
         out = {k: v for k, v in phases if v is not None}
+        if self.master is not None:
+            out[f"master.{self.master[0]}"] = self.master[1]
         out.update({f"split.{m}": k for m, k in self.split})
         for name, sub in self.restricted:
             out.update({f"{name}.{k}": v for k, v in sub.as_mapping().items()})
@@ -217,9 +227,10 @@ class SolverEffort:
             else:
                 own[k] = int(v)
         split = [(int(k.split(".", 1)[1]), v) for k, v in own.items() if k.startswith("split.")]
-        phases = {k: v for k, v in own.items() if not k.startswith("split.")}
+        master = next(((int(k.split(".", 1)[1]), v) for k, v in own.items() if k.startswith("master.")), None)
+        phases = {k: v for k, v in own.items() if not k.startswith(("split.", "master."))}
         restricted = [(name, cls.from_mapping(sub)) for name, sub in subs.items()]
-        return cls(**phases, split=split, restricted=restricted)
+        return cls(**phases, master=master, split=split, restricted=restricted)
 
 
 @attrs.frozen

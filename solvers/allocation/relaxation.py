@@ -26,6 +26,7 @@ class _LpOutcome:
     unmet: float = 0.0
     iterations: int = 0
     columns: IntArray | None = None  # x columns that column generation generated
+    duals: FloatArray | None = None  # row duals of the last LP solved (optimal for the whole LP)
 
 
 def _lp_job(h: highspy.Highs, c: _Columns, mat: _Matrix, out: _LpOutcome) -> None:
@@ -51,7 +52,9 @@ def _lp_job(h: highspy.Highs, c: _Columns, mat: _Matrix, out: _LpOutcome) -> Non
         status = h.getModelStatus()
     if status == ok:
         out.done = True
-        out.values = np.asarray(h.getSolution().col_value, dtype=np.float64)
+        sol = h.getSolution()
+        out.values = np.asarray(sol.col_value, dtype=np.float64)
+        out.duals = np.asarray(sol.row_dual, dtype=np.float64)
         out.bound = float(h.getInfo().objective_function_value)
 
 
@@ -91,7 +94,8 @@ def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, stop: _L
             out.iterations += _iterations(h)[0]
             if h.getModelStatus() != ok:
                 return
-            d = _reduced_costs(mat, objective, np.asarray(h.getSolution().row_dual))[:J]
+            duals = np.asarray(h.getSolution().row_dual, dtype=np.float64)
+            d = _reduced_costs(mat, objective, duals)[:J]
             scale = max(1.0, float(np.abs(objective).max()))
             cand = np.nonzero((d < -1e-9 * scale) & ~chosen)[0]
             if len(cand) == 0:
@@ -108,6 +112,7 @@ def _cg_job(c: _Columns, mat: _Matrix, mip_gap: float, out: _LpOutcome, stop: _L
     values[order_vars] = np.asarray(h.getSolution().col_value, dtype=np.float64)
     out.done = True
     out.values = values
+    out.duals = duals
     out.bound = float(h.getInfo().objective_function_value)
     out.columns = np.nonzero(chosen)[0]
 

@@ -673,7 +673,7 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
         ],
         churn_factor=0.0,
     )  # fmt: skip
-    res = solve_allocation(p, deadline_s=30, mip_gap=0.0, decompose=True)
+    res = solve_allocation(p, deadline_s=30, mip_gap=0.0, decompose=True, master=False)
     assert res.status == "optimal"
     assert res.split_groups == 3  # a, b, then {a, b}
     assert res.cost_per_hour == pytest.approx(4.0)
@@ -681,7 +681,7 @@ def test_decomposition_merges_models_that_share_a_scarce_node_type() -> None:
     # the joint MIP told to stop at its first solution: the full MIP finishes, with the models' bounds as
     # cuts (HiGHS solves this joint MIP before its first interrupt check, so it records no stop: it finished)
     stopped = SolverEffort(split=[(0b11, 1)])
-    cut = solve_allocation(p, effort=stopped, mip_gap=0.0, decompose=True)
+    cut = solve_allocation(p, effort=stopped, mip_gap=0.0, decompose=True, master=False)
     assert cut.effort in (stopped, SolverEffort())
     assert cut.status == "optimal"
     assert cut.cost_per_hour == pytest.approx(4.0)
@@ -727,8 +727,8 @@ def test_same_effort_gives_the_same_plan() -> None:
     # full MIP then stops at its second (16 templates per model: the same path in 2 s of CPU, where 50 took 28)
     p = generate("core", 16, seed=2, load=0.2)
     fixed = SolverEffort(cost=2, split=[(1 << m, 1) for m in range(p.num_models) if p.demand_rps[m] > 0])
-    a = solve_allocation(p, effort=fixed, decompose=True)
-    b = solve_allocation(p, effort=fixed, decompose=True)
+    a = solve_allocation(p, effort=fixed, decompose=True, master=False)
+    b = solve_allocation(p, effort=fixed, decompose=True, master=False)
     assert a.counts == b.counts
     assert a.effort == b.effort == fixed
     assert a.status != "optimal"
@@ -767,22 +767,32 @@ class FakeClock:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("kind", "decompose"), [("scarce", False), ("plenty", True), ("plenty", False)], ids=["scarce", "split", "full"]
+    ("kind", "decompose", "master"),
+    [("scarce", False, True), ("plenty", True, False), ("plenty", False, False)],
+    ids=["scarce", "split", "full"],
 )
-def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool) -> None:
+def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool, master: bool) -> None:
     """Cut the solve at each of its first clock readings (the phase boundaries: LP, dive, decomposition,
-    serve, cost) and at readings inside its MIPs: each result's effort replays its plan exactly."""
+    serve, cost) and at readings inside its MIPs: each result's effort replays its plan exactly. (The
+    master rounds, which end the plenty case before the decomposition, have their own test in
+    ``test_alloc_master``.)"""
     if kind == "scarce":
         p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
     else:
         p = generate("core", 8, seed=2, load=0.2)
-    kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2}
+    kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2, "master": master}
+    seen = {tuple(sorted(first.effort.as_mapping().items())) for first in cuts_replay_exactly(p, kw, 8)}
+    assert len(seen) >= 3  # the cuts fell in different phases
+
+
+def cuts_replay_exactly(p: AllocationProblem, kw: dict[str, object], k: int) -> list[AllocationResult]:
+    """Solve p cut at each of its first k clock readings and at k - 1 readings spread over the rest (how
+    many each phase takes depends on HiGHS); assert each replays exactly from its effort. The cut results."""
     counting = FakeClock(None)
     solve_allocation(p, deadline_s=3600.0, clock=counting, **kw)  # type: ignore[arg-type]
-    seen = set()
     n = counting.reads
-    # the first readings, and readings spread over the rest (how many each phase takes depends on HiGHS)
-    for ticks in sorted({*range(1, min(n, 8) + 1), *(k * n // 8 for k in range(1, 8))} - {0}):
+    out = []
+    for ticks in sorted({*range(1, min(n, k) + 1), *(i * n // k for i in range(1, k))} - {0}):
         first = solve_allocation(p, deadline_s=3600.0, clock=FakeClock(ticks), **kw)  # type: ignore[arg-type]
         replay = solve_allocation(p, effort=first.effort, **kw)  # type: ignore[arg-type]
         assert replay.effort == first.effort, ticks
@@ -790,8 +800,9 @@ def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool) -> 
         assert (replay.objective, replay.bound, replay.gap, replay.status) == (
             first.objective, first.bound, first.gap, first.status
         )  # fmt: skip
-        seen.add(tuple(sorted(first.effort.as_mapping().items())))
-    assert len(seen) >= 3  # the cuts fell in different phases
+        check_plan(p, first)
+        out.append(first)
+    return out
 
 
 class _Enough(Exception):

@@ -21,7 +21,7 @@ def test_decomposition_agrees_with_the_full_mip() -> None:
     for scarcity, load, seed in CASES:
         p = generate("core", 12, seed=seed, scarcity=scarcity, load=load)
         # run to completion (no clock): a 60 s deadline was not enough on a loaded 2-core machine
-        a = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=True)
+        a = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=True, master=False)
         b = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=False)
         check_plan(p, a)
         assert a.status == b.status == "optimal"
