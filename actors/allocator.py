@@ -106,6 +106,8 @@ MIN_SOLVE_SHARE = 0.25
 """The solver gets at least this share of the deadline, however long the problem took to build."""
 Columns = tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]]
 """``Planner.program_columns``: the program's columns and the (deployment, template) of each."""
+TIMES_KEPT = 4096
+"""How many plans' ``StepTimes`` the allocator keeps (the latest): a long run's history stays bounded."""
 LANDINGS = ("answer", "deadline")
 """How a plan in flight learns when to land (see the module docstring)."""
 
@@ -288,13 +290,13 @@ class Allocator(TickActor):
         self.landing = landing
         self.answers = answers
         """Collects the answers of a live run with ``landing="answer"`` (None in a replay: its feed has them)."""
-        self._columns: tuple[tuple[tuple[str, ...], ...], Columns] | None = None
-        """The allocation program's columns (``Planner.program_columns``), kept while the usable templates
-        (their ids per deployment) stay the same: they depend on nothing else a plan changes."""
+        self._columns: tuple[tuple[tuple[Slo, tuple[str, ...]], ...], Columns] | None = None
+        """The allocation program's columns (``Planner.program_columns``), kept while each deployment's SLO
+        and usable templates (their ids) stay the same: they depend on nothing else a plan changes."""
         self.answered: dict[int, float] = {}
         """Plan sequence -> the kernel time its ``PlanAnswer`` was received (``landing="answer"``)."""
-        self.times: list[StepTimes] = []
-        """The wall time of the allocator's own work per published plan (``StepTimes``)."""
+        self.times: deque[StepTimes] = deque(maxlen=TIMES_KEPT)
+        """The wall time of the allocator's own work per published plan (``StepTimes``), the latest ones."""
 
     async def started(self) -> None:
         """Spawn the solver process and wait for its ``Ready`` (at most ``READY_S``) before the actor counts
@@ -470,8 +472,9 @@ class Allocator(TickActor):
         await self.solve(now, trigger)
 
     def program_columns(self, planner: Planner) -> Columns:
-        """``planner.program_columns()``, kept while the templates it plans over (their ids) stay the same."""
-        key = tuple(tuple(t.id for t in planner.templates[d]) for d in self.deployments)
+        """``planner.program_columns()``, kept while the deployments' SLOs and the templates it plans over
+        (their ids) stay the same."""
+        key = tuple((d.slo, tuple(t.id for t in planner.templates[d.name])) for d in planner.scenario.deployments)
         if self._columns is None or self._columns[0] != key:
             self._columns = (key, planner.program_columns())
         return self._columns[1]
@@ -490,6 +493,9 @@ class Allocator(TickActor):
         sc = self.scenario
         if self.churn != sc.planner.churn_factor:
             sc = attrs.evolve(sc, planner=attrs.evolve(sc.planner, churn_factor=self.churn))
+        if self.slo:  # the operator's SLOs: the columns' queueing headroom and the plan count them
+            deps = tuple(attrs.evolve(d, slo=self.slo.get(d.name, d.slo)) for d in sc.deployments)
+            sc = attrs.evolve(sc, deployments=deps)
         tpls = {d: self.usable(d) for d in self.deployments}
         planner = Planner(self.policy, sc, self.catalog, self.perf, tpls, self.deadline_s)
         columns = self.program_columns(planner)

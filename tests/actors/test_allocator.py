@@ -3,6 +3,7 @@ plan covers, and which operator commands it refuses."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from actors.allocator import Allocator
@@ -14,6 +15,8 @@ from coral.messages.market import MarketUpdate, Quote
 from coral.messages.plan import NewPlan
 from coral.scenario import Scenario
 from coral.store import TemplateStore
+from coral.workload import Slo
+from solvers.planning import Planner
 
 from ..mesh.helpers import World
 from .fake import FakeContext, attach, envelope
@@ -147,3 +150,22 @@ async def test_without_a_deadline_a_plan_is_published_at_its_start(world: World)
         assert plan.plan.at == next_instant(0.0) and a.pending is None
     finally:
         await a.on_stop()
+
+
+async def test_the_next_plan_counts_queueing_headroom_for_the_operators_slo(world: World) -> None:
+    """A ``SetSlo`` changes the deployment's SLO in the program the next plan solves: its columns' capacity
+    (scaled by the queueing-safe utilisation at that SLO) and its index, not only the templates it may use."""
+    a, ctx, sc = await _allocator(world)
+    dep = sc.deployments[0]
+    loose = Slo(4 * dep.slo.ttft_s, dep.slo.tpot_s, dep.slo.attainment)  # every template still meets it
+    await a.handle(envelope(SetSlo(dep.name, loose.ttft_s, loose.tpot_s, loose.attainment), source="operator"))
+    await start_first_plan(a, ctx, sc, world)
+    assert len(_plans(ctx)) == 1 and a._columns is not None
+    cols, index = a._columns[1]
+    tpls = {d.name: a.usable(d.name) for d in sc.deployments}
+    as_set = attrs.evolve(sc, deployments=(attrs.evolve(dep, slo=loose), *sc.deployments[1:]))
+    want, _ = Planner(a.policy, as_set, world.catalog, world.perf, tpls, a.deadline_s).program_columns()
+    before, _ = Planner(a.policy, sc, world.catalog, world.perf, tpls, a.deadline_s).program_columns()
+    assert {d.slo for d, _ in index if d.name == dep.name} == {loose}
+    assert [c.decode_tok_s for c in cols] == [c.decode_tok_s for c in want]
+    assert [c.decode_tok_s for c in want] != [c.decode_tok_s for c in before]  # the SLO moves some column
