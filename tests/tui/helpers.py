@@ -32,7 +32,7 @@ def endpoints(tmp: Path) -> Endpoints:
 
 def live_app(eps: Endpoints, ping_s: float = 0.1) -> CoralTui:
     """A TUI attached to ``eps``, pinging every ``ping_s`` (often: a lost mesh shows quickly)."""
-    source = LiveSource(eps, ping_s=ping_s, ping_timeout_s=0.5, retry_s=0.1, handshake_s=0.5, request_timeout_s=5.0)
+    source = LiveSource(eps, ping_s=ping_s, ping_timeout_s=3.0, retry_s=0.1, handshake_s=2.0, request_timeout_s=5.0)
     return quiet(CoralTui(source, frame_s=0.02))
 
 

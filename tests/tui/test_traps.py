@@ -247,4 +247,6 @@ async def test_brackets_change_the_live_mesh_speed(tmp_path: Path) -> None:
         await lv.pilot.press("left_square_bracket", "left_square_bracket")
         await until(lv.pilot, lambda: lv.fake.received[-1] == SetSpeed(5.0), "two halvings")
         await until(lv.pilot, lambda: "speed x5" in header(lv), "the slower speed on screen")
+        # the clock's mark with the new speed can reach the screen before the command's own answer
+        await until(lv.pilot, lambda: all(c.status != "pending" for c in lv.app.state.commands), "the answers")
         assert [c.status for c in lv.app.state.commands] == ["ok"] * 3
