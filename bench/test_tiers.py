@@ -58,12 +58,13 @@ KINDS = (
     (b"VLLM", "vLLM, other"),
     (b"multiprocessing.spawn", "spawned child (multiprocessing: solver process, pool worker)"),
     (b"exec(eval(sys.stdin", "pytest-xdist worker (execnet)"),
-    (b"pytest", "pytest"),
+    (b"\0worker\0", "coral worker"),
     (b"coral.cli", "coral CLI run"),
-    (b"worker", "coral worker"),
+    (b"pytest", "pytest"),
 )
 """How ``bench/test_tiers.py`` names a process, by the first marker in its command line (vLLM renames its
-processes, e.g. ``VLLM::EngineCore``)."""
+processes, e.g. ``VLLM::EngineCore``). The coral runs that tests start come before ``pytest``: their
+arguments name pytest's temporary folders (``/tmp/pytest-of-USER/...``)."""
 
 PROVISIONAL = frozenset({"other", "spawned child (multiprocessing: solver process, pool worker)"})
 """Kinds read again at every sample: vLLM renames its engine core and workers some seconds after they
