@@ -10,6 +10,10 @@ misses processes that live less than half a second. On a quiet machine with ``c`
 at least the larger over ``c``.
 
     python bench/test_tiers.py [--full] [--json] [-- PYTEST_ARGS...]
+    python bench/test_tiers.py --files FILE... [--json] [-- PYTEST_ARGS...]
+
+``--files`` runs only the given test files or node ids, in one process (``python -m pytest -q -n 0``):
+the before/after figure of a change to a few test modules, vLLM servers included, without the whole suite.
 """
 
 from __future__ import annotations
@@ -54,12 +58,13 @@ KINDS = (
     (b"VLLM", "vLLM, other"),
     (b"multiprocessing.spawn", "spawned child (multiprocessing: solver process, pool worker)"),
     (b"exec(eval(sys.stdin", "pytest-xdist worker (execnet)"),
-    (b"pytest", "pytest"),
+    (b"\0worker\0", "coral worker"),
     (b"coral.cli", "coral CLI run"),
-    (b"worker", "coral worker"),
+    (b"pytest", "pytest"),
 )
 """How ``bench/test_tiers.py`` names a process, by the first marker in its command line (vLLM renames its
-processes, e.g. ``VLLM::EngineCore``)."""
+processes, e.g. ``VLLM::EngineCore``). The coral runs that tests start come before ``pytest``: their
+arguments name pytest's temporary folders (``/tmp/pytest-of-USER/...``)."""
 
 PROVISIONAL = frozenset({"other", "spawned child (multiprocessing: solver process, pool worker)"})
 """Kinds read again at every sample: vLLM renames its engine core and workers some seconds after they
@@ -77,7 +82,7 @@ def process_kind(pid: int) -> str:
 
 
 class TreeCpu:
-    """The CPU time of every descendant of ``root``, sampled from /proc (Linux) every ``every_s`` seconds
+    """The CPU time of ``root`` and every descendant, sampled from /proc (Linux) every ``every_s`` seconds
     until ``stop()``: each process's last reading, keyed by (pid, start time) so reused pids count apart."""
 
     def __init__(self, root: int, every_s: float = 0.5) -> None:
@@ -95,7 +100,7 @@ class TreeCpu:
         kids: dict[int, list[int]] = {}
         for pid, (ppid, _, _) in stats.items():
             kids.setdefault(ppid, []).append(pid)
-        todo = list(kids.get(self.root, []))
+        todo = [self.root] if self.root in stats else []  # the root too: pytest itself with --files
         while todo:
             pid = todo.pop()
             _, start, cpu = stats[pid]
@@ -128,10 +133,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run `just test` (everything) instead of `just test-fast`")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    ap.add_argument(
+        "--files", nargs="+", metavar="FILE", help="run only these test files or node ids, without xdist (-n 0)"
+    )
     ap.add_argument("pytest_args", nargs="*", help="further pytest arguments (after --)")
     args = ap.parse_args(argv)
-    recipe = "test" if args.full else "test-fast"
-    cmd = ["just", recipe, "-q", "-p", "no:cacheprovider", *args.pytest_args]
+    if args.files and args.full:
+        ap.error("--files: not with --full")
+    if args.files:
+        missing = [f for f in args.files if not (ROOT / f.split("::")[0]).exists()]
+        if missing:
+            ap.error(f"--files: {missing[0]}: no such file")
+        recipe = " ".join(args.files)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *args.files]
+        cmd += args.pytest_args
+    else:
+        recipe = "test" if args.full else "test-fast"
+        cmd = ["just", recipe, "-q", "-p", "no:cacheprovider", *args.pytest_args]
     load0 = os.getloadavg()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sys.stderr)
@@ -158,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(fig))
     else:
         print(
-            f"just {recipe}: exit {rc}, {wall:.0f} s wall, {cpu:.0f} s CPU (user + sys of pytest and the children "
-            f"it waited for), {tree_cpu:.0f} s CPU sampled over {len(tree.seen)} descendants, on {os.cpu_count()} "
+            f"{'pytest -n 0 ' if args.files else 'just '}{recipe}: exit {rc}, {wall:.0f} s wall, {cpu:.0f} s CPU "
+            "(user + sys of pytest and the children "
+            f"it waited for), {tree_cpu:.0f} s CPU sampled over {len(tree.seen)} processes, on {os.cpu_count()} "
             f"cores; load {load0[0]:.2f} before, {load1[0]:.2f} after"
         )
         for kind, (n, c) in tree.by_kind().items():

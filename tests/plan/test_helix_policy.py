@@ -189,6 +189,7 @@ def test_helix_throughput_is_the_brute_force_optimum(env: Env, capsys: pytest.Ca
         assert i["capacity_rps"] == pytest.approx(best, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_helix_reports_unmet_demand(env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     sc = with_demand(env, tmp_path, 500.0)
     coral, helix = plan(sc, env[1], capsys, "coral"), plan(sc, env[1], capsys, "helix")

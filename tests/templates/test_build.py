@@ -138,6 +138,7 @@ def test_build_four_nodes_by_shapes(tmp_path: Path, perf: PerfModel) -> None:
     assert _params(params, ("a", "a", "b", "c")) == {"time_limit": 10.0, "placer": PLACER}
 
 
+@pytest.mark.slow
 def test_store_grows_with_nmax_and_rho(tmp_path: Path, perf: PerfModel) -> None:
     """N_max and rho choose the multisets, not their outcomes: a build at a larger N_max (or rho) on the
     same store solves only what the smaller one did not enumerate, stores no multiset twice, and ends
@@ -160,6 +161,7 @@ def test_store_grows_with_nmax_and_rho(tmp_path: Path, perf: PerfModel) -> None:
     assert got == want and got_t == want_t
 
 
+@pytest.mark.slow
 def test_floor_pruning_is_lossless(tmp_path: Path, perf: PerfModel) -> None:
     """Every multiset that the build dropped without its exact capacity (an upper bound or the placer's
     proof reached its smaller templates) really is worth no more than they give: solved here without
