@@ -6,7 +6,9 @@ optimum proven without a deadline (every phase to completion), then ``--runs`` s
 with a competing CPU-bound process (``python -c "while 1: pass"``) running beside it (``--compete``:
 both, only, or none). Reported: p50 / p90 of the wall time of each solve (request to result, in the
 owner), of the child's ``solve_s``, and of the gap of the plan's objective to the optimum; the share of
-runs within 0.5%; the statuses; whether each run's effort replays to its plan exactly; ``uptime``.
+runs within 0.5%; the statuses; whether each run's effort replays to its plan exactly; ``uptime``; the
+p50 seconds of each phase (``phase_s_p50``, the child's ``phase_s``) and in how many runs the deadline cut
+or skipped each phase (``cut_or_skipped``: ``SolverEffort.as_mapping``'s keys, ``master.i`` the round).
 
 ``--deadline S`` solves at S seconds instead of each scenario's own deadline (the speed target: ``core`` at
 1 s, p50 <= 0.24 s at gap <= 1%). The first request sends the problem whole to the child, later ones only
@@ -15,9 +17,10 @@ what changed (``actors.solver_process``); wall and solve time are reported apart
 ``--cells``: the savings study's cells instead (``solvers.study``: the scenario's request at t = 0 with
 demand times each of ``--scales``, default 0.25,0.5,1,2,5, under each availability setting, seed
 ``--seed``), Coral's plan (every template, no starting plans: as the allocator solves) against each
-cell's optimum. The optimum is proven first with no deadline (every phase to completion, gap 1e-6),
-at most ``--prove-limit`` seconds (default 600; a cell not proven by then is reported as such, with its
-bound); ``prove_s`` is how long it took. ``--scenarios`` then names one scenario (default core).
+cell's optimum (one cell: ``--scales 5 --availability quota``). The optimum is proven first with no
+deadline (every phase to completion, gap 1e-6), at most ``--prove-limit`` seconds (default 600; a cell
+not proven by then is reported as such, with its bound); ``prove_s`` is how long it took.
+``--scenarios`` then names one scenario (default core).
 
 CPU time: ``cpu_p50`` is the CPU seconds of the same solve run in this process (``time.process_time``),
 which a busy machine inflates far less than wall time.
@@ -98,6 +101,8 @@ def runs(
     """``n`` solves at ``deadline`` against the optimum ``best`` (objective) serving all but ``best_unmet``
     req/s (priority-weighted); a plan that serves less counts as not within 0.5% whatever its cost."""
     walls, solves, gaps, statuses, exact, cpus, short = [], [], [], [], 0, [], 0
+    phases: dict[str, list[float]] = {}
+    efforts: Counter[str] = Counter()
     for _ in range(n):
         c0 = time.process_time()
         solve_allocation(p, deadline_s=deadline, columns="all")
@@ -110,6 +115,9 @@ def runs(
         short += less
         gaps.append(math.inf if less else (res.objective - best) / best if best > 0 else 0.0)
         statuses.append(res.status)
+        for name, secs in res.phase_s.items():
+            phases.setdefault(name, []).append(secs)
+        efforts.update(k for k in res.effort.as_mapping() if "." not in k or k.startswith("master."))
         again = solve_allocation(p, effort=res.effort, columns="all")
         exact += (again.counts, again.objective, again.bound, again.gap) == (res.counts, res.objective, res.bound,
                                                                               res.gap)  # fmt: skip
@@ -119,6 +127,7 @@ def runs(
         "solve_p90": pct(solves, 90), "gap_to_opt_p50": pct(gaps, 50), "gap_to_opt_p90": pct(gaps, 90),
         "within_0.5%": float(np.mean(np.array(gaps) <= 0.005)), "statuses": dict(Counter(statuses)),
         "serves_less": short, "replayed_exactly": f"{exact}/{n}", "cpu_p50": pct(cpus, 50), "uptime": os.getloadavg(),
+        "phase_s_p50": {k: round(pct(v, 50), 3) for k, v in phases.items()}, "cut_or_skipped": dict(efforts),
     }  # fmt: skip
 
 

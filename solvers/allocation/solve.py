@@ -16,7 +16,7 @@ Solution path
    plan.
 4. Restricted master MIPs (``master``), when the LP and the best plan so far serve every demand: the cost
    MIP over the integer variables whose LP reduced cost is within a threshold that doubles each round
-   (from 2% of the LP bound), warm-started with the best plan; min(the round's bound, LP bound +
+   (from ``MASTER_FIRST`` of the LP bound), warm-started with the best plan; min(the round's bound, LP bound +
    threshold) bounds the whole program, and a round whose threshold covers the best plan's gap to the LP
    bound proves it optimal. They take ``MASTER_SHARE`` of the time left; at 2x-5x demand on core they
    reached within 0.5% of the optimum where the decomposition's per-model MIPs did not finish. Proven:

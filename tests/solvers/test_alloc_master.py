@@ -11,7 +11,7 @@ from tests.solvers.test_allocation import check_plan, cuts_replay_exactly
 
 CASES = [(12, 2), (12, 3), (20, 0), (8, 1)]
 """(templates per model n, seed) of ``generate("core", n, seed, load=0.2)``: every demand can be served,
-and the master phase takes two or three rounds on each at a 1% gap (at 1e-4 the first instance's rounds
+and the master phase takes several rounds on each at a 1% gap (at 1e-4 the first instance's rounds
 reach their node limit, and its whole MIP took minutes)."""
 
 GAP = 1e-2
