@@ -132,13 +132,38 @@ def worst(trace: list[tuple[float, float, float]], speed: float | None) -> dict[
     return {"t": t, "wall_s": round(wall, 2), "behind_s": round(lag, 2)}
 
 
-def grouped_busy(mesh: Any) -> dict[str, float]:
-    """Busy wall seconds so far per actor, the workers summed as ``worker-*``."""
-    out: dict[str, float] = {}
-    for name, c in mesh.counters().items():
-        key = "worker-*" if name.startswith("worker-") else name
-        out[key] = out.get(key, 0.0) + c.busy_s
-    return out
+SLOW_STEP_S = 0.002
+"""Steps of at least this much wall time get the actors busy in them recorded (``StepBusy``)."""
+
+
+class StepBusy:
+    """The actors' busy wall seconds in each step, the workers summed as ``worker-*``; recorded for slow
+    steps only, and the actor list read once per simulated second (workers come and go), so that the
+    bench's own work per step, which runs in the mesh's thread, stays small beside the mesh's."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+        self.names: list[str] = []
+        self.counters: list[Any] = []
+        self.prev: list[float] = []
+        self.second = math.nan
+
+    def step(self, t: float, slow: bool) -> dict[str, float]:
+        """Busy seconds per actor since the previous step (empty unless ``slow``)."""
+        if math.floor(t) != self.second:
+            self.second = math.floor(t)
+            before = dict(zip(self.names, self.prev, strict=True))
+            got = self.mesh.counters()
+            self.names, self.counters = list(got), list(got.values())
+            self.prev = [before.get(n, 0.0) for n in self.names]  # a new actor's time so far lands here
+        now = [c.busy_s for c in self.counters]
+        out: dict[str, float] = {}
+        if slow:
+            for name, a, b in zip(self.names, self.prev, now, strict=True):
+                key = "worker-*" if name.startswith("worker-") else name
+                out[key] = out.get(key, 0.0) + b - a
+        self.prev = now
+        return {k: v for k, v in out.items() if v > 1e-3}
 
 
 def slowest(trace: list[tuple[float, float, float]], busy: list[dict[str, float]], n: int = 8) -> list[dict[str, Any]]:
@@ -237,7 +262,7 @@ def main() -> None:
     behind = [0.0]
     trace: list[tuple[float, float, float]] = []  # (wall s since start, simulated t, s behind the pace)
     busy: list[dict[str, float]] = []  # per step: the actors' busy wall seconds in it (workers summed)
-    last: dict[str, float] = {}
+    step_busy: list[StepBusy] = []
     t0: list[float] = []
 
     cms: list[CoralMesh] = []
@@ -245,6 +270,7 @@ def main() -> None:
     async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
         meshes.append(mesh)
         cms.append(cm)
+        step_busy.append(StepBusy(mesh))
         t0.extend((time.monotonic(), mesh.clock.now(), time.process_time()))
         started.append(t0[0] - started[0])
 
@@ -261,17 +287,15 @@ def main() -> None:
                 prof.disable()
             profiling[0] = inside
         if t0:
+            cpu = time.process_time()
+            cpu_steps.append((t, cpu - t0[2]))
             wall = time.monotonic() - t0[0]
             lag = wall * speed - (t - t0[1]) if speed is not None else 0.0
             behind[0] = max(behind[0], lag)
+            slow = wall - (trace[-1][0] if trace else 0.0) >= SLOW_STEP_S
             trace.append((wall, t, lag))
-            cpu = time.process_time()
-            cpu_steps.append((t, cpu - t0[2]))
-            t0[2] = cpu
-            now = grouped_busy(meshes[0])
-            busy.append({k: v - last.get(k, 0.0) for k, v in now.items() if v - last.get(k, 0.0) > 1e-3})
-            last.clear()
-            last.update(now)
+            busy.append(step_busy[0].step(t, slow))
+            t0[2] = time.process_time()  # the bench's own bookkeeping is no step's CPU
 
     def solve(prob: Any, **kw: Any) -> Any:
         """The simulator's solves: to completion with --no-deadline, as the mesh's (else under the deadline)."""
