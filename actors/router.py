@@ -114,6 +114,15 @@ class TrafficStats:
     win_tpot: list[float] = attrs.field(factory=list)
 
 
+@attrs.frozen
+class _Places:
+    """Where requests may go (``Router.places``)."""
+
+    entry: dict[str, list[InstanceInfo]]
+    decode: dict[tuple[str, str], list[InstanceInfo]]
+    bound: dict[str, int]
+
+
 def _inst_order(i: InstanceInfo) -> tuple[int, str]:
     return (len(i.id), i.id)
 
@@ -152,6 +161,9 @@ class Router(TickActor):
         self.replies: dict[str, list[Outcome]] = {}
         self.waiting_at: dict[str, int] = {}
         """Per instance, the router's requests its engine holds but has not started (its last report)."""
+        self.at_instance: dict[str, set[int]] = {}
+        """Per instance, the open requests sent to it (``OpenRequest.instance``); kept by ``_assign``."""
+        self._places: _Places | None = None
 
     # -- inputs --------------------------------------------------------------------------------------
 
@@ -176,18 +188,21 @@ class Router(TickActor):
             for i in msg.instances:
                 self.known[i.id] = i
             self.serving = sorted((i for i in msg.instances if i.state in ROUTABLE_STATES), key=_inst_order)
+            self._places = None
             lost, stopped = set(msg.lost), set(msg.stopped)
             for iid in lost | stopped:
                 self.waiting_at.pop(iid, None)
-            for rid in sorted(self.open):
+            hit = sorted(rid for iid in lost | stopped for rid in self.at_instance.get(iid, ()))
+            for rid in hit:
                 r = self.open[rid]
                 if r.instance in lost:
                     self._retry(r)
-                elif r.instance in stopped:
-                    r.instance = ""
+                else:
+                    self._assign(r, "")
                     self.todo.add(rid)
         elif isinstance(msg, SloChanged):
             self.slo[msg.deployment] = Slo(msg.ttft_s, msg.tpot_s, msg.attainment)
+            self._places = None
         elif isinstance(msg, FinishTraffic):
             self.finishing = True
 
@@ -211,10 +226,10 @@ class Router(TickActor):
                 r.handoff_t = o.t
                 r.kv_nic = info.kv_nic
                 r.region = info.region
-                r.instance = ""
+                self._assign(r, "")
                 self.todo.add(o.id)
             else:  # returned by a draining instance (or a handoff from an instance never seen)
-                r.instance = ""
+                self._assign(r, "")
                 self.todo.add(o.id)
 
     def _retry(self, r: OpenRequest) -> None:
@@ -224,7 +239,7 @@ class Router(TickActor):
             self._fail(r, "retries_exhausted")
             return
         r.phase = "entry"
-        r.instance = ""
+        self._assign(r, "")
         self.todo.add(r.spec.id)
 
     def _complete(self, r: OpenRequest, t_done: float, t_first: float) -> None:
@@ -249,6 +264,7 @@ class Router(TickActor):
             st.slo_met += 1
             st.win_met += 1
         self._relay(r, Outcome(spec.id, "done", t_done, first, tokens=spec.out))
+        self._assign(r, "")
         del self.open[spec.id]
         self.todo.discard(spec.id)
 
@@ -258,8 +274,20 @@ class Router(TickActor):
         st.win_done += 1
         st.failed_by[reason] = st.failed_by.get(reason, 0) + 1
         self._relay(r, Outcome(r.spec.id, "failed", self.ctx.now(), r.t_first, reason))
+        self._assign(r, "")
         del self.open[r.spec.id]
         self.todo.discard(r.spec.id)
+
+    def _assign(self, r: OpenRequest, iid: str) -> None:
+        """Set the instance ``r`` was sent to (``""``: none), keeping ``at_instance`` in step."""
+        if r.instance:
+            ids = self.at_instance[r.instance]
+            ids.discard(r.spec.id)
+            if not ids:
+                del self.at_instance[r.instance]
+        r.instance = iid
+        if iid:
+            self.at_instance.setdefault(iid, set()).add(r.spec.id)
 
     def _relay(self, r: OpenRequest, o: Outcome) -> None:
         if r.origin:
@@ -300,21 +328,26 @@ class Router(TickActor):
         for origin in sorted(replies):
             await self.ctx.send(origin, RequestResults(now, tuple(replies[origin])))
 
+    def places(self) -> _Places:
+        """The serving instances by deployment (entry) and by deployment and region (decode), and their
+        bounds; rebuilt after a fleet or SLO change."""
+        if self._places is None:
+            entry: dict[str, list[InstanceInfo]] = {}
+            decode: dict[tuple[str, str], list[InstanceInfo]] = {}
+            for i in self.serving:
+                if i.mode == "decode":
+                    decode.setdefault((i.deployment, i.region), []).append(i)
+                else:
+                    entry.setdefault(i.deployment, []).append(i)
+            self._places = _Places(entry, decode, {i.id: self.bound(i) for i in self.serving})
+        return self._places
+
     async def _route(self, now: float) -> None:
-        entry: dict[str, list[InstanceInfo]] = {}
-        decode: dict[tuple[str, str], list[InstanceInfo]] = {}
-        for i in self.serving:
-            if i.mode == "decode":
-                decode.setdefault((i.deployment, i.region), []).append(i)
-            else:
-                entry.setdefault(i.deployment, []).append(i)
+        places = self.places()
+        entry, decode, cap = places.entry, places.decode, places.bound
         work: dict[str, list[WorkItem]] = {}
         keep: set[int] = set()
-        held: dict[str, int] = {}
-        for o in self.open.values():
-            if o.instance:
-                held[o.instance] = held.get(o.instance, 0) + 1
-        cap = {i.id: self.bound(i) for i in self.serving}
+        at = self.at_instance
         for rid in sorted(self.todo):
             r = self.open.get(rid)
             if r is None or r.instance:
@@ -325,8 +358,8 @@ class Router(TickActor):
             else:
                 cands = decode.get((spec.deployment, r.region), [])
                 cands = kv_compatible(cands, r.kv_nic, self._need) or cands
-            if cands and any(held.get(c.id, 0) >= cap[c.id] for c in cands):
-                cands = [c for c in cands if held.get(c.id, 0) < cap[c.id]]
+            if cands and any(len(at.get(c.id, ())) >= cap[c.id] for c in cands):
+                cands = [c for c in cands if len(at.get(c.id, ())) < cap[c.id]]
             if not cands:
                 if r.queued_at is None:  # from its arrival: the feed hands the router requests a tick ahead
                     r.queued_at = max(now, spec.t) if r.phase == "entry" else now
@@ -336,8 +369,7 @@ class Router(TickActor):
                     keep.add(rid)
                 continue
             inst = pick(cands, uniform(self.seed, rid, r.attempt, 0 if r.phase == "entry" else 1))
-            held[inst.id] = held.get(inst.id, 0) + 1
-            r.instance = inst.id
+            self._assign(r, inst.id)
             r.queued_at = None
             self.stats[spec.deployment].dispatched += 1
             if r.phase == "entry":

@@ -21,7 +21,8 @@ store that already holds its library (``coral up --store STORE`` builds it on fi
   ``coral up --policy``;
 - per actor (workers summed as ``worker-*``): messages handled, timer calls (ticks) and the wall time
   spent in them, the share of the run's wall time, and the bus totals (routed, published);
-- ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``);
+- ``--profile FILE``: a cProfile of the run (``python -m pstats FILE``); ``--profile-window T0:T1`` limits it
+  to the steps between those simulated times (the demand peak: ``1800:2400``);
 - ``--hog``: runs one CPU-bound process beside the mesh for the whole run (the issue's targets are set
   on a 2-core machine with one other CPU-bound process running);
 - ``--compare``: also runs the simulator on the same scenario, seed and planner, on the mesh's own
@@ -89,6 +90,12 @@ def parse() -> argparse.Namespace:
         help="planner policy, as `coral up --policy` (default: coral; pd-homo runs every model as a P/D pair)",
     )
     p.add_argument("--profile", type=Path, default=None, help="write a cProfile of the run here")
+    p.add_argument(
+        "--profile-window",
+        default=None,
+        metavar="T0:T1",
+        help="with --profile: profile only the steps between simulated times T0 and T1 (e.g. the peak)",
+    )
     p.add_argument("--hog", action="store_true", help="run one CPU-bound process beside the mesh (busy loop)")
     p.add_argument("--compare", action="store_true", help="also run `coral simulate` and compare attainment")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -125,13 +132,38 @@ def worst(trace: list[tuple[float, float, float]], speed: float | None) -> dict[
     return {"t": t, "wall_s": round(wall, 2), "behind_s": round(lag, 2)}
 
 
-def grouped_busy(mesh: Any) -> dict[str, float]:
-    """Busy wall seconds so far per actor, the workers summed as ``worker-*``."""
-    out: dict[str, float] = {}
-    for name, c in mesh.counters().items():
-        key = "worker-*" if name.startswith("worker-") else name
-        out[key] = out.get(key, 0.0) + c.busy_s
-    return out
+SLOW_STEP_S = 0.002
+"""Steps of at least this much wall time get the actors busy in them recorded (``StepBusy``)."""
+
+
+class StepBusy:
+    """The actors' busy wall seconds in each step, the workers summed as ``worker-*``; recorded for slow
+    steps only, and the actor list read once per simulated second (workers come and go), so that the
+    bench's own work per step, which runs in the mesh's thread, stays small beside the mesh's."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+        self.names: list[str] = []
+        self.counters: list[Any] = []
+        self.prev: list[float] = []
+        self.second = math.nan
+
+    def step(self, t: float, slow: bool) -> dict[str, float]:
+        """Busy seconds per actor since the previous step (empty unless ``slow``)."""
+        if math.floor(t) != self.second:
+            self.second = math.floor(t)
+            before = dict(zip(self.names, self.prev, strict=True))
+            got = self.mesh.counters()
+            self.names, self.counters = list(got), list(got.values())
+            self.prev = [before.get(n, 0.0) for n in self.names]  # a new actor's time so far lands here
+        now = [c.busy_s for c in self.counters]
+        out: dict[str, float] = {}
+        if slow:
+            for name, a, b in zip(self.names, self.prev, now, strict=True):
+                key = "worker-*" if name.startswith("worker-") else name
+                out[key] = out.get(key, 0.0) + b - a
+        self.prev = now
+        return {k: v for k, v in out.items() if v > 1e-3}
 
 
 def slowest(trace: list[tuple[float, float, float]], busy: list[dict[str, float]], n: int = 8) -> list[dict[str, Any]]:
@@ -155,9 +187,17 @@ def idle_core(steps: list[tuple[float, float]], v0: float, speed: float | None) 
     only: the mesh runs on one thread; the solver process has a core of its own): each step starts at
     its paced wall time or when the one before it ended, whichever is later, and lasts its CPU time. A
     loaded machine stretches wall time, not CPU time much, so this shows what the mesh itself costs.
-    Returns the CPU seconds of the slowest steps and, paced, the worst lag (simulated s) this gives."""
+    Returns the CPU seconds of the slowest steps, of the busiest simulated minute (at ``--speed 60`` a
+    minute has one wall second: more than 1 s of CPU in it cannot keep pace) and, paced, the worst lag
+    (simulated s) this gives."""
     slow = sorted(steps, key=lambda r: -r[1])[:5]
     out: dict[str, Any] = {"slowest_cpu": [{"t": t, "cpu_s": round(c, 3)} for t, c in slow]}
+    per_min: dict[int, float] = {}
+    for t, c in steps:
+        per_min[math.floor(t / 60)] = per_min.get(math.floor(t / 60), 0.0) + c
+    if per_min:
+        k, c = max(per_min.items(), key=lambda kv: kv[1])
+        out["busiest_minute"] = {"t": 60 * k, "cpu_s": round(c, 2)}  # CPU s per 60 simulated s
     if speed is not None:
         wall, worst, at = 0.0, 0.0, math.nan
         for t, c in steps:
@@ -180,10 +220,24 @@ def behind_at(trace: list[tuple[float, float, float]], duration_s: float, parts:
     return out
 
 
+def profile_window(text: str | None) -> tuple[float, float] | None:
+    """``T0:T1`` as simulated times (None when not given)."""
+    if text is None:
+        return None
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"--profile-window: expected T0:T1 (simulated seconds), got {text!r}") from None
+    if not lo < hi:
+        raise SystemExit(f"--profile-window: expected T0 < T1, got {text!r}")
+    return lo, hi
+
+
 def main() -> None:
     args = parse()
 
     speed = None if args.speed == "max" else float(args.speed)
+    window = profile_window(args.profile_window)
     if speed is not None and not (math.isfinite(speed) and speed > 0):
         raise SystemExit(f"--speed: expected 'max' or a number > 0, got {args.speed!r}")
     cat = load_catalog()
@@ -208,7 +262,7 @@ def main() -> None:
     behind = [0.0]
     trace: list[tuple[float, float, float]] = []  # (wall s since start, simulated t, s behind the pace)
     busy: list[dict[str, float]] = []  # per step: the actors' busy wall seconds in it (workers summed)
-    last: dict[str, float] = {}
+    step_busy: list[StepBusy] = []
     t0: list[float] = []
 
     cms: list[CoralMesh] = []
@@ -216,24 +270,32 @@ def main() -> None:
     async def on_start(mesh: Mesh, cm: CoralMesh) -> None:
         meshes.append(mesh)
         cms.append(cm)
+        step_busy.append(StepBusy(mesh))
         t0.extend((time.monotonic(), mesh.clock.now(), time.process_time()))
         started.append(t0[0] - started[0])
 
     cpu_steps: list[tuple[float, float]] = []  # per step: (simulated t, CPU s of this process in it)
+    prof = cProfile.Profile() if args.profile is not None else None
+    profiling = [False]
 
     def on_step(t: float) -> None:
+        if prof is not None and window is not None:  # the steps that follow t, while t is inside
+            inside = window[0] <= t < window[1]
+            if inside and not profiling[0]:
+                prof.enable()
+            elif not inside and profiling[0]:
+                prof.disable()
+            profiling[0] = inside
         if t0:
+            cpu = time.process_time()
+            cpu_steps.append((t, cpu - t0[2]))
             wall = time.monotonic() - t0[0]
             lag = wall * speed - (t - t0[1]) if speed is not None else 0.0
             behind[0] = max(behind[0], lag)
+            slow = wall - (trace[-1][0] if trace else 0.0) >= SLOW_STEP_S
             trace.append((wall, t, lag))
-            cpu = time.process_time()
-            cpu_steps.append((t, cpu - t0[2]))
-            t0[2] = cpu
-            now = grouped_busy(meshes[0])
-            busy.append({k: v - last.get(k, 0.0) for k, v in now.items() if v - last.get(k, 0.0) > 1e-3})
-            last.clear()
-            last.update(now)
+            busy.append(step_busy[0].step(t, slow))
+            t0[2] = time.process_time()  # the bench's own bookkeeping is no step's CPU
 
     def solve(prob: Any, **kw: Any) -> Any:
         """The simulator's solves: to completion with --no-deadline, as the mesh's (else under the deadline)."""
@@ -270,15 +332,14 @@ def main() -> None:
         started = [time.monotonic()]
         load0 = os.getloadavg()
         cpu0 = time.process_time()
-        prof = cProfile.Profile() if args.profile is not None else None
-        if prof is not None:
+        if prof is not None and window is None:
             prof.enable()
         res = anyio.run(
             lambda: run_mesh(setup, sc, cat, perf, pace=speed, state=state, on_start=on_start, on_step=on_step),
             backend="asyncio",
         )
         if prof is not None:
-            prof.disable()
+            prof.disable()  # idempotent, also after a window
             prof.dump_stats(str(args.profile))
         cpu = time.process_time() - cpu0
     finally:
@@ -377,6 +438,12 @@ def main() -> None:
         + "slowest steps' CPU: "
         + ", ".join(f"{r['cpu_s']:.3f} s at t={r['t']:.0f}" for r in ic["slowest_cpu"])
     )
+    if "busiest_minute" in ic:
+        b = ic["busiest_minute"]
+        print(
+            f"  busiest simulated minute: t={b['t']}-{b['t'] + 60}, {b['cpu_s']:.2f} s of CPU "
+            f"({b['cpu_s']:.2f} cores at --speed 60)"
+        )
     print("  slowest steps (wall s, ending at simulated t, busiest actors in it):")
     for r in out["slowest_steps"]:
         who = ", ".join(f"{k} {v:.2f} s" for k, v in r["busy"].items())

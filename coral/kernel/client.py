@@ -19,6 +19,8 @@ high-water mark, and the kernel drops (and reports) what it cannot deliver. Hear
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -142,9 +144,9 @@ class BusClient:
         self._name_b = name.encode()
         self._sync_prefix = SYNC_TOPIC + self._name_b + b"."
         self._fresh_prefix = SYNC_TOPIC + self._name_b + b"!"
-        self._inbox_recv: MemoryObjectReceiveStream[Envelope] | None = None
+        self._inbox_recv: MemoryObjectReceiveStream[Envelope] | LocalInbox | None = None
         self._accepting = True
-        self._feeds: list[MemoryObjectSendStream[Envelope]] = []
+        self._feeds: list[MemoryObjectSendStream[Envelope] | LocalInbox] = []
         self._pending: dict[int, _Pending] = {}
         self._syncs: dict[int, _Sync] = {}
         self._ids = itertools.count(1)
@@ -204,7 +206,7 @@ class BusClient:
         stack.callback(recv.close)
         with send:
             feeds = [send.clone(), send.clone()]
-        self._feeds = feeds
+        self._feeds = list(feeds)
         tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(tg.cancel_scope.cancel)
         tg.start_soon(self._direct_loop, feeds[0])
@@ -406,7 +408,7 @@ class BusClient:
     # -- receiving ----------------------------------------------------------------------------------
 
     @property
-    def _inbox(self) -> MemoryObjectReceiveStream[Envelope]:
+    def _inbox(self) -> MemoryObjectReceiveStream[Envelope] | LocalInbox:
         if self._inbox_recv is None:
             raise BusError(f"client {self.name!r}: not connected (use 'async with BusClient(...)')")
         return self._inbox_recv
@@ -425,9 +427,12 @@ class BusClient:
     @property
     def backlog(self) -> int:
         """Messages waiting in the inbox (including a reader blocked on a full inbox)."""
-        if self._inbox_recv is None:
+        inbox = self._inbox_recv
+        if inbox is None:
             return 0
-        st = self._inbox_recv.statistics()
+        if isinstance(inbox, LocalInbox):
+            return len(inbox)
+        st = inbox.statistics()
         return st.current_buffer_used + st.tasks_waiting_send
 
     async def _deliver(self, feed: MemoryObjectSendStream[Envelope], env: Envelope) -> None:
@@ -537,7 +542,7 @@ class _Inbox:
 
     __slots__ = ("_n", "_recv")
 
-    def __init__(self, recv: MemoryObjectReceiveStream[Envelope]) -> None:
+    def __init__(self, recv: MemoryObjectReceiveStream[Envelope] | LocalInbox) -> None:
         self._recv = recv
         self._n = 0
 
@@ -558,6 +563,79 @@ class _Inbox:
             return await self._recv.receive()
         except anyio.EndOfStream:
             raise StopAsyncIteration from None
+
+
+class LocalInbox:
+    """The inbox of a ``LocalBusClient``: a bounded queue with one reader, filled by the broker's calls.
+
+    What it needs of a memory object stream, for less: ``send_nowait`` (``anyio.WouldBlock`` when full,
+    ``anyio.ClosedResourceError`` once closed), ``close`` (no more sends; the reader drains what is queued,
+    then gets ``anyio.EndOfStream``), ``receive_nowait`` and ``receive``. A ``receive`` that must wait
+    waits on a bare asyncio future on asyncio (an ``anyio.Event`` elsewhere), without the stream's
+    checkpoint before it and its per-wait event and receiver objects; one with a message queued yields
+    first, as the stream's does.
+    """
+
+    __slots__ = ("_buffer", "_closed", "_event", "_size", "_waiter")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._buffer: collections.deque[Envelope] = collections.deque()
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._event: anyio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def send_nowait(self, item: Envelope) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if len(self._buffer) >= self._size:
+            raise anyio.WouldBlock
+        self._buffer.append(item)
+        self._wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self._event is not None:
+            self._event.set()
+            self._event = None
+
+    def receive_nowait(self) -> Envelope:
+        if self._buffer:
+            return self._buffer.popleft()
+        if self._closed:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
+
+    async def receive(self) -> Envelope:
+        if self._buffer or self._closed:
+            await anyio.lowlevel.checkpoint()
+        while not self._buffer and not self._closed:
+            try:
+                loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                waiter = self._waiter = loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    if self._waiter is waiter:
+                        self._waiter = None
+            else:
+                event = self._event = anyio.Event()
+                await event.wait()
+        return self.receive_nowait()
 
 
 def _check_prefix(prefix: str) -> str:
@@ -591,14 +669,14 @@ class LocalBusClient(BusClient):
         super().__init__(name, broker.endpoints, subscribe=subscribe, inbox_size=inbox_size, hwm=hwm, codec=codec)
         self._broker = broker
         self.topics: list[bytes] = [t.encode() for t in self._topics]
-        self._feed: MemoryObjectSendStream[Envelope] | None = None
+        self._feed: LocalInbox | None = None
 
     async def _connect(self, stack: contextlib.AsyncExitStack) -> None:
-        send, recv = anyio.create_memory_object_stream[Envelope](self.inbox_size + self.hwm)
-        self._inbox_recv = recv  # left open: a reader still draining it gets EndOfStream, not an error
-        self._feed = send
-        self._feeds = [send]
-        stack.callback(send.close)
+        inbox = LocalInbox(self.inbox_size + self.hwm)
+        self._inbox_recv = inbox  # a reader still draining it after the close gets EndOfStream, not an error
+        self._feed = inbox
+        self._feeds = [inbox]
+        stack.callback(inbox.close)
         self._broker.attach(self._name_b, self)
         stack.callback(self._broker.detach, self._name_b)
         await self._handshake()

@@ -168,6 +168,17 @@ async def let_tasks_run(max_rounds: int = 10_000) -> None:
             return
 
 
+def nothing_ready() -> bool:
+    """Whether no other task or callback can run now (asyncio's own loop: its ready queue is empty); False
+    when that cannot be told (another loop or backend), so that callers yield to find out."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    ready = getattr(loop, "_ready", None)
+    return isinstance(ready, collections.deque) and not ready
+
+
 class VirtualClock:
     """Time that advances only through ``advance_to``/``advance``; for tests, simulation and replay."""
 

@@ -36,7 +36,7 @@ from coral.errors import CoralError
 from coral.kernel.actor import Actor, ActorCounters, ActorHandle, ActorRuntime, ActorState, RestartPolicy, Supervisor
 from coral.kernel.broker import Broker
 from coral.kernel.client import BusClient, LocalBusClient
-from coral.kernel.clock import Clock, RealClock, VirtualClock, let_tasks_run
+from coral.kernel.clock import Clock, RealClock, VirtualClock, let_tasks_run, nothing_ready
 from coral.kernel.codec import DEFAULT_CODEC, Codec
 from coral.kernel.events import ShutdownRequested
 from coral.kernel.journal import Fsync, Journal
@@ -356,6 +356,8 @@ class Mesh:
         not own must ``await client.sync()`` before this to have its sends counted. The timeout is in real
         seconds.
         """
+        if not self._unsettled and nothing_ready():  # every actor seen idle since, and no task can run
+            return
         await let_tasks_run()
         if self._all_idle():  # the common case, without the timeout's cancel scope and timer
             return

@@ -10,6 +10,7 @@ import pytest
 
 from actors.router import Router
 from coral.catalog import Catalog
+from coral.messages.control import SloChanged
 from coral.messages.fleet import FleetUpdate, InstanceInfo
 from coral.messages.mesh import MeshTiming
 from coral.messages.requests import (
@@ -240,3 +241,60 @@ async def test_requests_an_instance_has_not_started_count_as_waiting(scenario: S
     await r.handle(envelope(_fleet(2, _inst("i2", 1.0), lost=("i1",))))
     await ctx.run_until(5.0)
     assert "i1" not in r.waiting_at
+
+
+def _by_instance(r: Router) -> dict[str, set[int]]:
+    """What ``Router.at_instance`` must hold: the open requests per instance they were sent to."""
+    out: dict[str, set[int]] = {}
+    for rid, o in r.open.items():
+        if o.instance:
+            out.setdefault(o.instance, set()).add(rid)
+    return out
+
+
+async def test_the_requests_held_per_instance_follow_every_change(scenario: Scenario) -> None:
+    """Dispatch, completion, failure, handoff, return by a draining instance, loss (retry) and stop: the
+    per-instance index the router's bounds read agrees with its open requests after each."""
+    r, ctx = await _router(scenario, max_attempts=3)
+    await r.handle(envelope(_fleet(1, _pd("p1", "prefill", 5.0, 1e9), _pd("d1", "decode", 5.0, 1e9),
+                                   _inst("i1", 1.0), _inst("i2", 1.0))))  # fmt: skip
+    await r.handle(envelope(_arrivals(range(40))))
+    await ctx.run_until(1.0)
+    assert r.at_instance == _by_instance(r) and sum(map(len, r.at_instance.values())) == 40
+    first = {iid: sorted(ids) for iid, ids in r.at_instance.items()}
+    p1, i1, i2 = first.get("p1", []), first["i1"], first["i2"]
+    assert p1 and i1 and i2
+    outs = [Outcome(i1[0], "done", 1.5, 1.2), Outcome(i1[1], "failed", 1.5, -1.0, "engine"),
+            Outcome(i1[2], "returned", 1.5)]  # fmt: skip
+    await r.handle(envelope(Completions("i1", 1.5, tuple(outs)), source="w-i1"))
+    await r.handle(envelope(Completions("p1", 1.5, (Outcome(p1[0], "handoff", 1.5, 1.4),)), source="w-p1"))
+    await ctx.run_until(2.0)
+    assert r.at_instance == _by_instance(r)
+    assert i1[0] not in r.open and i1[1] not in r.open and r.open[p1[0]].instance == "d1"
+    before = {rid: o.instance for rid, o in r.open.items()}
+    await r.handle(envelope(FleetUpdate(2, 2.0, (_pd("p1", "prefill", 5.0, 1e9), _pd("d1", "decode", 5.0, 1e9),
+                                                 _inst("i3", 1.0)), lost=("i1",), stopped=("i2",))))  # fmt: skip
+    await ctx.run_until(3.0)
+    assert r.at_instance == _by_instance(r) and set(r.at_instance) <= {"p1", "d1", "i3"}
+    moved = {rid: iid for rid, iid in before.items() if iid in ("i1", "i2")}  # lost (retried) or stopped
+    assert len(moved) == len(i1) + len(i2) - 2
+    assert all(r.open[rid].instance in ("p1", "i3") for rid in moved)
+    assert all(r.open[rid].attempt == (1 if iid == "i1" else 0) for rid, iid in moved.items())
+    await r.handle(envelope(FinishTraffic(3.0)))
+    await ctx.run_until(4.0)
+    assert r.open == {} and r.at_instance == {}
+
+
+async def test_an_slo_change_moves_the_instances_bounds(scenario: Scenario) -> None:
+    r, ctx = await _router(scenario, instance_queue_s=1.0)
+    inst = _inst("i1", 2.0)
+    await r.handle(envelope(_fleet(1, inst)))
+    await r.handle(envelope(_arrivals(range(200))))
+    await ctx.run_until(1.0)
+    before = r.bound(inst)
+    assert len(_dispatched(ctx)["w-i1"]) == before
+    slo = r.slo[DEP]
+    await r.handle(envelope(SloChanged(DEP, 2 * slo.ttft_s, 2 * slo.tpot_s, slo.attainment, 1.0)))
+    await r.handle(envelope(_arrivals(range(200, 201), t=1.5)))  # a wake after the change
+    await ctx.run_until(2.0)
+    assert r.bound(inst) > before and len(_dispatched(ctx)["w-i1"]) == r.bound(inst)

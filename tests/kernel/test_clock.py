@@ -7,7 +7,7 @@ import anyio.lowlevel
 import pytest
 
 from coral.kernel import ClockError, RealClock, ScaledClock, VirtualClock
-from coral.kernel.clock import let_tasks_run
+from coral.kernel.clock import let_tasks_run, nothing_ready
 
 
 async def test_virtual_clock_wakes_in_time_order() -> None:
@@ -151,3 +151,20 @@ async def test_let_tasks_run_returns_once_a_chain_of_wakes_has_run_and_not_befor
             await let_tasks_run()
         assert done == list(range(n)) and events[n].is_set()
         tg.cancel_scope.cancel()
+
+
+async def test_nothing_ready_tells_whether_another_task_can_run() -> None:
+    assert nothing_ready()
+    event = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(event.wait)
+        assert not nothing_ready()  # the new task's first step is queued
+        await anyio.wait_all_tasks_blocked()
+        assert nothing_ready()
+        event.set()
+        assert not nothing_ready()  # its wake-up is queued
+    assert nothing_ready()
+
+
+def test_nothing_ready_outside_a_loop_is_false() -> None:
+    assert not nothing_ready()
