@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import solvers.allocation.solve as solve_module
 from solvers.allocation import SolverEffort, solve_allocation
 from tests.solvers.alloc_instances import generate
 from tests.solvers.test_allocation import check_plan, cuts_replay_exactly
@@ -67,3 +68,21 @@ def test_a_deadline_inside_the_master_rounds_replays_exactly() -> None:
     masters = {first.effort.master for first in cuts_replay_exactly(p, kw, 12)}
     assert len({m for m in masters if m is not None}) >= 2  # cut in different rounds or at different solutions
     assert SolverEffort.from_mapping(SolverEffort(master=(2, 1)).as_mapping()) == SolverEffort(master=(2, 1))
+
+
+def test_the_cost_dive_gives_the_master_rounds_a_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No plan serves every demand before the master rounds (here: no heuristic), the LP does: the cost
+    LP's dive finds one, so the rounds run and prove the optimum; skipped, no round runs; cut inside it,
+    each result replays exactly."""
+    no_heuristic = [(name, (lambda run: None) if name == "heuristic" else f) for name, f in solve_module._PHASES]
+    monkeypatch.setattr(solve_module, "_PHASES", no_heuristic)
+    p = generate("core", 12, seed=2, load=0.2)
+    kw: dict[str, object] = {"columns": "all", "mip_gap": GAP, "portfolio": False, "decompose": False}
+    res = solve_allocation(p, effort=SolverEffort(), **kw)  # type: ignore[arg-type]
+    check_plan(p, res)
+    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
+    assert res.status == "optimal" and res.effort.master is None and res.split_groups == 0
+    skipped = solve_allocation(p, effort=SolverEffort(dive=0, serve=0, cost=0), **kw)  # type: ignore[arg-type]
+    assert skipped.total_unmet_rps > 1.0  # no plan, so no master round: nothing but the empty plan
+    dives = {first.effort.dive for first in cuts_replay_exactly(p, kw, 8)}
+    assert len({d for d in dives if d is not None}) >= 1  # some cut fell inside the dive
