@@ -543,6 +543,8 @@ def _dive_phase(run: _Run, cost: bool) -> None:
         run.used["dive"] = dive.steps
     if dive.plan is not None:
         run.offer(_repair(c, _fit(c, dive.plan)))
+    if cost:  # reported only when it ran (the serve dive's report is the loop's)
+        run.report("cost_dive")
 
 
 def _decompose_phase(run: _Run) -> None:
@@ -640,6 +642,6 @@ _PHASES: list[tuple[str, Callable[[_Run], None]]] = [
 ]
 """The phases in order (the module docstring's solution path)."""
 
-_REPORTED = ("heuristic", "cost_dive", "master", "dive", "split", "serve", "cost")
+_REPORTED = ("heuristic", "master", "dive", "split", "serve", "cost")
 """Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution; the
-portfolio reports itself)."""
+portfolio and the cost dive report themselves)."""
