@@ -1,4 +1,5 @@
-"""The LP relaxation (directly, or by column generation) and the LP dive for the most service."""
+"""The LP relaxation (directly, or by column generation) and the LP dives: for the most service, or, when
+the LP serves every demand, for the least cost at full service."""
 
 from __future__ import annotations
 
@@ -127,14 +128,18 @@ class _DiveOutcome:
 
 
 def _dive_job(c: _Columns, mat: _Matrix, mip_gap: float, limit: int | None, out: _DiveOutcome,
-              stop: _LpStop) -> None:  # fmt: skip
+              stop: _LpStop, *, cost: bool = False) -> None:  # fmt: skip
     """LP diving for the most service: solve the min-unmet LP, round up (as a lower bound) the fractional
     integer variables that fit the availability with the others at their floors (parts >= 0.5, largest
     first, else the largest; when none fits, bound the least fractional one to its floor), and solve
-    again, until the LP is integral."""
+    again, until the LP is integral (or infeasible). ``cost``: the same on the cost LP with every demand
+    served (its floors, once integral, serve every demand)."""
     n_int = c.J + len(mat.keep_cols)
     col_of = np.concatenate([np.arange(c.J), mat.keep_cols])
-    h = _highs(mat, mat.serve_obj, math.inf, mip_gap, mip=False)
+    if cost:
+        h = _highs(mat, mat.cost_obj, _service_hi(c, 0.0), mip_gap, mip=False)
+    else:
+        h = _highs(mat, mat.serve_obj, math.inf, mip_gap, mip=False)
     stop.attach(h)
     lo = mat.col_lo[:n_int].copy()
     hi = mat.col_hi[:n_int].copy()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from solvers.allocation import SolverEffort, solve_allocation
+import solvers.allocation.solve as solve_module
+from solvers.allocation import AllocationResult, SolverEffort, solve_allocation
 from tests.solvers.alloc_instances import generate
 from tests.solvers.test_allocation import check_plan, cuts_replay_exactly
 
@@ -67,3 +68,28 @@ def test_a_deadline_inside_the_master_rounds_replays_exactly() -> None:
     masters = {first.effort.master for first in cuts_replay_exactly(p, kw, 12)}
     assert len({m for m in masters if m is not None}) >= 2  # cut in different rounds or at different solutions
     assert SolverEffort.from_mapping(SolverEffort(master=(2, 1)).as_mapping()) == SolverEffort(master=(2, 1))
+
+
+def test_the_cost_dive_gives_the_master_rounds_a_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No plan serves every demand before the master rounds (here: no heuristic), the LP does: the cost
+    LP's dive finds one, so the rounds run and prove the optimum; skipped, no round runs; cut inside it,
+    and at each progress report, each result replays exactly."""
+    no_heuristic = [(name, (lambda run: None) if name == "heuristic" else f) for name, f in solve_module._PHASES]
+    monkeypatch.setattr(solve_module, "_PHASES", no_heuristic)
+    p = generate("core", 12, seed=2, load=0.2)
+    kw: dict[str, object] = {"columns": "all", "mip_gap": GAP, "portfolio": False, "decompose": False}
+    reports: list[AllocationResult] = []
+    res = solve_allocation(p, effort=SolverEffort(), progress=reports.append, **kw)  # type: ignore[arg-type]
+    check_plan(p, res)
+    assert res.total_unmet_rps == pytest.approx(0.0, abs=1e-6)
+    # the heuristic's report (the empty plan), then the dive's: a plan that serves every demand
+    assert reports[0].total_unmet_rps > 1.0 and reports[1].total_unmet_rps == pytest.approx(0.0, abs=1e-6)
+    for rep in reports:
+        replay = solve_allocation(p, effort=rep.effort, **kw)  # type: ignore[arg-type]
+        assert (replay.counts, replay.effort, replay.bound, replay.status) == (rep.counts, rep.effort, rep.bound,
+                                                                               rep.status)  # fmt: skip
+    assert res.status == "optimal" and res.effort.master is None and res.split_groups == 0
+    skipped = solve_allocation(p, effort=SolverEffort(dive=0, serve=0, cost=0), **kw)  # type: ignore[arg-type]
+    assert skipped.total_unmet_rps > 1.0  # no plan, so no master round: nothing but the empty plan
+    dives = {first.effort.dive for first in cuts_replay_exactly(p, kw, 8)}
+    assert len({d for d in dives if d is not None}) >= 1  # some cut fell inside the dive
