@@ -1,8 +1,9 @@
 """Mesh benchmark: how fast the actor mesh runs a scenario, and where its time goes.
 
 Runs the whole mesh in this process, as ``coral up`` does (``run_mesh`` on the simulated cloud and
-engines, on a virtual clock), on a bundled scenario (default: ``default``, one hour), from a template
-store that already holds its library (``coral up --store STORE`` builds it on first use).
+engines, on a virtual clock, the start-up heap frozen: ``freeze_heap``), on a bundled scenario (default:
+``default``, one hour), from a template store that already holds its library (``coral up --store STORE``
+builds it on first use).
 
 - ``--speed max`` (the default): as fast as possible; reported: wall seconds, CPU seconds of this
   process, simulated seconds per wall second (target: the default hour in at most 60 s wall);
@@ -335,7 +336,9 @@ def main() -> None:
         if prof is not None and window is None:
             prof.enable()
         res = anyio.run(
-            lambda: run_mesh(setup, sc, cat, perf, pace=speed, state=state, on_start=on_start, on_step=on_step),
+            lambda: run_mesh(
+                setup, sc, cat, perf, pace=speed, state=state, on_start=on_start, on_step=on_step, freeze_heap=True
+            ),
             backend="asyncio",
         )
         if prof is not None:

@@ -50,6 +50,7 @@ async def run_up_async(
     (``coral.cli.tui_process``; it reads no store): quitting it stops the mesh, the mesh stopping ends it, and
     a UI that fails stops the mesh and raises CoralError. ``serve`` adds the HTTP gateway and the metrics endpoint.
     ``host_table``: the engines run on the hosts whose ``coral worker`` registered (``actors.hosts``).
+    The start-up heap is kept out of the garbage collector's scans for the run (``run_mesh``'s ``freeze_heap``).
     """
     # Start-up cost: the actors load in about 3 s, and every ``coral`` command imports this module.
     from actors.compose import RunState, run_mesh
@@ -140,6 +141,7 @@ async def run_up_async(
             on_step=stepped,
             engine_factory=engine_factory,
             host_table=host_table,
+            freeze_heap=True,
         )
         tg.cancel_scope.cancel()
     if "tui_failed" in info:
