@@ -239,6 +239,8 @@ def main() -> None:
 
     speed = None if args.speed == "max" else float(args.speed)
     window = profile_window(args.profile_window)
+    if window is not None and args.profile is None:
+        raise SystemExit("--profile-window: needs --profile FILE (where the profile is written)")
     if speed is not None and not (math.isfinite(speed) and speed > 0):
         raise SystemExit(f"--speed: expected 'max' or a number > 0, got {args.speed!r}")
     cat = load_catalog()
