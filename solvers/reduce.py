@@ -17,7 +17,6 @@ Repeated until nothing changes. A node left without options proves the problem i
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import attrs
@@ -91,30 +90,34 @@ def dominated(
 ) -> np.ndarray:
     """Options dominated by another with the same k that may run wherever they may (a role charged for at
     least as many micro-batches and at least the same ends; ties: the lower index survives)."""
-    if d is None:
-        d = np.zeros(k.shape[0], np.int64)
-    if ends is None:
-        ends = np.zeros(k.shape[0], np.int64)
-    out = np.zeros(k.shape[0], dtype=bool)
+    n = k.shape[0]
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
     order = np.argsort(k, kind="stable")
     ks = k[order]
-    bounds = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True])
-    for a, b in itertools.pairwise(bounds):
-        grp = order[a:b]
-        if grp.size < 2:
-            continue
-        c = cap[grp]
-        la = lat[:, grp]
-        ge = c[None, :] >= c[:, None]  # [x, y]: y has cap >= x's
-        le = np.all(la[:, None, :] <= la[:, :, None], axis=0)  # y's latency <= x's
-        strict = (c[None, :] > c[:, None]) | np.any(la[:, None, :] < la[:, :, None], axis=0)
-        tie = grp[None, :] < grp[:, None]
-        dg, eg = d[grp], ends[grp]
-        role = (dg[None, :] >= dg[:, None]) & ((eg[None, :] & eg[:, None]) == eg[:, None])  # y runs where x does
-        strict = strict | (dg[None, :] > dg[:, None]) | (eg[None, :] != eg[:, None])
-        dom = ge & le & role & (strict | tie)
-        np.fill_diagonal(dom, False)
-        out[grp] = dom.any(axis=1)
+    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    starts, sizes = starts[sizes >= 2], sizes[sizes >= 2]
+    if starts.size == 0:
+        return out
+    # every group of equal k at once: grp[g, s] is the s-th option of group g, padded with its first
+    # option where the group is shorter than the widest (``valid`` masks the padding)
+    width = np.arange(int(sizes.max()))
+    valid = width[None, :] < sizes[:, None]
+    grp = order[np.where(valid, starts[:, None] + width[None, :], starts[:, None])]
+    d = np.zeros(n, np.int64) if d is None else d
+    ends = np.zeros(n, np.int64) if ends is None else ends
+    c, la, dg, eg = cap[grp], lat[:, grp], d[grp], ends[grp]
+    x, y = (slice(None), slice(None), None), (slice(None), None, slice(None))  # [g, x, y]: y dominates x?
+    ge = c[y] >= c[x]
+    le = np.all(la[:, :, None, :] <= la[:, :, :, None], axis=0)
+    strict = (c[y] > c[x]) | np.any(la[:, :, None, :] < la[:, :, :, None], axis=0)
+    strict |= (dg[y] > dg[x]) | (eg[y] != eg[x])
+    role = (dg[y] >= dg[x]) & ((eg[y] & eg[x]) == eg[x])  # y runs where x does
+    dom = ge & le & role & (strict | (grp[y] < grp[x])) & valid[y]
+    dom[:, width, width] = False
+    out[grp[valid]] = dom.any(axis=2)[valid]
     return out
 
 
