@@ -1,8 +1,12 @@
 """Shared fixtures: the bundled catalog, the perf model, the mesh-* scenarios' template store (the mesh, actor
-and gateway tests' ``world``), plus the path of ../shared when present."""
+and gateway tests' ``world``), files built once a run for every xdist worker (``shared_build``), plus the path
+of ../shared when present."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,13 +35,32 @@ def perf(catalog: Catalog) -> PerfModel:
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory: pytest.TempPathFactory, catalog: Catalog, perf: PerfModel) -> World:
-    """The catalog, perf model and a template store of every mesh-* scenario, built once per session."""
+    """The catalog, perf model and a template store of every mesh-* scenario, built once a run (``shared_build``)."""
     # imported here, not at the top: tests.mesh.helpers loads the actors and the CLI (measured 7.6 s at
     # load 7 on two cores), which a run of the solver or catalog tests alone should not pay
     from tests.mesh.helpers import World, build_store
 
-    store = build_store(tmp_path_factory.mktemp("mesh") / "templates.sqlite", perf, catalog)
+    store = shared_build(tmp_path_factory, "mesh-templates.sqlite", lambda p: build_store(p, perf, catalog))
     return World(catalog, perf, store)
+
+
+def shared_build(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """``build(path)`` run once a run for every xdist worker, its ``path`` returned to each: the first worker to
+    ask builds it under a file lock while the others wait, then reuse it (the workers' base temp folders
+    share a parent, as ``vllm_cache`` uses). Only for a build whose inputs are fixed, so that every worker
+    would have built the same file, and whose users only read it."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-builds"
+    d.mkdir(exist_ok=True)
+    path, done = d / name, d / f"{name}.done"
+    with (d / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the build raised
+        if not done.exists():
+            for leftover in (path, d / f"{name}-wal", d / f"{name}-shm"):  # of a build that raised (SQLite's too)
+                leftover.unlink(missing_ok=True)
+            build(path)
+            done.touch()
+    return path
 
 
 def shared_path(*parts: str) -> Path:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coral.display import abbreviate, abbreviate_all, fit_columns, fit_table
+from tests.conftest import shared_build
 
 from .conftest import Coral
 
@@ -65,11 +66,12 @@ def test_fit_table_uses_short_headings_only_when_narrow() -> None:
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from coral.cli import main
 
-    path = tmp_path_factory.mktemp("display") / "s.sqlite"
-    argv = ["templates", "build", "--scenario", "mesh-surge", "--models", "llama-3.1-8b,qwen3-14b", "--store",
-            str(path), "--workers", "1", "--json"]  # fmt: skip
-    assert main(argv) == 0
-    return path
+    def build(path: Path) -> None:
+        argv = ["templates", "build", "--scenario", "mesh-surge", "--models", "llama-3.1-8b,qwen3-14b", "--store",
+                str(path), "--workers", "1", "--json"]  # fmt: skip
+        assert main(argv) == 0
+
+    return shared_build(tmp_path_factory, "display-templates.sqlite", build)
 
 
 @pytest.mark.slow

@@ -17,17 +17,19 @@ from coral.messages import CapacityShort, FleetAction
 from coral.perf import PerfModel
 from coral.scenario import load_scenario
 from coral.store import TemplateStore
+from tests.conftest import shared_build
 
 from .steering import SCENARIO, library, run_sequence, sequences
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, catalog: Catalog, perf: PerfModel) -> Path:
-    path = tmp_path_factory.mktemp("steer") / "templates.sqlite"
-    sc = load_scenario(SCENARIO, catalog)
-    with TemplateStore(path) as s:
-        build_library(perf, s, scenario_jobs(sc), list(sc.node_types), nmax=sc.planner.nmax, rho=sc.planner.rho)
-    return path
+    def build(path: Path) -> None:
+        sc = load_scenario(SCENARIO, catalog)
+        with TemplateStore(path) as s:
+            build_library(perf, s, scenario_jobs(sc), list(sc.node_types), nmax=sc.planner.nmax, rho=sc.planner.rho)
+
+    return shared_build(tmp_path_factory, "steer-templates.sqlite", build)
 
 
 @pytest.mark.slow

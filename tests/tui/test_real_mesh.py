@@ -11,6 +11,7 @@ import pytest
 
 from coral.catalog import Catalog
 from coral.perf import PerfModel
+from tests.conftest import shared_build
 from tui import model as M
 from tui import reducer as R
 from tui.screens.confirm import ConfirmScreen
@@ -26,11 +27,12 @@ def steady_store(tmp_path_factory: pytest.TempPathFactory, catalog: Catalog, per
     from coral.scenario import load_scenario
     from coral.store import TemplateStore
 
-    path = tmp_path_factory.mktemp("tui-real") / "templates.sqlite"
-    sc = load_scenario("mesh-steady", catalog)
-    with TemplateStore(path) as store:
-        build_library(perf, store, scenario_jobs(sc), list(sc.node_types), nmax=sc.planner.nmax, rho=sc.planner.rho)
-    return path
+    def build(path: Path) -> None:
+        sc = load_scenario("mesh-steady", catalog)
+        with TemplateStore(path) as store:
+            build_library(perf, store, scenario_jobs(sc), list(sc.node_types), nmax=sc.planner.nmax, rho=sc.planner.rho)
+
+    return shared_build(tmp_path_factory, "steady-templates.sqlite", build)
 
 
 @pytest.mark.slow
