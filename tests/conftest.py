@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,19 +49,20 @@ def shared_build(tmp_path_factory: pytest.TempPathFactory, name: str, build: Cal
     """``build(path)`` run once a run for every xdist worker, its ``path`` returned to each: the first worker to
     ask builds it under a file lock while the others wait, then reuse it (the workers' base temp folders
     share a parent, as ``vllm_cache`` uses). Only for a build whose inputs are fixed, so that every worker
-    would have built the same file, and whose users only read it."""
+    would have built the same file, and whose users only read it. The build has a folder of its own (for
+    files beside ``path``: SQLite's, a journal's provider state)."""
     base = tmp_path_factory.getbasetemp()
-    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-builds"
-    d.mkdir(exist_ok=True)
-    path, done = d / name, d / f"{name}.done"
-    with (d / f"{name}.lock").open("w") as lock:
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-builds"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with (root / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the build raised
         if not done.exists():
-            for leftover in (path, d / f"{name}-wal", d / f"{name}-shm"):  # of a build that raised (SQLite's too)
-                leftover.unlink(missing_ok=True)
-            build(path)
+            shutil.rmtree(folder, ignore_errors=True)  # what a build that raised left
+            folder.mkdir()
+            build(folder / name)
             done.touch()
-    return path
+    return folder / name
 
 
 def shared_path(*parts: str) -> Path:

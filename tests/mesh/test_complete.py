@@ -16,6 +16,7 @@ from actors.compose import run_mesh
 from actors.recovery import RecoveryError, check_provider, fleet_state, load_recovery, provider_state_path
 from coral.kernel import read_journal
 from coral.kernel.journal import HEADER_SIZE, RECORD_HEAD, _encoder, journal_info
+from tests.conftest import shared_build
 
 from .helpers import SCENARIOS, World, journal_path
 
@@ -49,16 +50,17 @@ def recorded(world: World, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """mesh-steady recorded for 60 s with its provider state, as `coral up --record` keeps it."""
     import anyio
 
-    path = tmp_path_factory.mktemp("complete") / "run.journal"
-    sc = world.scenario("mesh-steady")
-    setup = world.setup("mesh-steady")
+    def record(path: Path) -> None:
+        sc = world.scenario("mesh-steady")
+        setup = world.setup("mesh-steady")
 
-    async def go() -> None:
-        await run_mesh(setup, sc, world.catalog, world.perf, journal=path, until=60.0,
-                       provider_state=provider_state_path(path))  # fmt: skip
+        async def go() -> None:
+            await run_mesh(setup, sc, world.catalog, world.perf, journal=path, until=60.0,
+                           provider_state=provider_state_path(path))  # fmt: skip
 
-    anyio.run(go)
-    return path
+        anyio.run(go)
+
+    return shared_build(tmp_path_factory, "complete-run.journal", record)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
