@@ -122,8 +122,11 @@ class CoralMesh:
         unknown_nodes: str = "release",
         host_table: HostTable | None = None,
         landing: str | None = None,
+        solver_nice: int = 0,
     ) -> None:
         self.setup = setup
+        self.solver_nice = solver_nice
+        """How much the allocator's solver process lowers its CPU priority (``SolverProcess``)."""
         self.answers = Answers() if landing is None and not setup.deterministic else None
         """A live run's plan answers (``actors.allocator``); None in a replay and a deterministic run."""
         self.landing = landing if landing is not None else "answer" if self.answers is not None else "deadline"
@@ -229,6 +232,7 @@ class CoralMesh:
             inspector=answer_inspection,
             landing=self.landing,
             answers=self.answers,
+            solver_nice=self.solver_nice,
         )
         if rs is not None and rs.fleet.plan is not None:
             self.allocator.seq = rs.fleet.plan.plan.seq
@@ -598,6 +602,7 @@ async def run_mesh(
     host_table: HostTable | None = None,
     landing: str | None = None,
     freeze_heap: bool = False,
+    solver_nice: int = 0,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
 
@@ -611,7 +616,8 @@ async def run_mesh(
     ``coral up``): once the actors have started, the objects alive then (catalog, templates, programs,
     modules) leave the cyclic garbage collector's view (``gc.freeze``) until the run ends, so that a full
     collection scans only what the run made since, not the start-up heap (one such collection held a paced
-    step for 50-90 ms).
+    step for 50-90 ms). ``solver_nice``: how much the allocator's solver process lowers its CPU priority
+    (``SolverProcess``; 0: the mesh's own).
     """
     frozen = False
     try:
@@ -627,6 +633,7 @@ async def run_mesh(
             engine_factory=engine_factory,
             host_table=host_table,
             landing=landing,
+            solver_nice=solver_nice,
         )
         st = state if state is not None else RunState()
         t0 = time.perf_counter()
