@@ -7,7 +7,7 @@ clock from tick to tick and delivers each external input at its time after every
 forwards commands that reached the ``operator`` gateway at those quiet points; a ``SetSpeed`` there
 changes the pace from the clock's time then (the request is journaled; a replay, unpaced, skips it).
 Paced, it also stops at every deadline between ticks (a prompt actor's wake, ``actors.base``) at its own
-wall time, and an input
+wall time (behind the pace, it takes those up to the paced time in one step, as unpaced), and an input
 that arrives in wall time (the mesh's doorbell: an HTTP request at the gateway) makes it step at once to
 the paced time of that arrival, where ``on_step`` delivers it: nothing waits for the next tick. Unpaced,
 the clock still stops at each of those deadlines inside ``VirtualClock.advance_to``: the same decisions.
@@ -442,7 +442,8 @@ async def _drive(
         if pace is not None:
             wake = clock.next_deadline()  # an actor's wake between ticks: step there at its wall time
             if wake is not None and now < wake < nxt:
-                nxt = wake
+                # behind the pace, the wakes up to the paced time go in one step (``advance_to`` stops at each)
+                nxt = max(wake, min(nxt, v0 + (time.monotonic() - wall0) * pace))
         while pace is not None and not (stop is not None and stop.is_set()):
             left = wall0 + (nxt - v0) / pace - time.monotonic()
             if left <= 0:
