@@ -249,6 +249,7 @@ class Allocator(TickActor):
         inspector: Callable[[Allocator, Envelope], Awaitable[bool]] | None = None,
         landing: str = "deadline",
         answers: Answers | None = None,
+        solver_nice: int = 0,
     ) -> None:
         super().__init__(name, tick_s=tick_s, subscribe=["dem.update", "mkt.update", "fleet.update"])
         self.inspector = inspector
@@ -281,6 +282,8 @@ class Allocator(TickActor):
         self.seq = 0
         self.solver: SolverProcess | None = None
         """The solver process (spawned at the first start, closed at the stop; a restart keeps it)."""
+        self.solver_nice = solver_nice
+        """How much the solver process lowers its CPU priority (``SolverProcess``'s ``nice``)."""
         self.delay_s = publish_delay(self.deadline_s, deterministic)
         """D: a plan started at t is published at t + D (see the module docstring)."""
         self.pending: Pending | None = None
@@ -303,7 +306,7 @@ class Allocator(TickActor):
         as started, so that the mesh's clock does not run while the child imports highspy and numpy; build
         the first plan's program columns meanwhile too (``program_columns``)."""
         if self.solver is None:
-            self.solver = SolverProcess()
+            self.solver = SolverProcess(nice=self.solver_nice)
         await self.solver.start_async(READY_S)
         tpls = {d: self.usable(d) for d in self.deployments}  # the first plan's columns, before the clock runs
         self.program_columns(Planner(self.policy, self.scenario, self.catalog, self.perf, tpls, self.deadline_s))
@@ -482,7 +485,7 @@ class Allocator(TickActor):
     def solver_process(self) -> SolverProcess:
         """The solver process (spawned here when the actor has not started it)."""
         if self.solver is None:
-            self.solver = SolverProcess()
+            self.solver = SolverProcess(nice=self.solver_nice)
         return self.solver
 
     async def solve(self, now: float, trigger: str) -> NewPlan | None:

@@ -7,7 +7,7 @@ clock from tick to tick and delivers each external input at its time after every
 forwards commands that reached the ``operator`` gateway at those quiet points; a ``SetSpeed`` there
 changes the pace from the clock's time then (the request is journaled; a replay, unpaced, skips it).
 Paced, it also stops at every deadline between ticks (a prompt actor's wake, ``actors.base``) at its own
-wall time, and an input
+wall time (behind the pace, it takes those up to the paced time in one step, as unpaced), and an input
 that arrives in wall time (the mesh's doorbell: an HTTP request at the gateway) makes it step at once to
 the paced time of that arrival, where ``on_step`` delivers it: nothing waits for the next tick. Unpaced,
 the clock still stops at each of those deadlines inside ``VirtualClock.advance_to``: the same decisions.
@@ -122,8 +122,11 @@ class CoralMesh:
         unknown_nodes: str = "release",
         host_table: HostTable | None = None,
         landing: str | None = None,
+        solver_nice: int = 0,
     ) -> None:
         self.setup = setup
+        self.solver_nice = solver_nice
+        """How much the allocator's solver process lowers its CPU priority (``SolverProcess``)."""
         self.answers = Answers() if landing is None and not setup.deterministic else None
         """A live run's plan answers (``actors.allocator``); None in a replay and a deterministic run."""
         self.landing = landing if landing is not None else "answer" if self.answers is not None else "deadline"
@@ -229,6 +232,7 @@ class CoralMesh:
             inspector=answer_inspection,
             landing=self.landing,
             answers=self.answers,
+            solver_nice=self.solver_nice,
         )
         if rs is not None and rs.fleet.plan is not None:
             self.allocator.seq = rs.fleet.plan.plan.seq
@@ -381,12 +385,14 @@ async def drive(
     ``answers``: the plan answers of a live run, delivered to the allocator at the first quiet point after
     they came (paced: the doorbell makes it step there); unpaced, the clock stands at the instant a plan
     started until its answer came (``actors.allocator``)."""
-    args = (mesh, feed, tick_s, until, pace, stop, gateway, on_step, after_step, answers)
-    if gateway is None:
-        return await _drive(*args)
+    if gateway is None and pace is None:  # it never waits for input: nothing can pace it
+        return await _drive(mesh, feed, tick_s, until, pace, stop, gateway, on_step, after_step, answers, None)
+    inputs = PaceWaiter(mesh, gateway, stop)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(gateway.relay, mesh)
-        out = await _drive(*args)
+        if gateway is not None:
+            tg.start_soon(gateway.relay, mesh)
+        inputs.watch(tg)
+        out = await _drive(mesh, feed, tick_s, until, pace, stop, gateway, on_step, after_step, answers, inputs)
         tg.cancel_scope.cancel()
     return out
 
@@ -402,6 +408,7 @@ async def _drive(
     on_step: Callable[[float], Awaitable[None] | None] | None,
     after_step: Callable[[float], Awaitable[None]] | None,
     answers: Answers | None,
+    inputs: PaceWaiter | None,
 ) -> tuple[float, str]:
     clock = mesh.clock
     if not isinstance(clock, VirtualClock):
@@ -435,12 +442,14 @@ async def _drive(
         if pace is not None:
             wake = clock.next_deadline()  # an actor's wake between ticks: step there at its wall time
             if wake is not None and now < wake < nxt:
-                nxt = wake
+                # behind the pace, the wakes up to the paced time go in one step (``advance_to`` stops at each)
+                nxt = max(wake, min(nxt, v0 + (time.monotonic() - wall0) * pace))
         while pace is not None and not (stop is not None and stop.is_set()):
             left = wall0 + (nxt - v0) / pace - time.monotonic()
             if left <= 0:
                 break
-            held, rang = await _wait_input(mesh, left, gateway, stop)
+            assert inputs is not None
+            held, rang = await inputs.wait(left)
             if gateway is not None and held:
                 await gateway.pump(mesh)
                 if gateway.speeds:  # the operator changed the pace: it counts from here
@@ -477,42 +486,58 @@ def _repace(desk: OperatorDesk, now: float) -> tuple[float | None, float, float]
     return desk.pace
 
 
-async def _wait_input(
-    mesh: Mesh, timeout: float, desk: OperatorDesk | None, stop: anyio.Event | None
-) -> tuple[bool, bool]:
-    """Wait at most ``timeout`` wall seconds for the first of: a command held by the operator desk (first
-    True), the mesh's doorbell (second True), ``stop``."""
-    held = rang = False
-    if desk is not None and desk.held:
-        return True, False
-    with anyio.move_on_after(timeout):
-        async with anyio.create_task_group() as tg:
+class PaceWaiter:
+    """What a paced driver waits for between its steps: a command held by the operator desk, the mesh's
+    doorbell, ``stop``. A watcher task per source runs for the whole drive (``watch``) and sets one wake
+    event, so that a wait is a single event wait (a task group per wait cost some 370 us, 3-4 s a run)."""
 
-            async def receive() -> None:
-                nonlocal held
-                assert desk is not None
-                await desk.waiting.wait()
-                desk.waiting = anyio.Event()
-                held = True
-                tg.cancel_scope.cancel()
+    def __init__(self, mesh: Mesh, desk: OperatorDesk | None, stop: anyio.Event | None) -> None:
+        self.mesh = mesh
+        self.desk = desk
+        self.stop = stop
+        self.held = False
+        """A command reached the desk since the last ``wait`` returned."""
+        self.rang = False
+        """The doorbell rang since the last ``wait`` returned."""
+        self.wake = anyio.Event()
 
-            async def bell() -> None:
-                nonlocal rang
-                await mesh.rung()
-                rang = True
-                tg.cancel_scope.cancel()
+    def watch(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start the watchers in ``tg`` (they run until it is cancelled)."""
+        if self.desk is not None:
+            tg.start_soon(self._desk, self.desk)
+        if self.stop is not None:
+            tg.start_soon(self._stop, self.stop)
+        tg.start_soon(self._bell)
 
-            async def stopped() -> None:
-                assert stop is not None
-                await stop.wait()
-                tg.cancel_scope.cancel()
+    async def _desk(self, desk: OperatorDesk) -> None:
+        while True:
+            await desk.waiting.wait()
+            desk.waiting = anyio.Event()
+            self.held = True
+            self.wake.set()
 
-            if desk is not None:
-                tg.start_soon(receive)
-            if stop is not None:
-                tg.start_soon(stopped)
-            tg.start_soon(bell)
-    return held, rang
+    async def _bell(self) -> None:
+        while True:
+            await self.mesh.rung()
+            self.rang = True
+            self.wake.set()
+
+    async def _stop(self, stop: anyio.Event) -> None:
+        await stop.wait()
+        self.wake.set()
+
+    async def wait(self, timeout: float) -> tuple[bool, bool]:
+        """Wait at most ``timeout`` wall seconds for the first of: a command held by the operator desk
+        (first True), the doorbell (second True), ``stop``; what came before the call counts at once."""
+        held = self.desk is not None and bool(self.desk.held)
+        if not (held or self.held or self.rang or (self.stop is not None and self.stop.is_set())):
+            with anyio.move_on_after(timeout):
+                await self.wake.wait()
+        held, rang = held or self.held, self.rang
+        self.held = self.rang = False
+        if self.wake.is_set():
+            self.wake = anyio.Event()
+        return held, rang
 
 
 async def _step(
@@ -598,6 +623,7 @@ async def run_mesh(
     host_table: HostTable | None = None,
     landing: str | None = None,
     freeze_heap: bool = False,
+    solver_nice: int = 0,
 ) -> RunResult:
     """Run one mesh from a setup (see the module docstring); return when the run ends or ``stop`` is set.
 
@@ -611,7 +637,8 @@ async def run_mesh(
     ``coral up``): once the actors have started, the objects alive then (catalog, templates, programs,
     modules) leave the cyclic garbage collector's view (``gc.freeze``) until the run ends, so that a full
     collection scans only what the run made since, not the start-up heap (one such collection held a paced
-    step for 50-90 ms).
+    step for 50-90 ms). ``solver_nice``: how much the allocator's solver process lowers its CPU priority
+    (``SolverProcess``; 0: the mesh's own).
     """
     frozen = False
     try:
@@ -627,6 +654,7 @@ async def run_mesh(
             engine_factory=engine_factory,
             host_table=host_table,
             landing=landing,
+            solver_nice=solver_nice,
         )
         st = state if state is not None else RunState()
         t0 = time.perf_counter()

@@ -207,8 +207,11 @@ class Flight:
 # -- the child ----------------------------------------------------------------------------------------
 
 
-def _child_main(conn: Connection) -> None:  # pragma: no cover - runs in the spawned child
-    """The child's loop: answer each ``Solve`` until ``Stop`` or the pipe closes."""
+def _child_main(conn: Connection, nice: int = 0) -> None:  # pragma: no cover - runs in the spawned child
+    """The child's loop: answer each ``Solve`` until ``Stop`` or the pipe closes; first its CPU priority is
+    lowered by ``nice`` (``SolverProcess``)."""
+    if nice:
+        os.nice(nice)
     held: tuple[str, AllocationProblem] | None = None  # the last problem received whole, and its digest
     conn.send(Ready(os.getpid()))
     while True:
@@ -294,10 +297,15 @@ class SolverProcess:
     arguments and returns its result; ``solve_async`` does the same without blocking an anyio loop.
 
     The child is spawned at construction (or at the first solve after a kill) and its ``Ready`` awaited
-    at the next solve. Use as a context manager, or call ``close()``.
+    at the next solve. Use as a context manager, or call ``close()``. ``nice``: the child lowers its CPU
+    priority by that much (``os.nice``) once its imports are done (0: the owner's priority; a live mesh may
+    ask for more, ``run_mesh``'s ``solver_nice``, so that its paced clock comes first).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
+        if not (isinstance(nice, int) and 0 <= nice <= 19):
+            raise ValueError(f"nice: expected an integer from 0 to 19, got {nice!r}")
+        self.nice = nice
         self._ctx = multiprocessing.get_context("spawn")
         self._proc: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -328,7 +336,7 @@ class SolverProcess:
 
     def _spawn(self) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_child_main, args=(child,), name="coral-solver", daemon=True)
+        proc = self._ctx.Process(target=_child_main, args=(child, self.nice), name="coral-solver", daemon=True)
         with _stderr_with_a_descriptor():
             proc.start()
         child.close()

@@ -26,6 +26,9 @@ builds it on first use).
   to the steps between those simulated times (the demand peak: ``1800:2400``);
 - ``--hog``: runs one CPU-bound process beside the mesh for the whole run (the issue's targets are set
   on a 2-core machine with one other CPU-bound process running);
+- ``--solver-nice K``: the allocator's solver process runs K nice levels below the mesh (``run_mesh``'s
+  ``solver_nice``); each plan's solver status, gap, cost and unmet demand are printed, and their summary,
+  to weigh what a slower solve costs the plans against what it gives the paced clock;
 - ``--compare``: also runs the simulator on the same scenario, seed and planner, on the mesh's own
   requests (``deployment_arrivals``), with the mesh's provisioning and loading delays and its demand
   monitor (``SimConfig.for_cloud``), and prints each
@@ -65,6 +68,7 @@ from coral.cli.up_status import summarize  # noqa: E402
 from coral.kernel import Mesh  # noqa: E402
 from coral.messages.plan import NewPlan  # noqa: E402
 from coral.perf import PerfModel  # noqa: E402
+from coral.plan import Plan  # noqa: E402
 from coral.scenario import load_scenario  # noqa: E402
 from coral.sim import SimConfig, simulate  # noqa: E402
 from coral.sim.arrivals import deployment_arrivals  # noqa: E402
@@ -98,6 +102,13 @@ def parse() -> argparse.Namespace:
         help="with --profile: profile only the steps between simulated times T0 and T1 (e.g. the peak)",
     )
     p.add_argument("--hog", action="store_true", help="run one CPU-bound process beside the mesh (busy loop)")
+    p.add_argument(
+        "--solver-nice",
+        type=int,
+        default=0,
+        metavar="K",
+        help="lower the solver process's CPU priority by K, 0-19 (default: 0, as `coral up`)",
+    )
     p.add_argument("--compare", action="store_true", help="also run `coral simulate` and compare attainment")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p.parse_args()
@@ -109,12 +120,25 @@ class PlanLog(RunState):
     def __init__(self) -> None:
         super().__init__()
         self.log: list[tuple[float, str, float]] = []
+        self.plan_log: list[Plan] = []
 
     def update(self, env: Any) -> None:
         super().update(env)
         if isinstance(env.msg, NewPlan):
             landed = self.landed if self.landed is not None else math.nan
             self.log.append((env.msg.plan.at, env.msg.plan.trigger, landed))
+            self.plan_log.append(env.msg.plan)
+
+
+def plan_quality(plans: list[Plan]) -> dict[str, Any]:
+    """The plans' solver statuses, gaps, mean cost and mean unmet demand (what a slower solve would worsen)."""
+    n = max(1, len(plans))
+    return {
+        "statuses": dict(Counter(p.status for p in plans).most_common()),
+        "gap": {k: round(v, 5) for k, v in spread([p.gap for p in plans]).items()},
+        "mean_cost_per_hour": round(sum(p.cost_per_hour for p in plans) / n, 2),
+        "mean_unmet_rps": round(sum(p.unmet_rps for p in plans) / n, 3),
+    }
 
 
 def spread(xs: list[float]) -> dict[str, float]:
@@ -243,6 +267,8 @@ def main() -> None:
         raise SystemExit("--profile-window: needs --profile FILE (where the profile is written)")
     if speed is not None and not (math.isfinite(speed) and speed > 0):
         raise SystemExit(f"--speed: expected 'max' or a number > 0, got {args.speed!r}")
+    if not 0 <= args.solver_nice <= 19:
+        raise SystemExit(f"--solver-nice: expected an integer from 0 to 19, got {args.solver_nice}")
     cat = load_catalog()
     perf = PerfModel(cat)
     sc = load_scenario(args.scenario, cat)
@@ -339,7 +365,16 @@ def main() -> None:
             prof.enable()
         res = anyio.run(
             lambda: run_mesh(
-                setup, sc, cat, perf, pace=speed, state=state, on_start=on_start, on_step=on_step, freeze_heap=True
+                setup,
+                sc,
+                cat,
+                perf,
+                pace=speed,
+                state=state,
+                on_start=on_start,
+                on_step=on_step,
+                freeze_heap=True,
+                solver_nice=args.solver_nice,
             ),
             backend="asyncio",
         )
@@ -386,10 +421,22 @@ def main() -> None:
         "plan_triggers": dict(Counter(trigger for _, trigger, _ in state.log).most_common()),
         "deadline_s": setup.deadline_s,
         "landing": cms[0].landing,
+        "solver_nice": args.solver_nice,
         "plan_landings": [
-            {"trigger": trig, "at": t, "landed": round(land, 3), "delay_s": round(land - t, 3)}
-            for t, trig, land in state.log
+            {
+                "trigger": trig,
+                "at": t,
+                "landed": round(land, 3),
+                "delay_s": round(land - t, 3),
+                "status": p.status,
+                "gap": round(p.gap, 5),
+                "cost_per_hour": round(p.cost_per_hour, 2),
+                "unmet_rps": round(p.unmet_rps, 3),
+                "solve_s": round(p.solve_s, 3),
+            }
+            for (t, trig, land), p in zip(state.log, state.plan_log, strict=True)
         ],
+        "plan_quality": plan_quality(state.plan_log),
         "plan_delay_s": {k: round(v, 3) for k, v in spread([land - t for t, _, land in state.log]).items()},
         "allocator_ms": {
             part: {k: round(1e3 * v, 1) for k, v in spread([getattr(x, part) for x in alloc.times]).items()}
@@ -418,7 +465,16 @@ def main() -> None:
         f"median {d['p50']:.2f}, max {d['max']:.2f}; per plan (trigger start -> landing +delay):"
     )
     for r in out["plan_landings"]:
-        print(f"    {r['trigger']:<24} t={r['at']:>9.3f} -> {r['landed']:>9.3f}  +{r['delay_s']:.3f}")
+        print(
+            f"    {r['trigger']:<24} t={r['at']:>9.3f} -> {r['landed']:>9.3f}  +{r['delay_s']:<7.3f} "
+            f"{r['status']}, gap {r['gap']:.4f}, ${r['cost_per_hour']:.2f}/h, unmet {r['unmet_rps']:.2f} rps, "
+            f"solve {r['solve_s']:.2f} s"
+        )
+    q = out["plan_quality"]
+    print(
+        f"  plans (solver process at nice +{args.solver_nice}): {q['statuses']}; gap median {q['gap']['p50']:.4f}, "
+        f"max {q['gap']['max']:.4f}; mean ${q['mean_cost_per_hour']:.2f}/h, mean unmet {q['mean_unmet_rps']:.3f} rps"
+    )
     a = out["allocator_ms"]
     print(
         "  allocator per plan, wall ms (median / max): "

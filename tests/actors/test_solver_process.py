@@ -4,6 +4,7 @@ replay, kills, clean shutdown."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import threading
@@ -242,3 +243,22 @@ def test_it_starts_where_stderr_has_no_descriptor() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and "alive True" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_child_asked_to_be_nice_runs_at_a_lower_priority_also_after_a_respawn() -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    if own > 16:
+        pytest.skip(f"this process already runs at nice {own}")
+    with SolverProcess(nice=3) as nice, SolverProcess() as plain:
+        nice.start()
+        plain.start()
+        assert nice.pid is not None and plain.pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, nice.pid) == own + 3
+        assert os.getpriority(os.PRIO_PROCESS, plain.pid) == own
+        assert nice.call(functools.partial(_sleep, 30.0), hard_s=0.2) is None  # killed: the next child is new
+        nice.start()
+        assert nice.kills == 1 and nice.pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, nice.pid) == own + 3
+    for bad in (-1, 20, 2.5):
+        with pytest.raises(ValueError, match=r"^nice: expected an integer from 0 to 19"):
+            SolverProcess(nice=bad)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from bench import mesh as bm
         (["--profile", "x.prof", "--profile-window", "2400:1800"], "--profile-window: expected T0 < T1"),
         (["--profile", "x.prof", "--profile-window", "peak"], "--profile-window: expected T0:T1"),
         (["--speed", "0"], "--speed: expected 'max' or a number > 0"),
+        (["--solver-nice", "20"], "--solver-nice: expected an integer from 0 to 19"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch) -> None:
