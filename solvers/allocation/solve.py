@@ -102,6 +102,7 @@ from solvers.allocation.heuristics import (
 )
 from solvers.allocation.master import MASTER_SHARE, _master_round, _master_start
 from solvers.allocation.model import _highs, _matrix, _service_hi
+from solvers.allocation.neighbourhood import SEARCH_CYCLES, SEARCH_SHARE, _neighbourhoods, _step
 from solvers.allocation.problem import (
     RESTRICTIONS,
     AllocationInputError,
@@ -184,6 +185,7 @@ def solve_allocation(
     start: Mapping[tuple[int, int], int] | None = None,
     starts: Sequence[Mapping[tuple[int, int], int]] = (),
     master: bool = True,
+    search: bool = True,
 ) -> AllocationResult:
     """Plan instances per template and region: serve the most demand, then at the least cost plus churn.
 
@@ -202,6 +204,10 @@ def solve_allocation(
     columns, merging models whose plans overrun the same availability (see ``_split_phase``); the full
     MIP runs only when that does not prove the plan optimal, with the group bounds as cuts. ``None``
     (default) decomposes from ``SPLIT_MIN_COLUMNS`` columns up.
+
+    ``search``: when the LP and the best plan so far serve every demand, improve the plan by small MIPs
+    over one region's or one model's columns, the rest fixed (``solvers.allocation.neighbourhood``), before
+    the master MIPs.
 
     ``master``: when the LP serves every demand, solve restricted master MIPs over the variables that the
     LP prices cheap, in growing rounds (``solvers.allocation.master``), before the decomposition.
@@ -228,7 +234,7 @@ def solve_allocation(
     if not (0 <= mip_gap < 1):
         raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
     run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock, portfolio, progress, (
-        *([start] if start else []), *starts), master)  # fmt: skip
+        *([start] if start else []), *starts), master, search)  # fmt: skip
     for name, phase in _PHASES:
         t = time.perf_counter()
         phase(run)
@@ -255,9 +261,11 @@ class _Run:
         progress: Callable[[AllocationResult], None] | None = None,
         starts: Sequence[Mapping[tuple[int, int], int]] = (),
         master: bool = True,
+        search: bool = True,
     ) -> None:
         self.t0 = time.perf_counter()
         self.master = master
+        self.search = search
         self.portfolio = portfolio
         self.progress = progress
         self.cut = False  # a snapshot: the deadline counts as passed
@@ -274,7 +282,9 @@ class _Run:
         self.phase_s["build"] = time.perf_counter() - self.t0
         self.svc_tol = 1e-7 * max(1.0, float((self.c.weight * self.c.demand).sum()))
         self.iters = self.nodes = 0
-        self.used: dict[str, Any] = dict.fromkeys(("lp", "heuristic", "serve", "cost", "dive", "split", "master"))
+        self.used: dict[str, Any] = dict.fromkeys(
+            ("lp", "heuristic", "serve", "cost", "dive", "split", "master", "search")
+        )
         self.lp = _LpOutcome()
         self.best = np.zeros(self.c.J, dtype=np.int64)
         for plan in starts:
@@ -368,6 +378,7 @@ class _Run:
                 dive=used["dive"],
                 decompose=used["split"],
                 master=used["master"],
+                search=used["search"],
                 split=split.stopped.items(),
                 restricted=self.restricted,
             ),
@@ -476,6 +487,52 @@ def _restrict_phase(run: _Run) -> None:
         run.offer(x)
     if todo and not run.cut:  # one report for the portfolio: each costs a greedy pass over the whole problem
         run.report("restrict")
+
+
+def _search_phase(run: _Run) -> None:
+    """The neighbourhood search (``neighbourhood``), when the LP and the best plan serve every demand and
+    the LP bound does not already prove the plan: steps over the neighbourhoods in turn until a pass
+    without an improvement, ``SEARCH_CYCLES`` passes, or its share of the deadline."""
+    c, mat, lp = run.c, run.mat, run.lp
+    if not (run.search and c.J > 0 and lp.done and lp.unmet <= run.svc_tol):
+        return
+    if _unmet_total(c, run.best) > run.svc_tol:
+        return
+    cost = sum(_objective(c, run.best))
+    st = _master_start(c, mat, lp)
+    if st is None or cost - lp.bound <= run.mip_gap * max(abs(cost), 1e-9):
+        return
+    hoods = _neighbourhoods(c)
+    stop_at = run.limits.search
+    share = None if run.deadline is None or run.cut else run.deadline.share(SEARCH_SHARE)
+    step = idle = 0
+    while True:
+        if stop_at is not None and step == stop_at[0] and stop_at[1] == 0:  # a replay: step not started
+            run.used["search"] = (step, 0)
+            return
+        if idle >= len(hoods) or step >= SEARCH_CYCLES * len(hoods):
+            return
+        if run.out_of_time() or (share is not None and share.passed()):
+            run.used["search"] = (step, 0)
+            return
+        limit = None if stop_at is None or step < stop_at[0] else stop_at[1]
+        before = run.best
+        mip, plans = _step(c, mat, st, run.best, hoods[step % len(hoods)], limit, share, run.mip_gap)
+        run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
+        for x in plans:
+            run.offer(x)
+        if not mip.finished or (stop_at is not None and step == stop_at[0]):
+            run.used["search"] = (step, len(mip.taken()))
+            return
+        step += 1
+        idle = 0 if run.best is not before else idle + 1
+        if run.best is not before:
+            run.report("search", functools.partial(_search_cut, at=step))
+
+
+def _search_cut(snap: _Run, at: int) -> None:
+    """A progress snapshot between steps of the search: the steps from ``at`` on are not run."""
+    snap.used["search"] = (at, 0)
 
 
 def _master_phase(run: _Run) -> None:
@@ -633,6 +690,7 @@ _PHASES: list[tuple[str, Callable[[_Run], None]]] = [
     ("lp", _lp_phase),
     ("heuristic", _heuristic_phase),
     ("cost_dive", functools.partial(_dive_phase, cost=True)),
+    ("search", _search_phase),
     ("master", _master_phase),
     ("split", _decompose_phase),
     ("restrict", _restrict_phase),
@@ -642,6 +700,6 @@ _PHASES: list[tuple[str, Callable[[_Run], None]]] = [
 ]
 """The phases in order (the module docstring's solution path)."""
 
-_REPORTED = ("heuristic", "master", "dive", "split", "serve", "cost")
+_REPORTED = ("heuristic", "search", "master", "dive", "split", "serve", "cost")
 """Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution; the
 portfolio and the cost dive report themselves)."""
