@@ -8,27 +8,29 @@ there and in ``solvers.allocation.master`` (z_LP the LP optimum with all demand 
 cost of integer variable i at its duals, x^B the best plan so far as a point (new, keep) of the program);
 besides: the neighbourhoods N_1, ..., N_n, sets of columns: each model m's {j : m_j = m} and each region
 r's {j : r_j = r} (the nonempty ones), fewest columns first (models before regions, then by index, on a
-tie), and Delta = ``SEARCH_DELTA`` z_LP.
+tie); the width w, from 0, and Delta_w = 2^w f z_LP (f = ``SEARCH_DELTA``).
 
-Step s solves, with N = N_{(s mod n) + 1} and x^B taken when the step starts,
+Step s solves, with N = N_{(s mod n) + 1} and x^B and w taken when the step starts,
 
     min sum_i cost_i x_i   s.t. the program's rows,
                                 x_i = x^B_i           for the integer variables i of columns outside N,
                                 x_i = 0               for i of a column in N with x^B_i = 0, LP value 0
-                                                      and d_i > Delta (a keep_j is never fixed so),
+                                                      and d_i > Delta_w (a keep_j is never fixed so),
 
 warm-started with x^B (which satisfies it), with at most ``SEARCH_NODES`` branch-and-bound nodes. Its
-plans are plans of the program, so the best plan only improves. The search ends after n steps in a row
-without an improvement (every neighbourhood is then a local optimum), after ``SEARCH_CYCLES`` n steps,
-or at the deadline. It proves no bound. The steps run and the improving solutions taken in the last one
-are the phase's effort (``SolverEffort.search``).
+plans are plans of the program, so the best plan only improves. After n steps in a row without an
+improvement (every neighbourhood a local optimum at Delta_w) w grows by one, up to ``SEARCH_WIDEN``; the
+search ends after n such steps at the widest Delta, after ``SEARCH_CYCLES`` n steps, or at the deadline.
+It proves no bound. The steps run and the improving solutions taken in the last one are the phase's
+effort (``SolverEffort.search``).
 
 Why: models share only the availability rows, and regions only the demand rows, so fixing the rest
-leaves a MIP that HiGHS solves at its root in milliseconds. On core's 5x ``cap4`` cell (a partial
-template store; 1,709 columns, LP bound 313.68) a cycle from the 1 s plan (342.13) reached 331.83 in
-0.16 s of CPU, below what the whole solve found in 120 s (332.98); on the 5x ``quota`` cell 382.60 ->
-359.44 in 0.4 s (120 s: 358.62). The whole restricted master round over the same Delta (103 variables)
-did not finish within the second: the rows that the fixing removes are what make it hard.
+leaves MIPs that HiGHS mostly solves at its root in milliseconds (a few of the larger take 0.1-0.8 s).
+On core's 5x cells (a partial template store, 8,220 templates; LP bounds 303.5 and 322.0) the search
+from the heuristic's plan found, in CPU seconds: ``cap4`` 351.45 -> 337.79 (0.28 s) -> 327.09 (1.3 s),
+``quota`` (from the cost dive's plan) 430.15 -> 357.71 (0.22 s) -> 347.04 (1.1 s); the master round over
+the same Delta alone took the whole second. Starting narrow (f = 0.5%) and widening found better plans
+sooner than a fixed 1% (``cap4`` 341.98 at 0.77 s, ``quota`` 369.31 at 0.55 s).
 """
 
 from __future__ import annotations
@@ -47,18 +49,21 @@ IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 
 
-SEARCH_DELTA = 0.01
-"""Delta / z_LP: the reduced-cost threshold under which a variable of the neighbourhood is free."""
+SEARCH_DELTA = 0.005
+"""f: Delta_0 / z_LP, the first reduced-cost threshold under which a variable of the neighbourhood is free."""
 
 SEARCH_NODES = 50
 """Branch-and-bound nodes each step's MIP may take (a count, so a run it ends replays exactly)."""
 
-SEARCH_CYCLES = 4
+SEARCH_WIDEN = 2
+"""The widest w: Delta grows from f z_LP to 2^2 f z_LP = 2% of z_LP."""
+
+SEARCH_CYCLES = 8
 """Most passes over the neighbourhoods (each improvement strictly lowers the cost, so the search ends
 anyway; this bounds its length where the improvements are small)."""
 
-SEARCH_SHARE = 0.6
-"""Share of the time left after the heuristic that the search may use (the master rounds follow)."""
+SEARCH_SHARE = 0.8
+"""Share of the time left after the master rounds that the search may use."""
 
 
 def _neighbourhoods(c: _Columns) -> list[BoolArray]:
@@ -77,14 +82,16 @@ def _step(
     limit: int | None,
     deadline: _Deadline | None,
     mip_gap: float,
+    width: int,
 ) -> tuple[_Mip, list[IntArray]]:
-    """One step's MIP over neighbourhood ``hood`` from plan ``best``: (its run, the plans it found)."""
+    """One step's MIP over neighbourhood ``hood`` from plan ``best`` at width ``width``: (its run, the plans
+    it found)."""
     n_x = c.J + len(mat.keep_cols)
     column = np.concatenate([np.arange(c.J), mat.keep_cols])  # the column of each integer variable
     vector = _plan_vector(c, mat, best)
     inside = hood[column]
-    tol = 1e-9 * max(1.0, abs(st.lp_cost))
-    free = inside & (st.support | (st.reduced <= SEARCH_DELTA * abs(st.lp_cost) + tol) | (vector[:n_x] > 0))
+    delta = 2.0**width * SEARCH_DELTA * abs(st.lp_cost) + 1e-9 * max(1.0, abs(st.lp_cost))
+    free = inside & (st.support | (st.reduced <= delta) | (vector[:n_x] > 0))
     free[c.J :] |= inside[c.J :]
     fixed = ~inside & (vector[:n_x] > 0)  # outside N at a nonzero value; the rest of outside N is left out (0)
     lo, hi = mat.col_lo.copy(), mat.col_hi.copy()
