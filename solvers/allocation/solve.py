@@ -497,9 +497,9 @@ def _restrict_phase(run: _Run) -> None:
 
 def _search_phase(run: _Run) -> None:
     """The neighbourhood search (``neighbourhood``), when the LP and the best plan serve every demand and
-    the LP bound does not already prove the plan: steps over the neighbourhoods in turn, widening Delta
-    after each pass without an improvement, until a pass without one at the widest, ``SEARCH_CYCLES``
-    passes, or its share of the deadline."""
+    the LP bound does not already prove the plan: steps over the neighbourhoods in turn, each widening
+    its Delta after a step without an improvement, until n steps in a row without one at the widest,
+    ``SEARCH_CYCLES`` n steps, or its share of the deadline."""
     c, mat, lp = run.c, run.mat, run.lp
     if not (run.search and c.J > 0 and lp.done and lp.unmet <= run.svc_tol) or run.optimal():
         return
@@ -512,21 +512,20 @@ def _search_phase(run: _Run) -> None:
     hoods = _neighbourhoods(c)
     stop_at = run.limits.search
     share = None if run.deadline is None or run.cut else run.deadline.share(SEARCH_SHARE)
-    step = idle = width = 0
+    widths = [0] * len(hoods)
+    step = stale = 0
     while True:
         if stop_at is not None and step == stop_at[0] and stop_at[1] == 0:  # a replay: step not started
             run.used["search"] = (step, 0)
             return
-        if idle >= len(hoods) and width < SEARCH_WIDEN:
-            width, idle = width + 1, 0
-        if idle >= len(hoods) or step >= SEARCH_CYCLES * len(hoods):
+        if stale >= len(hoods) or step >= SEARCH_CYCLES * len(hoods):
             return
         if run.out_of_time() or (share is not None and share.passed()):
             run.used["search"] = (step, 0)
             return
         limit = None if stop_at is None or step < stop_at[0] else stop_at[1]
-        before = run.best
-        mip, plans = _step(c, mat, st, run.best, hoods[step % len(hoods)], limit, share, run.mip_gap, width)
+        before, k = run.best, step % len(hoods)
+        mip, plans = _step(c, mat, st, run.best, hoods[k], limit, share, run.mip_gap, widths[k])
         run.iters, run.nodes = run.iters + mip.iterations, run.nodes + mip.nodes
         for x in plans:
             run.offer(x)
@@ -534,9 +533,12 @@ def _search_phase(run: _Run) -> None:
             run.used["search"] = (step, len(mip.taken()))
             return
         step += 1
-        idle = 0 if run.best is not before else idle + 1
         if run.best is not before:
+            stale = 0
             run.report("search", functools.partial(_search_cut, at=step))
+        else:
+            stale = stale + 1 if widths[k] == SEARCH_WIDEN else 0
+            widths[k] = min(widths[k] + 1, SEARCH_WIDEN)
 
 
 def _search_cut(snap: _Run, at: int) -> None:
