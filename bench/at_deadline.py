@@ -8,7 +8,8 @@ both, only, or none). Reported: p50 / p90 of the wall time of each solve (reques
 owner), of the child's ``solve_s``, and of the gap of the plan's objective to the optimum; the share of
 runs within 0.5%; the statuses; whether each run's effort replays to its plan exactly; ``uptime``; the
 p50 seconds of each phase (``phase_s_p50``, the child's ``phase_s``) and in how many runs the deadline cut
-or skipped each phase (``cut_or_skipped``: ``SolverEffort.as_mapping``'s keys, ``master.i`` the round).
+or skipped each phase (``cut_or_skipped``: ``SolverEffort.as_mapping``'s keys, ``master.i`` the round,
+``search.s`` the step of the neighbourhood search).
 
 ``--deadline S`` solves at S seconds instead of each scenario's own deadline (the speed target: ``core`` at
 1 s, p50 <= 0.24 s at gap <= 1%). The first request sends the problem whole to the child, later ones only
@@ -117,7 +118,7 @@ def runs(
         statuses.append(res.status)
         for name, secs in res.phase_s.items():
             phases.setdefault(name, []).append(secs)
-        efforts.update(k for k in res.effort.as_mapping() if "." not in k or k.startswith("master."))
+        efforts.update(k for k in res.effort.as_mapping() if "." not in k or k.startswith(("master.", "search.")))
         again = solve_allocation(p, effort=res.effort, columns="all")
         exact += (again.counts, again.objective, again.bound, again.gap) == (res.counts, res.objective, res.bound,
                                                                               res.gap)  # fmt: skip

@@ -5,7 +5,8 @@ The program and its letters are stated in ``model``; the solution path in ``solv
 after lossless reductions), ``heuristics`` (greedy repair and local search), ``model`` (the HiGHS model),
 ``relaxation`` (LP, column generation, LP dive), ``stopping`` (deadlines; HiGHS runs stopped at them),
 ``decomposition`` (MIPs from a warm start; the decomposition by model), ``master`` (restricted master
-MIPs over the columns the LP prices cheap), ``solve`` (the driver).
+MIPs over the columns the LP prices cheap), ``neighbourhood`` (fix-and-optimise MIPs over one model's or
+one region's columns), ``solve`` (the driver).
 """
 
 from solvers.allocation.problem import (

@@ -193,6 +193,10 @@ class SolverEffort:
     """(round i, solutions k) when the restricted master MIPs (``solvers.allocation.master``) stopped early: its
     rounds before i ran to completion, round i took k improving solutions (0: not started), none after.
     None: it ran to completion or was not needed."""
+    search: tuple[int, int] | None = attrs.field(default=None, converter=_pair)
+    """(step s, solutions k) when the neighbourhood search (``solvers.allocation.neighbourhood``) stopped
+    early: its steps before s ran to completion, step s took k improving solutions (0: not started), none
+    after. None: it ran to completion or was not needed."""
     restricted: tuple[tuple[str, SolverEffort], ...] = attrs.field(default=(), converter=_subs)
     """(restriction, the effort of its sub-solve) of each restriction of the portfolio (``RESTRICTIONS``)
     whose sub-solve was cut short; one not listed ran to completion or was not needed."""
@@ -210,6 +214,8 @@ class SolverEffort:
         out = {k: v for k, v in phases if v is not None}
         if self.master is not None:
             out[f"master.{self.master[0]}"] = self.master[1]
+        if self.search is not None:
+            out[f"search.{self.search[0]}"] = self.search[1]
         out.update({f"split.{m}": k for m, k in self.split})
         for name, sub in self.restricted:
             out.update({f"{name}.{k}": v for k, v in sub.as_mapping().items()})
@@ -228,9 +234,10 @@ class SolverEffort:
                 own[k] = int(v)
         split = [(int(k.split(".", 1)[1]), v) for k, v in own.items() if k.startswith("split.")]
         master = next(((int(k.split(".", 1)[1]), v) for k, v in own.items() if k.startswith("master.")), None)
-        phases = {k: v for k, v in own.items() if not k.startswith(("split.", "master."))}
+        search = next(((int(k.split(".", 1)[1]), v) for k, v in own.items() if k.startswith("search.")), None)
+        phases = {k: v for k, v in own.items() if not k.startswith(("split.", "master.", "search."))}
         restricted = [(name, cls.from_mapping(sub)) for name, sub in subs.items()]
-        return cls(**phases, master=master, split=split, restricted=restricted)
+        return cls(**phases, master=master, search=search, split=split, restricted=restricted)
 
 
 @attrs.frozen

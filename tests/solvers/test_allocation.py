@@ -768,21 +768,27 @@ class FakeClock:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "decompose", "master"),
-    [("scarce", False, True), ("plenty", True, False), ("plenty", False, False)],
-    ids=["scarce", "split", "full"],
+    [("scarce", False, True), ("plenty", True, False), ("plenty", False, False), ("search", False, False)],
+    ids=["scarce", "split", "full", "search"],
 )
 def test_a_deadline_at_any_phase_replays_exactly(kind: str, decompose: bool, master: bool) -> None:
-    """Cut the solve at each of its first clock readings (the phase boundaries: LP, dive, decomposition,
-    serve, cost) and at readings inside its MIPs: each result's effort replays its plan exactly. (The
-    master rounds, which end the plenty case before the decomposition, have their own test in
-    ``test_alloc_master``.)"""
+    """Cut the solve at each of its first clock readings (the phase boundaries: LP, dive, neighbourhood
+    search, decomposition, serve, cost) and at readings inside its MIPs: each result's effort replays its
+    plan exactly. (The master rounds, which end the plenty case before the decomposition, have their own
+    test in ``test_alloc_master``.) ``search``: an instance whose search takes a dozen steps and improves
+    the plan; cuts fall inside different steps."""
     if kind == "scarce":
         p = generate("core", 8, seed=3, scarcity=3.0, load=0.6)
+    elif kind == "search":
+        p = generate("core", 12, seed=3, load=0.2)
     else:
         p = generate("core", 8, seed=2, load=0.2)
     kw = {"columns": "all", "decompose": decompose, "mip_gap": 1e-2, "master": master}
-    seen = {tuple(sorted(first.effort.as_mapping().items())) for first in cuts_replay_exactly(p, kw, 8)}
+    cut = cuts_replay_exactly(p, kw, 12 if kind == "search" else 8)
+    seen = {tuple(sorted(first.effort.as_mapping().items())) for first in cut}
     assert len(seen) >= 3  # the cuts fell in different phases
+    if kind == "search":
+        assert len({first.effort.search for first in cut if first.effort.search is not None}) >= 2
 
 
 def cuts_replay_exactly(p: AllocationProblem, kw: dict[str, object], k: int) -> list[AllocationResult]:
