@@ -42,6 +42,7 @@ from actors.demand import DemandMonitor
 from actors.feed import MARKET_SOURCE, TRAFFIC_SOURCE, Feed, Input, ListFeed, ScenarioFeed
 from actors.hosts import HostRegistry, RegisteredHosts
 from actors.inspect import answer as answer_inspection
+from actors.inspect import clock_info
 from actors.operator import OperatorDesk
 from actors.price import HostsMarket, MarketSource, PriceWatcher, ScenarioMarket
 from actors.recovery import Recovery
@@ -680,6 +681,9 @@ async def run_mesh(
                     cm.answers.ring = mesh.ring
                     tg.start_soon(cm.answers.run)
                 st.clock = mesh.clock.now
+                if gw is not None:
+                    desk = gw
+                    st.pace = lambda: clock_info(mesh.clock.now(), desk.pace)
                 await cm.start(mesh)
                 if freeze_heap:
                     gc.collect()

@@ -13,6 +13,7 @@ from coral.kernel.events import AuthRefused
 from coral.messages.control import CommandResult
 from coral.messages.demand import DemandUpdate
 from coral.messages.fleet import CapacityShort, FleetUpdate
+from coral.messages.inspect import ClockInfo
 from coral.messages.market import MarketUpdate
 from coral.messages.plan import NewPlan
 from coral.messages.requests import RoutingStats
@@ -29,6 +30,9 @@ class RunState:
     clock: Callable[[], float] | None = None
     """The mesh's clock (``run_mesh`` sets it), read when a plan arrives: the watcher sees each message
     while the clock still reads the instant it was published (the mesh quiesces before it moves on)."""
+    pace: Callable[[], ClockInfo] | None = None
+    """Where the clock stands against the run's pace now, as the operator desk answers a ``ClockRequest``
+    (``run_mesh`` sets it for a run with a desk): behind by how much, from the drive's own origin."""
     fleet: FleetUpdate | None = None
     demand: DemandUpdate | None = None
     market: MarketUpdate | None = None
