@@ -69,14 +69,11 @@ def render_status(
     (within ``width`` characters when given: see ``coral.display``)."""
     end = setup.duration_s
     lag = ""
-    if st.pace is not None:  # against the pace the drive keeps (its origin, any change of speed)
+    if st.pace is not None:  # against the pace the driver keeps (its origin, any change of speed)
         info = st.pace()
         speed = info.speed or speed
-        behind = info.behind_s
-    else:
-        behind = wall * speed - (st.now + setup.timing.warmup_s) if speed is not None and wall > 0 else 0.0
-    if behind > 5 * setup.timing.tick_s:
-        lag = f"  [yellow]{behind:,.0f} s behind[/]"
+        if info.behind_s > 5 * setup.timing.tick_s:
+            lag = f"  [yellow]{info.behind_s:,.0f} s behind[/]"
     fleet = st.fleet
     rate, spent = (fleet.cost_per_hour, fleet.spent_usd) if fleet is not None else (0.0, 0.0)
     head = (

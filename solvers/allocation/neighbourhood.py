@@ -25,14 +25,8 @@ steps, or at the deadline. It proves no bound. The steps run and the improving s
 last one are the phase's effort (``SolverEffort.search``).
 
 Why: models share only the availability rows, and regions only the demand rows, so fixing the rest
-leaves MIPs that HiGHS mostly solves at its root in milliseconds (a few of the larger take 0.1-0.8 s).
-On core's 5x cells (a partial template store, 8,220 templates; LP bounds 303.5 and 322.0) the search
-from the heuristic's plan found, in CPU seconds: ``cap4`` 351.45 -> 337.79 (0.28 s) -> 327.09 (1.3 s),
-``quota`` (from the cost dive's plan) 430.15 -> 357.71 (0.22 s) -> 347.04 (1.1 s); the master round over
-the same Delta alone took the whole second. Starting narrow (f = 0.5%) and widening found better plans
-sooner than a fixed 1% (``cap4`` 341.98 at 0.77 s, ``quota`` 369.31 at 0.55 s), and widening each
-neighbourhood on its own sooner than all after a pass without an improvement (``cap4`` 327.09 at 1.1 s
-instead of 1.5 s).
+leaves MIPs that HiGHS mostly solves at its root in milliseconds (a few of the larger take 0.1-0.8 s),
+where a master round over the same Delta on core's 5x cells takes the whole second.
 """
 
 from __future__ import annotations

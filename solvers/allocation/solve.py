@@ -26,10 +26,10 @@ Solution path
    every later phase is skipped.
    Then the neighbourhood search (``neighbourhood``), under the same conditions: cost MIPs over one
    model's or one region's cheaply priced columns with every other variable fixed at the best plan, in
-   turn, widening the price threshold after a pass without an improvement, in ``SEARCH_SHARE`` of the
-   time left. The master rounds come first because on core and ``scarce`` they prove the optimum in
-   0.03 s, which the search cannot; at 5x demand, where their rounds do not finish within the deadline,
-   the search found plans 3-6% cheaper in the same time.
+   turn, each neighbourhood widening its price threshold after a step of it without an improvement, in
+   ``SEARCH_SHARE`` of the time left. The master rounds come first because on core and ``scarce`` they
+   prove the optimum in 0.03 s, which the search cannot; at 5x demand, where their rounds do not finish
+   within the deadline, the search found plans 3-6% cheaper in the same time.
 5. Decomposition by model, when the LP serves every demand and the master MIPs did not prove the plan.
    Models share only the availability rows (the service row is then fixed at full service), so each group of
    models solves its own cost MIP over all its columns with the whole availability (every model alone at
