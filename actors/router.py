@@ -92,6 +92,7 @@ class OpenRequest:
     region: str = ""
     queued_at: float | None = None
     origin: str = ""
+    progress: bool = False
 
 
 @attrs.define
@@ -170,10 +171,12 @@ class Router(TickActor):
     async def on_message(self, env: Envelope) -> None:
         msg = env.msg
         if isinstance(msg, ArrivalBatch):
+            ends_only = frozenset(msg.ends_only)
             for spec in msg.requests:
                 if spec.deployment not in self.stats or spec.id in self.open:
                     continue
-                self.open[spec.id] = OpenRequest(spec, origin=env.source if msg.reply else "")
+                origin, progress = (env.source, spec.id not in ends_only) if msg.reply else ("", False)
+                self.open[spec.id] = OpenRequest(spec, origin=origin, progress=progress)
                 self.todo.add(spec.id)
                 self.stats[spec.deployment].arrivals += 1
                 if not msg.resubmitted:
@@ -375,12 +378,12 @@ class Router(TickActor):
             if r.phase == "entry":
                 item = WorkItem(
                     rid, spec.deployment, spec.t, max(spec.t, now), spec.prompt, spec.out, r.attempt,
-                    progress=bool(r.origin),
+                    progress=r.progress,
                 )  # fmt: skip
             else:
                 item = WorkItem(
                     rid, spec.deployment, spec.t, r.handoff_t, spec.prompt, spec.out, r.attempt, 1, r.t_first,
-                    r.kv_nic, bool(r.origin),
+                    r.kv_nic, r.progress,
                 )  # fmt: skip
             work.setdefault(inst.id, []).append(item)
         waiting: dict[str, list[int]] = {}

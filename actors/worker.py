@@ -20,7 +20,7 @@ Waiting: each report to the router says how many of its requests the engine hold
 (``Completions.waiting``, when the engine says: the simulated one does), and a report goes out when only
 that number changed.
 
-Progress: for work items with ``progress`` (the HTTP gateway's requests), the head worker reports the
+Progress: for work items with ``progress`` (the HTTP gateway's streamed requests), the head worker reports the
 tokens generated so far whenever they grow (``progress`` outcomes), at the engine's times: while such a
 request is in flight it asks to be woken at the engine's next event (``next_event_at``), so each token
 leaves at its simulated time. It reads them from the simulated engine's instance model; an engine without

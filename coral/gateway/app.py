@@ -126,7 +126,7 @@ class Gateway:
         self.next_id = GATEWAY_ID_BASE
         self.client = Client(connect_timeout_s)
         self.linked = False
-        self.pending: list[tuple[int, str, int, int]] = []
+        self.pending: list[tuple[int, str, int, int, bool]] = []
         self.proxied: dict[str, int] = {}
         self.waiters: dict[int, Mailbox] = {}
         self.shed = 0
@@ -155,9 +155,10 @@ class Gateway:
         that arrived since the last call (arriving at ``now``) and the counts of the proxied ones."""
         out: list[object] = []
         if self.pending:
-            specs = tuple(RequestSpec(rid, dep, now, prompt, n) for rid, dep, prompt, n in self.pending)
+            specs = tuple(RequestSpec(rid, dep, now, prompt, n) for rid, dep, prompt, n, _ in self.pending)
+            ends_only = tuple(rid for rid, *_, stream in self.pending if not stream)
             self.pending = []
-            out.append(ArrivalBatch(now, now, specs, reply=True))
+            out.append(ArrivalBatch(now, now, specs, reply=True, ends_only=ends_only))
         if self.proxied:
             out.append(ProxiedArrivals(now, dict(sorted(self.proxied.items()))))
             self.proxied = {}
@@ -378,7 +379,7 @@ class Gateway:
         all at completion, or (streamed) each token batch as the simulated instance generates it."""
         out = req.max_tokens or self.default_out.get(req.model, DEFAULT_OUT)
         box = self.waiters[rid] = Mailbox()
-        self.pending.append((rid, req.model, req.prompt_tokens, out))
+        self.pending.append((rid, req.model, req.prompt_tokens, out, req.stream))
         if self.on_pending is not None:
             self.on_pending()
         finish = "length" if req.max_tokens is not None else "stop"

@@ -18,7 +18,7 @@ From the HTTP gateway (``coral.gateway``), delivered at the mesh's quiet points 
 
 - ``req.arrivals`` with ``reply=True``: its requests' progress and outcomes go back to the sender as
   ``req.result`` (``RequestResults``): ``progress`` (tokens generated so far, reported by the head worker
-  at each tick while it grows), then ``done`` or ``failed``.
+  as they grow; not for the requests in ``ends_only``: non-streamed ones), then ``done`` or ``failed``.
 - ``req.proxied`` (``ProxiedArrivals``): requests the gateway sent straight to an instance's HTTP
   endpoint; the router only counts them as arrivals for the demand monitor.
 - ``gw.refused`` (``ApiRefused``, published): requests its API-key check refused, merged per key name.
@@ -52,13 +52,15 @@ class ArrivalBatch:
     """Requests arriving in ``[start, end)`` (an external input). ``resubmitted``: requests that were
     open when the kernel crashed, handed again to the router of the resumed run (their demand was already
     counted before the crash, so the router does not count it again); ``reply``: report their progress and
-    outcomes to the sender (``req.result``)."""
+    outcomes to the sender (``req.result``), but only the outcome for the requests in ``ends_only`` (a
+    client that waits for the whole answer, not a stream)."""
 
     start: float
     end: float
     requests: tuple[RequestSpec, ...]
     resubmitted: bool = False
     reply: bool = False
+    ends_only: tuple[int, ...] = ()
 
 
 @message("req.finish")
@@ -75,7 +77,7 @@ class WorkItem:
     """A request handed to an instance. ``avail`` is the earliest time it may enter the engine; ``attempt``
     counts retries; a KV handoff to a decode instance has ``gen`` tokens already made, its first token at
     ``first_t`` and ``kv_nic`` > 0 (bytes/s of the prefill instance's slowest NIC). ``progress``: the head
-    worker reports the tokens generated so far at each tick while they grow (``progress`` outcomes)."""
+    worker reports the tokens generated so far as they grow (``progress`` outcomes)."""
 
     id: int
     deployment: str

@@ -25,8 +25,8 @@ from coral.gateway import GATEWAY_ID_BASE, MeshLink, serving
 from coral.gateway import openai as oa
 from coral.gateway.server import bind
 from coral.gateway.upstream import PlaceholderServer
-from coral.kernel import Mesh
-from coral.messages import ArrivalBatch, ArrivalCounts
+from coral.kernel import Mesh, read_journal
+from coral.messages import ArrivalBatch, ArrivalCounts, RequestResults
 from tests.gateway.helpers import sse
 
 from ..mesh.helpers import RECORD_OPTIONS, World
@@ -191,6 +191,16 @@ async def test_simulated_requests_through_the_gateway(world: World, tmp_path: Pa
     report = await replay_journal(journal)  # the gateway's requests are journaled inputs: the run replays
     assert report.ok, report.diffs
     assert report.counts.get("req.stats", 0) > 0
+    asked, ends_only, progressed = set(), set(), set()
+    for r in read_journal(journal):
+        msg = r.decode() if r.tag in ("req.arrivals", "req.result") else None
+        if isinstance(msg, ArrivalBatch) and msg.reply:
+            asked |= {q.id for q in msg.requests}
+            ends_only |= set(msg.ends_only)
+        elif isinstance(msg, RequestResults):
+            progressed |= {o.id for o in msg.outcomes if o.kind == "progress"}
+    assert len(asked) == 9 and len(ends_only) == 8  # only the chat request was streamed
+    assert progressed == asked - ends_only  # the others got their end, no token progress
     fams = seen["metrics"]
 
     def value(name: str, sample: str, **labels: str) -> float:
