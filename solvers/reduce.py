@@ -96,8 +96,8 @@ def dominated(
         return out
     order = np.argsort(k, kind="stable")
     ks = k[order]
-    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
-    sizes = np.diff(np.r_[starts, n])
+    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
+    sizes = np.diff(np.append(starts, n))
     starts, sizes = starts[sizes >= 2], sizes[sizes >= 2]
     if starts.size == 0:
         return out
@@ -129,6 +129,7 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
     ll = np.asarray(problem.link_lat, dtype=np.float64)
     index = [np.arange(m.size) for m in problem.menus]
     cur = problem
+    clean = [False] * n  # node i's menu has no dominated option at its current capacities
     for _ in range(20):
         changed = False
         edges = usable_edges(cur)
@@ -174,8 +175,11 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
             menu = menus[i]
             cap = np.minimum(np.asarray(menu.cap, dtype=np.float64), ub)
             clipped = bool((cap < menu.cap).any())
+            if clean[i] and not clipped:  # dropping options (above) leaves the rest undominated
+                continue
             lat = np.asarray(menu.lat, dtype=np.float64)
             drop = dominated(np.asarray(menu.k), cap, lat, np.asarray(menu.d), np.asarray(menu.ends))
+            clean[i] = True
             if clipped or drop.any():
                 changed = changed or bool(drop.any())
                 menus[i] = subset_menu(menu, ~drop, cap)
