@@ -51,6 +51,7 @@ class _Small:
         self.lat = [np.asarray(m.lat, dtype=np.float64) for m in problem.menus]
         self.roles = problem.has_roles
         self._idx: dict[tuple[int, int, int], np.ndarray] = {}
+        self._shapes: list[_Cand] | None = None
         self.rep = class_reps(problem)
         """Per node, the lowest-numbered node interchangeable with it: a shape and its image under a swap
         of interchangeable nodes are worth the same, so only the first of them (in the order tried) is
@@ -69,7 +70,7 @@ class _Small:
         """The options of node i that a role of ``depth`` micro-batches and the ends ``ends`` allows
         (``NodeMenu.allowed``), less those dominated among them (``solvers.reduce``: same k, capacity >=
         and latencies <= in another allowed option); every option when the menu has no roles."""
-        key = (i, depth, ends)
+        key = (self.rep[i], depth, ends)  # interchangeable nodes have the same menu
         got = self._idx.get(key)
         if got is None:
             if not self.roles:
@@ -180,7 +181,26 @@ class _Small:
         return best
 
     def candidates(self, chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> list[_Cand]:
+        """Every shape's best placement: the replicas, chains of two beside replicas, forks and joins
+        (computed once), then the given three-node chains."""
         n, L = self.n, self.L
+        if self._shapes is None:
+            self._shapes = self._other_shapes()
+        out = list(self._shapes)
+        for val, order, opts, ks in chain3:
+            opt = [0] * n
+            st = [0] * n
+            pos = 0
+            for x, o, k in zip(order, opts, ks, strict=True):
+                opt[x], st[x] = o, pos
+                pos += k
+            assert pos == L
+            seq = (n, *order, n)
+            out.append((val, tuple(opt), tuple(st), tuple(itertools.pairwise(seq))))
+        return out
+
+    def _other_shapes(self) -> list[_Cand]:
+        n = self.n
         out: list[_Cand] = []
         singles = [self.single(i) for i in range(n)]
         if all(s is not None for s in singles):
@@ -235,16 +255,6 @@ class _Small:
                         st[a] = int(self.k[j][br[2]])
                         edges = [(n, j), (n, l_), (j, a), (l_, a), (a, n)]
                     out.append((br[0], tuple(opt), tuple(st), tuple(edges)))
-            for val, order, opts, ks in chain3:
-                opt = [0] * n
-                st = [0] * n
-                pos = 0
-                for x, o, k in zip(order, opts, ks, strict=True):
-                    opt[x], st[x] = o, pos
-                    pos += k
-                assert pos == L
-                seq = (n, *order, n)
-                out.append((val, tuple(opt), tuple(st), tuple(itertools.pairwise(seq))))
         return out
 
 

@@ -224,3 +224,17 @@ def test_exact_small_tries_each_order_of_twins() -> None:
     res = exact_small(p)
     assert res is not None and res.status == "optimal" and res.value == 3.0
     assert res.start[2] == 0 and sorted(res.start[:2]) == [1, 2]
+
+
+def test_minplus_equals_its_definition() -> None:
+    """out[q] = min over p <= q of a[p] + b[q - p] and the least such p, with infinities and ties."""
+    rng = np.random.default_rng(35)
+    for _ in range(300):
+        L = int(rng.integers(0, 12))
+        a, b = (rng.integers(0, 5, size=L + 1).astype(np.float64) for _ in range(2))
+        a[rng.random(L + 1) < 0.3] = np.inf
+        b[rng.random(L + 1) < 0.3] = np.inf
+        out, arg = minplus(a, b)
+        for q in range(L + 1):
+            sums = [a[p] + b[q - p] for p in range(q + 1)]
+            assert out[q] == min(sums) and arg[q] == int(np.argmin(sums))
