@@ -62,9 +62,10 @@ def _orders(
 
 class Knapsack:
     """Per node: options sorted by (k, scalar latency), for thresholded least-latency tables (each table
-    kept once computed: a chain search asks for the same ones across its orders and bisection steps)."""
+    kept once computed: a chain search asks for the same ones across its orders and bisection steps).
+    ``rep``: per node, a node with the same menu whose tables it shares (default: its own)."""
 
-    def __init__(self, problem: PlacementProblem, weight: np.ndarray) -> None:
+    def __init__(self, problem: PlacementProblem, weight: np.ndarray, rep: Sequence[int] | None = None) -> None:
         self.p = problem
         self.L = int(problem.num_layers)
         limit = np.asarray(problem.lat_limit, dtype=np.float64)
@@ -78,6 +79,7 @@ class Knapsack:
             order = np.lexsort((s, k))
             self.nodes.append((k[order], s[order], lat[:, order], np.asarray(menu.cap, dtype=np.float64)[order], order))
         self.roles = problem.has_roles
+        self.rep = list(range(problem.n)) if rep is None else list(rep)
         self._allowed: dict[tuple[int, tuple[int, int]], tuple[np.ndarray, ...]] = {}
         self._tables: dict[tuple[int, float, tuple[int, int]], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -97,7 +99,7 @@ class Knapsack:
         """g[k] (scalar), gv[:, k] (latency vector) and option per k, over options with cap >= c whose role
         allows ``role`` (micro-batches through the node, ends it holds): per k, the first in the sorted
         order (the least scalar latency). Shared: the caller must not write to them."""
-        key = (i, c, role)
+        key = (self.rep[i], c, role)
         got = self._tables.get(key)
         if got is None:
             k, s, lat, cap, order = self._options(i, role)

@@ -274,7 +274,7 @@ def exact_small(problem: PlacementProblem) -> PlacementResult | None:
     if n == 3:
         nm = problem.num_metrics
         weights = [np.ones(1)] if nm == 1 else [*np.eye(nm), np.ones(nm)]
-        knaps = [Knapsack(problem, w) for w in weights]
+        knaps = [Knapsack(problem, w, sm.rep) for w in weights]
         orders = []
         seen: set[tuple[int, ...]] = set()
         for order in itertools.permutations(range(3)):
