@@ -130,9 +130,10 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
     index = [np.arange(m.size) for m in problem.menus]
     cur = problem
     clean = [False] * n  # node i's menu has no dominated option at its current capacities
+    edges = usable_edges(cur)
     for _ in range(20):
         changed = False
-        edges = usable_edges(cur)
+        cut = False
         g = _gmin(cur)
         menus = list(cur.menus)
         for i in range(n):
@@ -162,13 +163,14 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
             fits = np.all(lat + rest <= limit[:, None] + tol[:, None], axis=0)
             keep &= fits
             if not keep.all():
-                changed = True
+                changed = cut = True
                 menus[i] = subset_menu(menu, keep)
                 index[i] = index[i][keep]
             if menus[i].size == 0:
                 return None
         cur = attrs.evolve(cur, menus=tuple(menus))
-        edges = usable_edges(cur)
+        if cut:
+            edges = usable_edges(cur)
         ub = _upper_bound(cur, edges)
         menus = list(cur.menus)
         for i in range(n):
@@ -184,19 +186,19 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
                 changed = changed or bool(drop.any())
                 menus[i] = subset_menu(menu, ~drop, cap)
                 index[i] = index[i][~drop]
-        cur = attrs.evolve(cur, menus=tuple(menus))
-        if not changed:
+        cur = attrs.evolve(cur, menus=tuple(menus))  # ``edges`` hold: a dominated option's latencies
+        if not changed:  # are at least those of an undominated one, so no node's least latency changed
             break
-    cur = _drop_slack_metrics(cur)
+    cur = _drop_slack_metrics(cur, edges)
     return Reduced(cur, tuple(index), _upper_bound(cur, usable_edges(cur)))
 
 
-def _drop_slack_metrics(problem: PlacementProblem) -> PlacementProblem:
+def _drop_slack_metrics(problem: PlacementProblem, edges: Sequence[Edge]) -> PlacementProblem:
     """Remove the metrics that no path can exceed: the sum of every node's largest latency plus n + 1
-    of the largest usable link latencies fits the limit (a path visits each node at most once)."""
+    of the largest usable link latencies (``edges``: ``usable_edges(problem)``) fits the limit (a path
+    visits each node at most once)."""
     n = problem.n
     limit = np.asarray(problem.lat_limit, dtype=np.float64)
-    edges = usable_edges(problem)
     ll = np.asarray(problem.link_lat, dtype=np.float64)
     worst = sum(np.asarray(m.lat, dtype=np.float64).max(axis=1) for m in problem.menus)
     worst = worst + (n + 1) * np.max([ll[:, u, v] for u, v in edges], axis=0) if edges else worst
