@@ -56,6 +56,6 @@ def _work_front(k: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     max_o k_o min(c_o, F) for some F."""
     order = np.lexsort((-c, -k))
     ks, cs = k[order], c[order]
-    best = np.maximum.accumulate(np.r_[-np.inf, cs[:-1]])
+    best = np.maximum.accumulate(np.concatenate(([-np.inf], cs[:-1])))
     keep = cs > best
     return ks[keep], cs[keep]

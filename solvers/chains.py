@@ -61,9 +61,11 @@ def _orders(
 
 
 class Knapsack:
-    """Per node: options sorted by (k, scalar latency), for thresholded least-latency tables."""
+    """Per node: options sorted by (k, scalar latency), for thresholded least-latency tables (each table
+    kept once computed: a chain search asks for the same ones across its orders and bisection steps).
+    ``rep``: per node, a node with the same menu whose tables it shares (default: its own)."""
 
-    def __init__(self, problem: PlacementProblem, weight: np.ndarray) -> None:
+    def __init__(self, problem: PlacementProblem, weight: np.ndarray, rep: Sequence[int] | None = None) -> None:
         self.p = problem
         self.L = int(problem.num_layers)
         limit = np.asarray(problem.lat_limit, dtype=np.float64)
@@ -77,26 +79,42 @@ class Knapsack:
             order = np.lexsort((s, k))
             self.nodes.append((k[order], s[order], lat[:, order], np.asarray(menu.cap, dtype=np.float64)[order], order))
         self.roles = problem.has_roles
+        self.rep = list(range(problem.n)) if rep is None else list(rep)
+        self._allowed: dict[tuple[int, tuple[int, int]], tuple[np.ndarray, ...]] = {}
+        self._tables: dict[tuple[int, float, tuple[int, int]], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _options(self, i: int, role: tuple[int, int]) -> tuple[np.ndarray, ...]:
+        """Node i's sorted (k, s, lat, cap, option) over its options with k <= L whose role allows ``role``."""
+        key = (i, role)
+        got = self._allowed.get(key)
+        if got is None:
+            k, s, lat, cap, order = self.nodes[i]
+            keep = k <= self.L
+            if self.roles:
+                keep &= self.p.menus[i].allowed(*role)[order]
+            got = self._allowed[key] = (k[keep], s[keep], lat[:, keep], cap[keep], order[keep])
+        return got
 
     def table(self, i: int, c: float, role: tuple[int, int] = (1, 0)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """g[k] (scalar), gv[:, k] (latency vector) and option per k, over options with cap >= c whose role
-        allows ``role`` (micro-batches through the node, ends it holds)."""
-        k, s, lat, cap, order = self.nodes[i]
-        mask = cap >= c
-        if self.roles:
-            mask = mask & self.p.menus[i].allowed(*role)[order]
-        km = k[mask]
-        first = np.flatnonzero(np.r_[True, km[1:] != km[:-1]]) if km.size else np.zeros(0, np.int64)
-        g = np.full(self.L + 1, np.inf)
-        gv = np.full((lat.shape[0], self.L + 1), np.inf)
-        gi = np.full(self.L + 1, -1, dtype=np.int64)
-        sel = np.flatnonzero(mask)[first]
-        ksel = k[sel]
-        ok = ksel <= self.L
-        g[ksel[ok]] = s[sel[ok]]
-        gv[:, ksel[ok]] = lat[:, sel[ok]]
-        gi[ksel[ok]] = order[sel[ok]]
-        return g, gv, gi
+        allows ``role`` (micro-batches through the node, ends it holds): per k, the first in the sorted
+        order (the least scalar latency). Shared: the caller must not write to them."""
+        key = (self.rep[i], c, role)
+        got = self._tables.get(key)
+        if got is None:
+            k, s, lat, cap, order = self._options(i, role)
+            sel = np.flatnonzero(cap >= c)
+            km = k[sel]
+            sel = sel[np.concatenate(([True], km[1:] != km[:-1]))] if km.size else sel
+            g = np.full(self.L + 1, np.inf)
+            gv = np.full((lat.shape[0], self.L + 1), np.inf)
+            gi = np.full(self.L + 1, -1, dtype=np.int64)
+            ksel = k[sel]
+            g[ksel] = s[sel]
+            gv[:, ksel] = lat[:, sel]
+            gi[ksel] = order[sel]
+            got = self._tables[key] = (g, gv, gi)
+        return got
 
     def solve(
         self, nodes: Sequence[int], c: float, budget: np.ndarray
@@ -104,19 +122,19 @@ class Knapsack:
         """Options (and k) of ``nodes`` with caps >= c, k summing to L, least scalar latency; None unless
         that latency vector fits ``budget``."""
         L = self.L
-        D = np.full(L + 1, np.inf)
-        D[0] = 0.0
-        Dv = np.zeros((self.w.shape[0], L + 1))
-        steps = []
+        q = np.arange(L + 1)
         last = len(nodes) - 1
+        steps = []
+        D = Dv = np.zeros(0)
         for pos, i in enumerate(nodes):
             ends = (FIRST if pos == 0 else 0) | (LAST if pos == last else 0)
             g, gv, gi = self.table(i, c, (len(nodes), ends))
-            D_new, arg = minplus(D, g)
-            q = np.arange(L + 1)
-            Dv = Dv[:, arg] + gv[:, q - arg]
+            if pos == 0:  # the convolution with the empty chain (0 at k = 0, inf elsewhere) is g itself
+                D, Dv, arg = g, gv, np.zeros(L + 1, np.int64)
+            else:
+                D, arg = minplus(D, g)
+                Dv = Dv[:, arg] + gv[:, q - arg]
             steps.append((arg, gi))
-            D = D_new
         if not math.isfinite(D[L]):
             return None
         if not np.all(Dv[:, L] <= budget):
@@ -149,7 +167,7 @@ def best_chain(
             continue
         for ks in knaps:
             cand = caps[caps <= lcap] if math.isfinite(lcap) else caps
-            cand = np.unique(np.r_[cand, min(lcap, float(caps.max()))])
+            cand = np.unique(np.append(cand, min(lcap, float(caps.max()))))
             if best is not None:
                 cand = cand[cand > best.value]
             if cand.size == 0:

@@ -30,7 +30,15 @@ from coral.templates import SINK, SOURCE, Route, Stage, Template, vllm_compatibi
 from coral.workload import Slo, WorkloadShape
 from solvers.combos import limit_less_ends, path_limit
 from solvers.fastplace import PLACER, place
-from solvers.options import build_problem, formulation, prefill_bubble
+from solvers.options import (
+    build_problem,
+    concat_menus,
+    depth_menu,
+    depths,
+    formulation,
+    prefill_bubble,
+    problem_links,
+)
 from solvers.problem import ANY_DEPTH, FIRST, LAST, NodeMenu, PlacementProblem, PlacementResult
 from solvers.reduce import subset_menu
 from solvers.rules import placement_roles
@@ -369,39 +377,53 @@ def place_one_batch(
 
 class ProblemCache:
     """``build_problem`` for many multisets of one model, mode, SLO and shape, assembled from cached
-    parts: a node's menu depends only on its type and the multiset's size (the micro-batch counts of its roles),
-    a link only on the types at its two ends (tests check equality with ``build_problem``). Each part
-    is taken from ``build_problem`` on a one- or two-type multiset, so the formulas stay in one place."""
+    parts: a node's menu in a multiset of n nodes is its ``role_menu``, the concatenation of its
+    ``depth_menu`` over ``depths(n)``, each of which depends only on the node type and the micro-batch
+    count d; a link depends only on the types at its two ends (``problem_links`` of that pair). Tests
+    check equality with ``build_problem``; the formulas stay in ``solvers.options``.
+
+    ``parts``: a dict of ``depth_menu`` results by (type, d) to share with other caches of the same
+    model, mode, SLO and shape (the sender classes of a decode job: the menus do not depend on it)."""
 
     def __init__(
-        self, perf: PerfModel, model: str, mode: str, slo: Slo, shape: WorkloadShape, sender_nic: float | None = None
+        self,
+        perf: PerfModel,
+        model: str,
+        mode: str,
+        slo: Slo,
+        shape: WorkloadShape,
+        sender_nic: float | None = None,
+        parts: dict[tuple[str, int], NodeMenu] | None = None,
     ) -> None:
         self._args = (perf, model, mode, slo, shape)
         self._sender = sender_nic
+        self._parts: dict[tuple[str, int], NodeMenu] = {} if parts is None else parts
         self._menus: dict[tuple[str, int], NodeMenu] = {}
         self._pairs: dict[tuple[str, str], tuple[np.ndarray, float]] = {}
         self._ends: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
-        self._base: PlacementProblem | None = None
+        self._limit: np.ndarray | None = None
+        self._layers = int(perf.catalog.models[model].num_layers)
         self._work: dict[tuple[str, int, bytes], dict[int, tuple[float, int]]] = {}
 
-    def _build(self, kinds: Sequence[str]) -> PlacementProblem:
-        perf, model, mode, slo, shape = self._args
-        return build_problem(perf, model, kinds, mode, slo, shape, self._sender)
-
     def _pair(self, a: str, b: str) -> None:
-        p = self._build((a, b))
-        x, y = (0, 1) if p.kinds == (a, b) else (1, 0)
-        ll, lc = np.asarray(p.link_lat), np.asarray(p.link_cap)
+        perf, model, mode, slo, shape = self._args
+        kinds = tuple(sorted((a, b)))
+        ll, lc, limit = problem_links(perf, model, kinds, mode, slo, shape, self._sender)
+        x, y = (0, 1) if kinds == (a, b) else (1, 0)
         self._pairs[(a, b)] = (ll[:, x, y].copy(), float(lc[x, y]))
         self._pairs[(b, a)] = (ll[:, y, x].copy(), float(lc[y, x]))
         for t, i in ((a, x), (b, y)):
             self._ends.setdefault(t, (ll[:, 2, i].copy(), ll[:, i, 2].copy(), float(lc[2, i]), float(lc[i, 2])))
-        if self._base is None:
-            self._base = p
+        if self._limit is None:
+            self._limit = limit
 
     def _menu(self, t: str, n: int) -> NodeMenu:
         if (t, n) not in self._menus:
-            self._menus[(t, n)] = self._build((t,) * n).menus[0]
+            perf, model, mode, slo, shape = self._args
+            for d in depths(n):
+                if (t, d) not in self._parts:
+                    self._parts[(t, d)] = depth_menu(perf, model, t, mode, slo, shape, d)
+            self._menus[(t, n)] = concat_menus([self._parts[(t, d)] for d in depths(n)])
         if (t, t) not in self._pairs:
             self._pair(t, t)
         return self._menus[(t, n)]
@@ -412,18 +434,16 @@ class ProblemCache:
         n = len(kinds)
         for t in kinds:
             self._menu(t, n)
-        assert self._base is not None
+        assert self._limit is not None
         ends = [self._ends[t] for t in kinds]
-        limit = limit_less_ends(
-            self._base.lat_limit, np.min([e[0] for e in ends], axis=0), np.min([e[1] for e in ends], axis=0)
-        )
+        limit = limit_less_ends(self._limit, np.min([e[0] for e in ends], axis=0), np.min([e[1] for e in ends], axis=0))
         key = limit.tobytes()
         parts = []
         for t in kinds:
             if (t, n, key) not in self._work:
                 self._work[(t, n, key)] = _menu_batch_work(self._menus[(t, n)], limit)
             parts.append(self._work[(t, n, key)])
-        return _sum_batch_work(parts, int(self._base.num_layers))
+        return _sum_batch_work(parts, self._layers)
 
     def problem(self, nodes: Sequence[str]) -> PlacementProblem:
         """The placement problem of the multiset ``nodes``, equal to ``build_problem``'s."""
@@ -435,8 +455,8 @@ class ProblemCache:
         for a, b in itertools.combinations(types, 2):
             if (a, b) not in self._pairs:
                 self._pair(a, b)
-        assert self._base is not None
-        nm = self._base.num_metrics
+        assert self._limit is not None
+        nm = self._limit.shape[0]
         ll = np.zeros((nm, n + 1, n + 1))
         lc = np.full((n + 1, n + 1), np.inf)
         for i, a in enumerate(kinds):
@@ -446,12 +466,12 @@ class ProblemCache:
                 if i != j:
                     ll[:, i, j], lc[i, j] = self._pairs[(a, b)]
         return PlacementProblem(
-            num_layers=self._base.num_layers,
+            num_layers=self._layers,
             kinds=kinds,
             menus=tuple(self._menus[(t, n)] for t in kinds),
             link_lat=ll,
             link_cap=lc,
-            lat_limit=np.asarray(self._base.lat_limit, dtype=np.float64).copy(),
+            lat_limit=self._limit.copy(),
         )
 
 

@@ -325,16 +325,16 @@ def depths(n: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def depth_menu(perf: PerfModel, model: str, node: str, mode: str, slo: Slo, shape: WorkloadShape, d: int) -> NodeMenu:
+    """The options of one node charged for ``d`` micro-batches: ``node_menu``, kept by ``_pipeline_tpot``."""
+    menu = node_menu(perf, model, node, mode, shape, inflight=d, attainment=slo.attainment)
+    return _pipeline_tpot(menu, d, slo.tpot_s, mode)
+
+
 def role_menu(perf: PerfModel, model: str, node: str, mode: str, slo: Slo, shape: WorkloadShape, n: int) -> NodeMenu:
     """The menu of one node in a multiset of ``n`` nodes: the options of every role it can have there
-    (``depths(n)`` micro-batches: ``node_menu``, each kept by ``_pipeline_tpot``, and every set of ends)."""
-    parts = [
-        _pipeline_tpot(
-            node_menu(perf, model, node, mode, shape, inflight=d, attainment=slo.attainment), d, slo.tpot_s, mode
-        )
-        for d in depths(n)
-    ]
-    return concat_menus(parts)
+    (``depth_menu`` of each of ``depths(n)`` micro-batches, with every set of ends)."""
+    return concat_menus([depth_menu(perf, model, node, mode, slo, shape, d) for d in depths(n)])
 
 
 def concat_menus(parts: Sequence[NodeMenu]) -> NodeMenu:
@@ -367,14 +367,35 @@ def build_problem(
 
     ``sender_nic`` (decode only, bytes/s): the KV transfer into entry node i crosses min(sender_nic,
     node i's NIC); None prices it at node i's own NIC (a sender at least as fast as every node)."""
+    kinds = tuple(sorted(nodes))
+    link_lat, link_cap, limits = problem_links(perf, model, kinds, mode, slo, shape, sender_nic)
+    return PlacementProblem(
+        num_layers=perf.catalog.models[model].num_layers,
+        kinds=kinds,
+        menus=tuple(role_menu(perf, model, nd, mode, slo, shape, len(kinds)) for nd in kinds),
+        link_lat=link_lat,
+        link_cap=link_cap,
+        lat_limit=limits,
+    )
+
+
+def problem_links(
+    perf: PerfModel,
+    model: str,
+    kinds: Sequence[str],
+    mode: str,
+    slo: Slo,
+    shape: WorkloadShape,
+    sender_nic: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``build_problem``'s link latencies, link capacities and latency limits on the node types ``kinds``
+    (in the order given: node i is ``kinds[i]``)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if sender_nic is not None and (mode != "decode" or not 0.0 < sender_nic < math.inf):
         raise ValueError(f"sender_nic must be a finite positive NIC speed of a decode problem, got {sender_nic!r}")
     cap = math.inf if sender_nic is None else sender_nic
-    kinds = tuple(sorted(nodes))
     n = len(kinds)
-    menus = tuple(role_menu(perf, model, nd, mode, slo, shape, n) for nd in kinds)
     m = perf.catalog.models[model]
     act = activation_bytes_per_token(m)
     per_unit = {"aggregated": (shape.mean_in + shape.mean_out) * act, "prefill": act, "decode": act}[mode]
@@ -397,11 +418,4 @@ def build_problem(
             link_cap[i, j] = bw / per_unit
             for mi, tok in enumerate(metric_tokens):
                 link_lat[mi, i, j] = float(perf.transfer_s(model, a, bnode, tok))
-    return PlacementProblem(
-        num_layers=m.num_layers,
-        kinds=kinds,
-        menus=menus,
-        link_lat=link_lat,
-        link_cap=link_cap,
-        lat_limit=np.asarray(limits, dtype=np.float64),
-    )
+    return link_lat, link_cap, np.asarray(limits, dtype=np.float64)

@@ -96,8 +96,8 @@ def dominated(
         return out
     order = np.argsort(k, kind="stable")
     ks = k[order]
-    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
-    sizes = np.diff(np.r_[starts, n])
+    starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
+    sizes = np.diff(np.append(starts, n))
     starts, sizes = starts[sizes >= 2], sizes[sizes >= 2]
     if starts.size == 0:
         return out
@@ -129,9 +129,11 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
     ll = np.asarray(problem.link_lat, dtype=np.float64)
     index = [np.arange(m.size) for m in problem.menus]
     cur = problem
+    clean = [False] * n  # node i's menu has no dominated option at its current capacities
+    edges = usable_edges(cur)
     for _ in range(20):
         changed = False
-        edges = usable_edges(cur)
+        cut = False
         g = _gmin(cur)
         menus = list(cur.menus)
         for i in range(n):
@@ -161,38 +163,42 @@ def reduce_problem(problem: PlacementProblem) -> Reduced | None:
             fits = np.all(lat + rest <= limit[:, None] + tol[:, None], axis=0)
             keep &= fits
             if not keep.all():
-                changed = True
+                changed = cut = True
                 menus[i] = subset_menu(menu, keep)
                 index[i] = index[i][keep]
             if menus[i].size == 0:
                 return None
         cur = attrs.evolve(cur, menus=tuple(menus))
-        edges = usable_edges(cur)
+        if cut:
+            edges = usable_edges(cur)
         ub = _upper_bound(cur, edges)
         menus = list(cur.menus)
         for i in range(n):
             menu = menus[i]
             cap = np.minimum(np.asarray(menu.cap, dtype=np.float64), ub)
             clipped = bool((cap < menu.cap).any())
+            if clean[i] and not clipped:  # dropping options (above) leaves the rest undominated
+                continue
             lat = np.asarray(menu.lat, dtype=np.float64)
             drop = dominated(np.asarray(menu.k), cap, lat, np.asarray(menu.d), np.asarray(menu.ends))
+            clean[i] = True
             if clipped or drop.any():
                 changed = changed or bool(drop.any())
                 menus[i] = subset_menu(menu, ~drop, cap)
                 index[i] = index[i][~drop]
-        cur = attrs.evolve(cur, menus=tuple(menus))
-        if not changed:
+        cur = attrs.evolve(cur, menus=tuple(menus))  # ``edges`` hold: a dominated option's latencies
+        if not changed:  # are at least those of an undominated one, so no node's least latency changed
             break
-    cur = _drop_slack_metrics(cur)
+    cur = _drop_slack_metrics(cur, edges)
     return Reduced(cur, tuple(index), _upper_bound(cur, usable_edges(cur)))
 
 
-def _drop_slack_metrics(problem: PlacementProblem) -> PlacementProblem:
+def _drop_slack_metrics(problem: PlacementProblem, edges: Sequence[Edge]) -> PlacementProblem:
     """Remove the metrics that no path can exceed: the sum of every node's largest latency plus n + 1
-    of the largest usable link latencies fits the limit (a path visits each node at most once)."""
+    of the largest usable link latencies (``edges``: ``usable_edges(problem)``) fits the limit (a path
+    visits each node at most once)."""
     n = problem.n
     limit = np.asarray(problem.lat_limit, dtype=np.float64)
-    edges = usable_edges(problem)
     ll = np.asarray(problem.link_lat, dtype=np.float64)
     worst = sum(np.asarray(m.lat, dtype=np.float64).max(axis=1) for m in problem.menus)
     worst = worst + (n + 1) * np.max([ll[:, u, v] for u, v in edges], axis=0) if edges else worst

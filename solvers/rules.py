@@ -27,21 +27,17 @@ def usable_edges(problem: PlacementProblem) -> list[Edge]:
     n = problem.n
     limit = np.asarray(problem.lat_limit, dtype=np.float64)
     ll = np.asarray(problem.link_lat, dtype=np.float64)
-    minlat = np.zeros((problem.num_metrics, n + 1))
+    minlat = np.zeros((problem.num_metrics, n + 1))  # column n (the source, the sink) adds nothing
     for i, menu in enumerate(problem.menus):
         lat = np.asarray(menu.lat, dtype=np.float64)
         minlat[:, i] = lat.min(axis=1) if lat.shape[1] else np.inf
+    total = ll + minlat[:, :, None] + minlat[:, None, :]
     tol = lat_tol(limit)
-    out: list[Edge] = []
-    cand = [(n, i) for i in range(n)] + [(i, j) for i in range(n) for j in range(n) if i != j]
-    cand += [(i, n) for i in range(n)]
-    for u, v in cand:
-        lu = minlat[:, u] if u < n else 0.0
-        lv = minlat[:, v] if v < n else 0.0
-        x = ll[:, u, v]
-        if np.isfinite(x).all() and np.all(x + lu + lv <= limit + tol):
-            out.append((u, v))
-    return out
+    ok = np.all(np.isfinite(ll), axis=0) & np.all(total <= (limit + tol)[:, None, None], axis=0)
+    ok[np.arange(n + 1), np.arange(n + 1)] = False  # no self-loops, no source-to-sink edge
+    src = [(n, i) for i in range(n) if ok[n, i]]
+    mid = [(int(i), int(j)) for i, j in zip(*np.nonzero(ok[:n, :n]), strict=True)]
+    return src + mid + [(i, n) for i in range(n) if ok[i, n]]
 
 
 def lat_tol(limit: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 from solvers.chains import Knapsack, best_chain
 from solvers.problem import BOTH, FIRST, LAST, Edge, PlacementProblem, PlacementResult
 from solvers.reduce import dominated
-from solvers.rules import evaluate_placement, lat_tol, usable_edges
+from solvers.rules import class_reps, evaluate_placement, lat_tol, usable_edges
 
 SMALL_NODES = 3
 """Up to this many nodes ``exact_small`` settles every problem."""
@@ -25,7 +25,7 @@ def _group_best(keys: np.ndarray, vals: np.ndarray, nkeys: int) -> tuple[np.ndar
     pos = np.full(nkeys, -1, dtype=np.int64)
     if keys.size:
         order = np.lexsort((vals, keys))
-        last = np.flatnonzero(np.r_[keys[order][1:] != keys[order][:-1], True])
+        last = np.flatnonzero(np.concatenate((keys[order][1:] != keys[order][:-1], [True])))
         sel = order[last]
         best[keys[sel]] = vals[sel]
         pos[keys[sel]] = sel
@@ -51,12 +51,26 @@ class _Small:
         self.lat = [np.asarray(m.lat, dtype=np.float64) for m in problem.menus]
         self.roles = problem.has_roles
         self._idx: dict[tuple[int, int, int], np.ndarray] = {}
+        self._shapes: list[_Cand] | None = None
+        self.rep = class_reps(problem)
+        """Per node, the lowest-numbered node interchangeable with it: a shape and its image under a swap
+        of interchangeable nodes are worth the same, so only the first of them (in the order tried) is
+        solved; a later one could only tie with it, and the first of equal candidates is kept."""
+
+    def first_seen(self, seen: set[tuple[int, ...]], nodes: tuple[int, ...]) -> bool:
+        """Whether ``nodes`` (in their roles' order) is the first of its images under swaps of
+        interchangeable nodes (and remember it)."""
+        key = tuple(self.rep[x] for x in nodes)
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
 
     def idx(self, i: int, depth: int, ends: int) -> np.ndarray:
         """The options of node i that a role of ``depth`` micro-batches and the ends ``ends`` allows
         (``NodeMenu.allowed``), less those dominated among them (``solvers.reduce``: same k, capacity >=
         and latencies <= in another allowed option); every option when the menu has no roles."""
-        key = (i, depth, ends)
+        key = (self.rep[i], depth, ends)  # interchangeable nodes have the same menu
         got = self._idx.get(key)
         if got is None:
             if not self.roles:
@@ -167,7 +181,26 @@ class _Small:
         return best
 
     def candidates(self, chain3: list[tuple[float, tuple[int, ...], tuple[int, ...], tuple[int, ...]]]) -> list[_Cand]:
+        """Every shape's best placement: the replicas, chains of two beside replicas, forks and joins
+        (computed once), then the given three-node chains."""
         n, L = self.n, self.L
+        if self._shapes is None:
+            self._shapes = self._other_shapes()
+        out = list(self._shapes)
+        for val, order, opts, ks in chain3:
+            opt = [0] * n
+            st = [0] * n
+            pos = 0
+            for x, o, k in zip(order, opts, ks, strict=True):
+                opt[x], st[x] = o, pos
+                pos += k
+            assert pos == L
+            seq = (n, *order, n)
+            out.append((val, tuple(opt), tuple(st), tuple(itertools.pairwise(seq))))
+        return out
+
+    def _other_shapes(self) -> list[_Cand]:
+        n = self.n
         out: list[_Cand] = []
         singles = [self.single(i) for i in range(n)]
         if all(s is not None for s in singles):
@@ -180,7 +213,10 @@ class _Small:
                 )
             )
         nodes = range(n)
+        seen: set[tuple[int, ...]] = set()
         for i, j in itertools.permutations(nodes, 2):
+            if not self.first_seen(seen, (i, j)):
+                continue
             c2 = self.chain2(i, j)
             if c2 is None:
                 continue
@@ -202,6 +238,8 @@ class _Small:
             out.append((val, tuple(opt), tuple(st), tuple(edges)))
         if n == 3:
             for a in nodes:
+                if not self.first_seen(seen, (a,)):
+                    continue
                 j, l_ = (x for x in nodes if x != a)
                 for fork in (True, False):
                     br = self.branch(a, j, l_, fork)
@@ -217,16 +255,6 @@ class _Small:
                         st[a] = int(self.k[j][br[2]])
                         edges = [(n, j), (n, l_), (j, a), (l_, a), (a, n)]
                     out.append((br[0], tuple(opt), tuple(st), tuple(edges)))
-            for val, order, opts, ks in chain3:
-                opt = [0] * n
-                st = [0] * n
-                pos = 0
-                for x, o, k in zip(order, opts, ks, strict=True):
-                    opt[x], st[x] = o, pos
-                    pos += k
-                assert pos == L
-                seq = (n, *order, n)
-                out.append((val, tuple(opt), tuple(st), tuple(itertools.pairwise(seq))))
         return out
 
 
@@ -235,8 +263,9 @@ def exact_small(problem: PlacementProblem) -> PlacementResult | None:
     two-node chains beside a replica, three-node chains, one node feeding two (fork) and two feeding
     one (join); each is exact (three-node chains by the bisection knapsack with one latency metric,
     else by numpy over the options that could beat the other shapes; the others by numpy over all
-    option pairs whose k add up to L). Returns status ``infeasible`` when no shape has a placement,
-    and None when n > 3."""
+    option pairs whose k add up to L). A shape that a swap of interchangeable nodes maps onto one
+    solved before is skipped (it is worth the same). Returns status ``infeasible`` when no shape has a
+    placement, and None when n > 3."""
     n = problem.n
     if n > SMALL_NODES:
         return None
@@ -245,9 +274,12 @@ def exact_small(problem: PlacementProblem) -> PlacementResult | None:
     if n == 3:
         nm = problem.num_metrics
         weights = [np.ones(1)] if nm == 1 else [*np.eye(nm), np.ones(nm)]
-        knaps = [Knapsack(problem, w) for w in weights]
+        knaps = [Knapsack(problem, w, sm.rep) for w in weights]
         orders = []
+        seen: set[tuple[int, ...]] = set()
         for order in itertools.permutations(range(3)):
+            if not sm.first_seen(seen, order):
+                continue
             seq = (n, *order, n)
             if sm._has(*seq):
                 lat, lcap = sm._links(*seq)

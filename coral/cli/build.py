@@ -44,6 +44,7 @@ from solvers.combos import best_split, best_sub, check_params, enumerate_multise
 from solvers.fastplace import PLACER
 from solvers.library import ProblemCache, solve_multiset
 from solvers.options import formulation
+from solvers.problem import NodeMenu
 from solvers.small import SMALL_NODES
 
 Multiset = tuple[str, ...]
@@ -127,6 +128,9 @@ _PERF: PerfModel | None = None
 _TIME_LIMIT = 10.0
 _PROBLEMS: dict[BuildJob, ProblemCache] = {}
 """Per process: each job's problem parts (node menus by type and size, links by type pair)."""
+_PARTS: dict[BuildJob, dict[tuple[str, int], NodeMenu]] = {}
+"""Per process and job without its sender class: the node menus by type and micro-batch count, which
+the sender classes of a decode job share."""
 
 
 def _init_worker(catalog_files: Sequence[Path], profile_files: Sequence[Path], time_limit: float) -> None:
@@ -139,6 +143,7 @@ def use_perf(perf: PerfModel, time_limit: float) -> None:
     global _PERF, _TIME_LIMIT
     _PERF, _TIME_LIMIT = perf, time_limit
     _PROBLEMS.clear()
+    _PARTS.clear()
 
 
 def solve_pending(item: Pending) -> Solved:
@@ -152,7 +157,10 @@ def _solve_one(job: BuildJob, nodes: Multiset, key: str, threshold: float, spann
     t0 = time.perf_counter()
     cache = _PROBLEMS.get(job)
     if cache is None:
-        cache = _PROBLEMS[job] = ProblemCache(_PERF, job.model, job.mode, job.slo, job.shape, job.kv_sender or None)
+        parts = _PARTS.setdefault(attrs.evolve(job, kv_sender=0.0), {})
+        cache = _PROBLEMS[job] = ProblemCache(
+            _PERF, job.model, job.mode, job.slo, job.shape, job.kv_sender or None, parts=parts
+        )
     bounds = cache.batch_bounds(nodes)  # the layer-work bound per batch size (one batch per template)
     ub = max(bounds.values(), default=0.0)
     if ub <= 0:
