@@ -40,7 +40,7 @@ def test_core_plan_meets_its_targets_on_the_conversation_trace(
     assert len(deps) == 5
     sc = attrs.evolve(core, deployments=deps, planner=attrs.evolve(core.planner, nmax=2, deadline_s=DEADLINE_S))
     with TemplateStore(tmp_path / "core.sqlite") as store:
-        rep = build_library(perf, store, scenario_jobs(sc), list(sc.node_types), nmax=2, rho=sc.planner.rho, workers=2)
+        rep = build_library(perf, store, scenario_jobs(sc), list(sc.node_types), nmax=2, rho=sc.planner.rho, workers=1)
         assert rep.kept > 0 and rep.proven == rep.kept
         plan_fn, templates = make_planner("coral", sc, catalog, perf, store)
     plans: list[Plan] = []
