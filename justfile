@@ -22,7 +22,7 @@ lint:
     mypy
     lint-imports
 
-# run one benchmark: alloc-bench, at-deadline, bus, gateway, gateway-auth, gateway-proxy, helix, mesh, options, overload, perf-fit, pipeline, placement-bench, placement-paths, plan, ray-build, recovery, sim, steering, sweep, templates, test-tiers, tui-cost, tui-steer
+# run one benchmark: alloc-bench, at-deadline, bus, compare-stores, gateway, gateway-auth, gateway-proxy, helix, mesh, options, overload, perf-fit, pipeline, placement-bench, placement-paths, plan, ray-build, recovery, sim, steering, sweep, templates, test-tiers, tui-cost, tui-steer
 bench NAME *ARGS:
     python bench/{{replace(NAME, "-", "_")}}.py {{ARGS}}
 
