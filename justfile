@@ -7,7 +7,7 @@ default:
 setup:
     python -m pip install -e ".[dev]"
 
-# run the test suite (everything, as CI does), a pytest-xdist worker per core (the vLLM servers' tests share one)
+# run the test suite (everything, as CI does), a pytest-xdist worker per core (the vLLM servers' tests in two groups)
 test *ARGS:
     python -m pytest -n auto --dist loadgroup {{ARGS}}
 

@@ -21,6 +21,12 @@ from coral.vllm.engine import VllmBackend, VllmEngine
 from coral.vllm.tiny import TINY_MODEL, build_tiny_model, chain_template, deployment_for
 from tests.conftest import ROOT
 
+VLLM_MESH_GROUP = "vllm-mesh"
+"""The xdist group of the tests that run ``coral up`` on real vLLM servers (test_up, test_workers: about
+290 s on a quiet 2-core machine); the other server tests are the group ``vllm``. Each group runs its tests
+in turn on one xdist worker, so that at most two servers start at once, one per group, and neither group
+is the suite's critical path alone: as one group the eleven tests took 470 s of a 528 s run."""
+
 SCENARIO = ROOT / "fixtures" / "scenarios" / "tiny-cpu.toml"
 CATALOG = ROOT / "fixtures" / "catalog" / "tiny-cpu.toml"
 
@@ -167,7 +173,8 @@ N_TOKENS = 12
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """test_single's module first among the real-vLLM tests: its one server warms the run's vLLM cache
     (``vllm_cache``) before test_disagg starts two servers at once, which would each run vLLM's registry
-    child on a cold cache (about 20 s of CPU each). Every module keeps its own order."""
+    child on a cold cache (about 20 s of CPU each). Every module keeps its own order, so that test_up's one
+    server warms it first in ``VLLM_MESH_GROUP``."""
     here = Path(__file__).parent
     slots = [i for i, it in enumerate(items) if it.path.parent == here]
     ordered = sorted((items[i] for i in slots), key=lambda it: it.path.name != "test_single.py")

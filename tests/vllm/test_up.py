@@ -31,9 +31,9 @@ from coral.messages import EngineFault, EngineStats, FleetAction, FleetUpdate, N
 from coral.messages.mesh import MeshTiming
 from coral.vllm import client
 from tests.conftest import ROOT
-from tests.vllm.conftest import N_TOKENS, PROMPTS, reference_tokens, steady_scenario, work_dir
+from tests.vllm.conftest import N_TOKENS, PROMPTS, VLLM_MESH_GROUP, reference_tokens, steady_scenario, work_dir
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group(VLLM_MESH_GROUP)]
 
 
 def _procs() -> dict[int, tuple[int, list[bytes]]]:

@@ -45,12 +45,20 @@ from coral.vllm.engine import free_port
 from coral.vllm.hosted import HostedEngine, HostTable
 from coral.vllm.tiny import TINY_MODEL, chain_template, deployment_for
 from tests.conftest import ROOT
-from tests.vllm.conftest import CATALOG, N_TOKENS, PROMPTS, cpu_backend, reference_tokens, steady_scenario, work_dir
+from tests.vllm.conftest import (
+    CATALOG,
+    N_TOKENS,
+    PROMPTS,
+    VLLM_MESH_GROUP,
+    cpu_backend,
+    reference_tokens,
+    steady_scenario,
+    work_dir,
+)
 
-# in the group of every real-vLLM test (one xdist worker runs them in turn): its servers then start after
-# test_single's has filled the run's vLLM cache (a server that starts on an empty one runs vLLM's registry
-# in one more process, about 17 s of CPU), and never beside another test's server on a 2-core machine
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+# in the group of the `coral up` real-vLLM tests (``VLLM_MESH_GROUP``), after test_up, whose server has then
+# filled the run's vLLM cache (a server that starts on an empty one runs vLLM's registry in one more process)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group(VLLM_MESH_GROUP)]
 
 CLI = [sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())"]
 
