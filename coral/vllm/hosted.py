@@ -195,9 +195,11 @@ class HostedEngine(VllmEngine):
         """Why the engine is broken: its own fault, else a lost host or a server that exited or was refused.
 
         A lost host, an exit or a refusal is kept as the engine's own fault once seen: the host's record may
-        change afterwards (a worker that registers again starts a new record), but the node stays lost.
+        change afterwards (a worker that registers again starts a new record), but the node stays lost. Once
+        the engine is stopped or killed, its server's exit and its host's goodbye are what was asked for, not
+        faults.
         """
-        if self._fault or not self.hosts:
+        if self._fault or not self.hosts or self._stopped:
             return self._fault
         for host, key in zip(self.hosts, self.keys, strict=True):
             rec = self.table.hosts.get(host)

@@ -1,5 +1,6 @@
 """A hosted engine's fault outlives its host's record: once the engine has seen its server exit, a worker
-that registers again (a new record without the exit) does not make the engine healthy again."""
+that registers again (a new record without the exit) does not make the engine healthy again; and the exit of a
+server the engine stopped, or the goodbye of its host at the end of a run, is no fault."""
 
 from __future__ import annotations
 
@@ -38,3 +39,16 @@ def test_an_unregistered_host_is_not_kept_as_a_fault() -> None:
     assert engine.fault == "host h1 is not registered"  # a resumed kernel hears from its workers later
     table.register(WorkerHello("h1", "local", "cpu-local", 1, "127.0.0.1", "inc-1"), "host.h1")
     assert engine.fault == ""
+
+
+def test_a_stopped_engines_server_exit_and_host_goodbye_are_no_fault() -> None:
+    table = HostTable()
+    table.register(WorkerHello("h1", "local", "cpu-local", 1, "127.0.0.1", "inc-1"), "host.h1")
+    engine = _engine(table)
+    assert engine.stop(0.0) == 0
+    table.exited(ServerExited("h1", "i1.r0", -15))  # the worker stopped the server as it was told
+    table.lose("h1", "host worker h1 said goodbye")
+    assert engine.fault == ""
+    killed = _engine(table)  # a node the cloud kills: its loss is the node's, not an engine fault
+    killed.kill()
+    assert killed.fault == ""

@@ -175,6 +175,7 @@ def test_up_serves_survives_a_killed_server_and_ends_cleanly(
     backend = summary["backend"]
     assert backend["name"] == "vllm"
     assert backend["servers_started"] >= 2  # the replacement
+    assert len(backend["faults"]) == 1, backend["faults"]  # the killed server's, not the stopped ones'
     (fault,) = backend["faults"].values()
     assert killed_fault(fault, killed), fault
     assert summary["actor_crashes"] == 0 and summary["bus_errors"] == 0
