@@ -109,10 +109,6 @@ def run_profile(args: argparse.Namespace) -> int:
         raise CoralError(f"--model: {args.model} is not a directory")
     if args.out.exists() and args.out.is_dir():
         raise CoralError(f"--out: {args.out} is a directory")
-    device = detect_device(args.vllm_device)
-    gpu = args.gpu or ("cpu-avx512" if device == "cpu" else None)
-    if gpu is None:
-        raise CoralError("--gpu: name the catalog GPU type being measured (for example h100-80g)")
     spec = ProfileSpec(
         _ints(args.prompt_tokens, "--prompt-tokens"),
         _ints(args.batches, "--batches"),
@@ -122,6 +118,10 @@ def run_profile(args: argparse.Namespace) -> int:
     )
     cat = catalog_from(args)
     name = args.name or catalog_name(args.model, cat)
+    device = detect_device(args.vllm_device, "coral profile")  # after the arguments' checks
+    gpu = args.gpu or ("cpu-avx512" if device == "cpu" else None)
+    if gpu is None:
+        raise CoralError("--gpu: name the catalog GPU type being measured (for example h100-80g)")
     if name not in cat.models:
         warn(f"--name: {name!r} is no catalog model; the perf model will not use this table (give --catalog FILE)")
     work = (args.vllm_dir or Path.cwd() / ".coral-vllm").resolve()

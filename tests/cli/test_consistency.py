@@ -114,6 +114,24 @@ def test_profile_refuses_an_unknown_model_before_vllm(coral: Coral, tmp_path: Pa
     assert r.rc == 2 and "give --name" in r.err and len(r.err.strip().splitlines()) == 1
 
 
+def test_profile_without_vllm_says_what_needs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without vLLM installed, ``coral profile`` checks its arguments first, then names itself as what needs
+    vLLM, and writes nothing."""
+    import coral.vllm.fleet as fleet
+    from coral.cli import main
+
+    monkeypatch.setattr(fleet, "installed_vllm", lambda: None)
+    llama = load_catalog().models["llama-3.1-8b"]
+    d = write_config(tmp_path / "m", _name_or_path=llama.hf_id)
+    out = tmp_path / "p.csv"
+    assert main(["profile", "--model", str(d), "--out", str(out), "--gpu", "h100-80g"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coral: error: coral profile: vLLM is not installed; ") and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
 def test_profiles_warn_of_tables_no_model_matches(coral: Coral, tmp_path: Path) -> None:
     table = tmp_path / "p.csv"
     text = (ROOT / "fixtures" / "profiles" / "example-llama-3.1-8b-l40s.csv").read_text()
