@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 
 from solvers.allocation.columns import _TOL, _Columns
 from solvers.allocation.heuristics import _better, _fit, _repair, _State
-from solvers.allocation.model import _highs, _highs_solution, _Matrix, _plan_vector, _service_hi
+from solvers.allocation.model import _highs, _highs_solution, _Matrix, _plan_vector, _reduced_costs, _service_hi
 from solvers.allocation.stopping import _Deadline, _Mip
 
 FloatArray = NDArray[np.float64]
@@ -116,6 +116,28 @@ SPLIT_SHARE = 0.75
 """Share of the time left after the heuristic that the decomposition may use; the full MIP gets the rest."""
 
 
+def _group_floor(mat: _Matrix, cols: IntArray, row_lo: FloatArray, duals: FloatArray, d: FloatArray) -> float:
+    """L_g of a group's program (its variables ``cols``, its rows bounded by ``row_lo`` and ``mat.row_hi``),
+    from the LP's row duals y and reduced costs d (``_split_phase``'s docstring says how it prunes); -inf
+    where a dual's sign meets an infinite bound (no pruning then)."""
+    ends = np.append(mat.start[1:], len(mat.value)).astype(np.int64)
+    lengths = ends[cols] - mat.start[cols]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    entries = np.repeat(mat.start[cols] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    rows = np.unique(mat.index[entries])
+    y = duals[rows]
+    tol = 1e-9
+    bound_of_row = np.where(y > tol, row_lo[rows], np.where(y < -tol, mat.row_hi[rows], 0.0))
+    yy = np.where(np.abs(y) > tol, y, 0.0)
+    if not np.all(np.isfinite(bound_of_row)):
+        return -math.inf
+    neg = d[cols] < -tol
+    hi = mat.col_hi[cols][neg]
+    if not np.all(np.isfinite(hi)):
+        return -math.inf
+    return float(yy @ bound_of_row + d[cols][neg] @ hi)
+
+
 def _split_phase(
     c: _Columns,
     mat: _Matrix,
@@ -123,6 +145,7 @@ def _split_phase(
     limits: Mapping[int, int],
     deadline: _Deadline | None,
     mip_gap: float,
+    duals: FloatArray | None = None,
 ) -> _Split:
     """Decomposition by model, exact: solve each group of models' cost MIP alone, with all its demand
     served and the whole availability to itself; merge the groups whose plans together overrun a
@@ -134,9 +157,18 @@ def _split_phase(
     In each group's MIP, when ``start`` serves the group's demand, a variable whose one unit costs more
     than the group's part of ``start`` cannot be in a better plan, and is left out. ``limits``: solutions
     to take per group (key: the bitmask of its models; a replay), else all.
+
+    ``duals``: the row duals y of the LP at full service. With them, an integer variable j of group g is
+    also left out when L_g + d_j > z_g (reduced-cost fixing per group; z_g the group's part of ``start``,
+    d = cost - A^T y). For every point x of the group's program, cost(x) = sum_j d_j x_j + sum_i y_i (A x)_i
+    >= L_g + sum_{j: d_j > 0} d_j x_j, with L_g = sum_{rows i of g} min(y_i lo_i, y_i hi_i) +
+    sum_{j: d_j < 0} d_j hi_j, so a plan with x_j >= 1 costs more than z_g; the group's optimum (at most
+    z_g) is inside what is kept. Variables that ``start`` uses are kept, so it stays a warm start.
     """
     out = _Split()
     variables = _model_vars(c, mat)
+    n_x = c.J + len(mat.keep_cols)
+    reduced = None if duals is None else _reduced_costs(mat, mat.cost_obj, duals)
     dem_row = np.full(c.M, -1, dtype=np.int64)
     dem_row[mat.dem_models] = np.arange(len(mat.dem_models))
     hi = _service_hi(c, 0.0)
@@ -173,6 +205,11 @@ def _split_phase(
                     if not members2 & members:
                         slack[np.concatenate([variables[m] for m in members2])] -= bound
             cols = cols[mat.cost_obj[cols] <= slack[cols] * (1 + 1e-9) + 1e-9]
+            if duals is not None and reduced is not None and math.isfinite(incumbent):
+                floor = _group_floor(mat, cols, lo, duals, reduced)
+                margin = 1e-6 * max(1.0, abs(incumbent))
+                out_rc = (cols < n_x) & (reduced[cols] > 0) & (floor + reduced[cols] > incumbent + margin)
+                cols = cols[~out_rc | (vector[cols] > 0)]
             cuts = [(v, bound) for members, v, bound in found if members <= set(ms)]
             limit = limits.get(masks[lead])
             job = _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo, cuts=cuts)

@@ -30,6 +30,13 @@ Solution path
    ``SEARCH_SHARE`` of the time left. The master rounds come first because on core and ``scarce`` they
    prove the optimum in 0.03 s, which the search cannot; at 5x demand, where their rounds do not finish
    within the deadline, the search found plans 3-6% cheaper in the same time.
+   From ``SEARCH_FIRST_COLUMNS`` (template, region) columns up (``extended``: 69,710; core 6,096), the
+   search and then the decomposition (5) run first, and the master rounds only when they did not prove the
+   plan: there the rounds took their whole share (3.2-3.5 s of 10) without proving, while the search
+   reached a plan within 1.4% of the best in 1.0-1.4 s, and the decomposition, pruning by that plan,
+   proved it (seven solves of seven optimal in 3.3-7.3 s; with the rounds first, five of seven in
+   7.2-10.2 s). On core and ``scarce`` the rounds first were as fast or faster (``scarce``: p50 0.12 s
+   against 0.17 s).
 5. Decomposition by model, when the LP serves every demand and the master MIPs did not prove the plan.
    Models share only the availability rows (the service row is then fixed at full service), so each group of
    models solves its own cost MIP over all its columns with the whole availability (every model alone at
@@ -37,7 +44,9 @@ Solution path
    and when the union of their plans fits the availability it is optimal. Groups whose plans overrun a
    (region, node type) together are merged and solved again, from the repaired union; at worst one group
    holds every model. In a group's MIP, a variable whose one unit costs more than the group's part of the
-   best plan so far is left out (costs are nonnegative, so it cannot be in a better plan).
+   best plan so far is left out (costs are nonnegative, so it cannot be in a better plan), and so is one
+   whose LP reduced cost proves it cannot be in a better plan (``decomposition._split_phase``): on
+   ``extended`` the largest model's MIP kept 1,800-3,200 integer variables of 16,000-19,000.
 6. The portfolio (``_restrict_phase``), unless the master MIPs or the decomposition proved the plan
    optimal (no restriction can then beat it): each baseline's restriction (``RESTRICTIONS``: homogeneous
    aggregated, homogeneous prefill/decode, their union, every aggregated template) solved alone by this
@@ -241,7 +250,7 @@ def solve_allocation(
         raise AllocationInputError(f"mip_gap: must be in [0, 1), got {mip_gap}")
     run = _Run(problem, effort, deadline_s, mip_gap, columns, decompose, clock, portfolio, progress, (
         *([start] if start else []), *starts), master, search)  # fmt: skip
-    for name, phase in _PHASES:
+    for name, phase in run.order:
         t = time.perf_counter()
         phase(run)
         run.phase_s[name] = time.perf_counter() - t
@@ -285,6 +294,7 @@ class _Run:
         self.mat = _matrix(self.c)
         self.columns = ("generated" if self.c.J >= _AUTO_GENERATED else "all") if columns == "auto" else columns
         self.decompose = self.c.J >= SPLIT_MIN_COLUMNS if decompose is None else decompose
+        self.order = _order(self.decompose and self.master and self.c.J >= SEARCH_FIRST_COLUMNS)
         self.phase_s["build"] = time.perf_counter() - self.t0
         self.svc_tol = 1e-7 * max(1.0, float((self.c.weight * self.c.demand).sum()))
         self.iters = self.nodes = 0
@@ -325,8 +335,8 @@ class _Run:
         snap.portfolio_plans = list(self.portfolio_plans)
         if partial is not None:
             partial(snap)
-        later = [name for name, _phase in _PHASES].index(after) + 1
-        for _name, phase in _PHASES[later:]:
+        later = [name for name, _phase in self.order].index(after) + 1
+        for _name, phase in self.order[later:]:
             phase(snap)
         self.progress(snap.result())
 
@@ -550,7 +560,7 @@ def _master_phase(run: _Run) -> None:
     """Restricted master MIPs (``master``), when the LP serves every demand: rounds over the variables the
     LP prices within a growing threshold, until the best plan is proven optimal or the deadline."""
     c, mat, lp = run.c, run.mat, run.lp
-    if not (run.master and c.J > 0 and lp.done and lp.unmet <= run.svc_tol):
+    if not (run.master and c.J > 0 and lp.done and lp.unmet <= run.svc_tol) or run.optimal():
         return
     if _unmet_total(c, run.best) > run.svc_tol:
         # no plan yet serves every demand (not even the cost dive's): a round must then find one from
@@ -624,7 +634,7 @@ def _decompose_phase(run: _Run) -> None:
         run.used["split"] = 0
         return
     share = None if run.deadline is None else run.deadline.share(SPLIT_SHARE)
-    split = _split_phase(c, run.mat, run.best, dict(run.limits.split), share, run.mip_gap)
+    split = _split_phase(c, run.mat, run.best, dict(run.limits.split), share, run.mip_gap, lp.duals)
     run.split = split
     run.iters, run.nodes = run.iters + split.iterations, run.nodes + split.nodes
     if split.plan is not None:
@@ -710,6 +720,23 @@ _PHASES: list[tuple[str, Callable[[_Run], None]]] = [
     ("cost", _cost_phase),
 ]
 """The phases in order (the module docstring's solution path)."""
+
+_SEARCH_FIRST_ORDER = (
+    "lp", "heuristic", "cost_dive", "search", "split", "master", "restrict", "dive", "serve", "cost"
+)  # fmt: skip
+"""The order from ``SEARCH_FIRST_COLUMNS`` columns up (the module docstring's solution path says why)."""
+
+SEARCH_FIRST_COLUMNS = 20_000
+"""Columns (template, region) from which the search and the decomposition run before the master rounds."""
+
+
+def _order(search_first: bool) -> list[tuple[str, Callable[[_Run], None]]]:
+    """The phases of ``_PHASES`` in the order of a solve (``_SEARCH_FIRST_ORDER`` when ``search_first``)."""
+    if not search_first:
+        return list(_PHASES)
+    by_name = dict(_PHASES)
+    return [(name, by_name[name]) for name in _SEARCH_FIRST_ORDER]
+
 
 _REPORTED = ("heuristic", "master", "search", "dive", "split", "serve", "cost")
 """Phases after which ``progress`` hears of the best plan (the MIP phases also at each solution; the

@@ -1,0 +1,80 @@
+"""The decomposition's reduced-cost pruning keeps each group's optimum, and the search-first order (the
+largest programs) replays exactly wherever a deadline cuts it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import solvers.allocation.decomposition as decomposition
+import solvers.allocation.solve as solve_module
+from solvers.allocation import SolverEffort, solve_allocation
+from solvers.allocation.columns import _columns
+from solvers.allocation.heuristics import _embed, _fit
+from solvers.allocation.model import _highs, _matrix, _service_hi
+from solvers.allocation.relaxation import _lp_job, _LpOutcome
+from tests.solvers.alloc_instances import generate
+from tests.solvers.test_allocation import check_plan, cuts_replay_exactly
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_reduced_costs_prune_each_groups_mip_and_keep_its_optimum(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = generate("core", 16, seed=seed, load=0.2)
+    c = _columns(p)
+    mat = _matrix(c)
+    lp = _LpOutcome()
+    _lp_job(_highs(mat, mat.cost_obj, _service_hi(c, 0.0), 1e-4, mip=False), c, mat, lp)
+    assert lp.duals is not None and lp.unmet == pytest.approx(0.0, abs=1e-6)
+    best = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=False)
+    start = _fit(c, _embed(c, dict(best.counts)))
+    sizes: list[int] = []
+    real = decomposition._mip_job
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        sizes.append(out[2])  # the integer variables the group's MIP kept
+        return out
+
+    monkeypatch.setattr(decomposition, "_mip_job", spy)
+    plain = decomposition._split_phase(c, mat, start, {}, None, 0.0)
+    kept_plain, sizes[:] = sum(sizes), []
+    pruned = decomposition._split_phase(c, mat, start, {}, None, 0.0, lp.duals)
+    kept_pruned = sum(sizes)
+    assert plain.proven and pruned.proven and plain.fits and pruned.fits
+    assert pruned.bound == pytest.approx(plain.bound, rel=1e-9)
+    assert plain.plan is not None and pruned.plan is not None
+    assert float(c.cost @ pruned.plan) == pytest.approx(float(c.cost @ plain.plan), rel=1e-9)
+    assert float(c.cost @ pruned.plan) == pytest.approx(best.cost_per_hour, rel=1e-9)
+    assert kept_pruned < kept_plain  # the duals left variables out
+
+
+def test_a_dual_against_an_infinite_bound_prunes_nothing() -> None:
+    """Duals that are not feasible for a group (a row dual whose sign meets an infinite bound) give no
+    floor, so nothing is left out on their account."""
+    p = generate("core", 8, seed=2, load=0.2)
+    c = _columns(p)
+    mat = _matrix(c)
+    cols = np.arange(mat.num_cols - len(mat.dem_models))
+    wrong = np.zeros(mat.num_rows)
+    rows_without_lower = np.nonzero(~np.isfinite(mat.row_lo))[0]
+    assert len(rows_without_lower)
+    wrong[rows_without_lower] = 1.0  # a positive dual on a row with no lower bound
+    d = mat.cost_obj.copy()
+    assert decomposition._group_floor(mat, cols, mat.row_lo, wrong, d) == -np.inf
+    assert decomposition._group_floor(mat, cols, mat.row_lo, np.zeros(mat.num_rows), d) == 0.0
+
+
+@pytest.mark.slow
+def test_the_search_first_order_replays_exactly_at_any_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the search and the decomposition before the master rounds (``SEARCH_FIRST_COLUMNS`` set low so
+    that this small program takes that order), every cut replays its plan, bound, gap and status."""
+    monkeypatch.setattr(solve_module, "SEARCH_FIRST_COLUMNS", 0)
+    p = generate("core", 12, seed=3, load=0.2)
+    kw: dict[str, object] = {"columns": "all", "decompose": True, "mip_gap": 1e-2, "master": True}
+    whole = solve_allocation(p, effort=SolverEffort(), **kw)  # type: ignore[arg-type]
+    check_plan(p, whole)
+    assert list(whole.phase_s)[1:5] == ["lp", "heuristic", "cost_dive", "search"]
+    cut = cuts_replay_exactly(p, kw, 10)
+    assert len({tuple(sorted(first.effort.as_mapping().items())) for first in cut}) >= 3
