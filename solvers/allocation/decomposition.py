@@ -12,7 +12,15 @@ from numpy.typing import NDArray
 
 from solvers.allocation.columns import _TOL, _Columns
 from solvers.allocation.heuristics import _better, _fit, _repair, _State
-from solvers.allocation.model import _highs, _highs_solution, _Matrix, _plan_vector, _reduced_costs, _service_hi
+from solvers.allocation.model import (
+    _col_entries,
+    _highs,
+    _highs_solution,
+    _Matrix,
+    _plan_vector,
+    _reduced_costs,
+    _service_hi,
+)
 from solvers.allocation.stopping import _Deadline, _Mip
 
 FloatArray = NDArray[np.float64]
@@ -120,22 +128,17 @@ def _group_floor(mat: _Matrix, cols: IntArray, row_lo: FloatArray, duals: FloatA
     """L_g of a group's program (its variables ``cols``, its rows bounded by ``row_lo`` and ``mat.row_hi``),
     from the LP's row duals y and reduced costs d (``_split_phase``'s docstring says how it prunes); -inf
     where a dual's sign meets an infinite bound (no pruning then)."""
-    ends = np.append(mat.start[1:], len(mat.value)).astype(np.int64)
-    lengths = ends[cols] - mat.start[cols]
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    entries = np.repeat(mat.start[cols] - offsets[:-1], lengths) + np.arange(offsets[-1])
-    rows = np.unique(mat.index[entries])
+    rows = np.unique(mat.index[_col_entries(mat, cols)[1]])
     y = duals[rows]
-    tol = 1e-9
+    tol = 1e-9  # a dual or reduced cost this small counts as 0
     bound_of_row = np.where(y > tol, row_lo[rows], np.where(y < -tol, mat.row_hi[rows], 0.0))
-    yy = np.where(np.abs(y) > tol, y, 0.0)
     if not np.all(np.isfinite(bound_of_row)):
         return -math.inf
     neg = d[cols] < -tol
     hi = mat.col_hi[cols][neg]
     if not np.all(np.isfinite(hi)):
         return -math.inf
-    return float(yy @ bound_of_row + d[cols][neg] @ hi)
+    return float(y @ bound_of_row + d[cols][neg] @ hi)
 
 
 def _split_phase(

@@ -266,12 +266,18 @@ def _highs(
     return h
 
 
-def _add_cols(h: highspy.Highs, mat: _Matrix, objective: FloatArray, cols: IntArray) -> None:
-    """Add the variables ``cols`` (indices into the full program) to h, in that order."""
+def _col_entries(mat: _Matrix, cols: IntArray) -> tuple[IntArray, IntArray]:
+    """(offsets, entries) of the variables ``cols``: their nonzeros' positions in ``mat.index``/``mat.value``,
+    column after column, and where each column's start (len(cols) + 1 offsets)."""
     ends = np.append(mat.start[1:], len(mat.value)).astype(np.int64)
     lengths = ends[cols] - mat.start[cols]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    entries = np.repeat(mat.start[cols] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return offsets, np.repeat(mat.start[cols] - offsets[:-1], lengths) + np.arange(offsets[-1])
+
+
+def _add_cols(h: highspy.Highs, mat: _Matrix, objective: FloatArray, cols: IntArray) -> None:
+    """Add the variables ``cols`` (indices into the full program) to h, in that order."""
+    offsets, entries = _col_entries(mat, cols)
     start, index, value = offsets[:-1].astype(np.int32), mat.index[entries], mat.value[entries]
     h.addCols(len(cols), objective[cols], mat.col_lo[cols], mat.col_hi[cols], len(value), start, index, value)
 
