@@ -21,8 +21,9 @@ warm-started with x^B (which satisfies it), with at most ``SEARCH_NODES`` branch
 plans are plans of the program, so the best plan only improves. A step without an improvement widens its
 neighbourhood (w_k grows by one, up to ``SEARCH_WIDEN``); the search ends after n steps in a row without
 an improvement at the widest Delta (every neighbourhood a local optimum there), after ``SEARCH_CYCLES`` n
-steps, or at the deadline. It proves no bound. The steps run and the improving solutions taken in the
-last one are the phase's effort (``SolverEffort.search``).
+steps, or at the deadline; in the search-first order of the largest programs (``solvers.allocation.solve``)
+already after n steps in a row without an improvement at any Delta. It proves no bound. The steps run and
+the improving solutions taken in the last one are the phase's effort (``SolverEffort.search``).
 
 Why: models share only the availability rows, and regions only the demand rows, so fixing the rest
 leaves MIPs that HiGHS mostly solves at its root in milliseconds (a few of the larger take 0.1-0.8 s),

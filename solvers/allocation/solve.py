@@ -36,7 +36,8 @@ Solution path
    reached a plan within 1.4% of the best in 1.0-1.4 s, and the decomposition, pruning by that plan,
    proved it (seven solves of seven optimal in 3.3-7.3 s; with the rounds first, five of seven in
    7.2-10.2 s). On core and ``scarce`` the rounds first were as fast or faster (``scarce``: p50 0.12 s
-   against 0.17 s).
+   against 0.17 s). In this order the search stops after one pass over its neighbourhoods without an
+   improvement, at any width (``_search_phase``).
 5. Decomposition by model, when the LP serves every demand and the master MIPs did not prove the plan.
    Models share only the availability rows (the service row is then fixed at full service), so each group of
    models solves its own cost MIP over all its columns with the whole availability (every model alone at
@@ -294,7 +295,8 @@ class _Run:
         self.mat = _matrix(self.c)
         self.columns = ("generated" if self.c.J >= _AUTO_GENERATED else "all") if columns == "auto" else columns
         self.decompose = self.c.J >= SPLIT_MIN_COLUMNS if decompose is None else decompose
-        self.order = _order(self.decompose and self.master and self.c.J >= SEARCH_FIRST_COLUMNS)
+        self.search_first = self.decompose and self.master and self.c.J >= SEARCH_FIRST_COLUMNS
+        self.order = _order(self.search_first)
         self.phase_s["build"] = time.perf_counter() - self.t0
         self.svc_tol = 1e-7 * max(1.0, float((self.c.weight * self.c.demand).sum()))
         self.iters = self.nodes = 0
@@ -509,7 +511,10 @@ def _search_phase(run: _Run) -> None:
     """The neighbourhood search (``neighbourhood``), when the LP and the best plan serve every demand and
     the LP bound does not already prove the plan: steps over the neighbourhoods in turn, each widening
     its Delta after a step without an improvement, until n steps in a row without one at the widest,
-    ``SEARCH_CYCLES`` n steps, or its share of the deadline."""
+    ``SEARCH_CYCLES`` n steps, or its share of the deadline. In the search-first order it ends after n
+    steps in a row without an improvement at any Delta: the decomposition after it proves or improves the
+    plan. On ``extended`` (a profiling run, t = 0 and three re-solves) the steps after that pass took
+    1.0-2.5 s and improved one plan of four, by 0.4%, which the decomposition proved optimal in neither."""
     c, mat, lp = run.c, run.mat, run.lp
     if not (run.search and c.J > 0 and lp.done and lp.unmet <= run.svc_tol) or run.optimal():
         return
@@ -523,12 +528,14 @@ def _search_phase(run: _Run) -> None:
     stop_at = run.limits.search
     share = None if run.deadline is None or run.cut else run.deadline.share(SEARCH_SHARE)
     widths = [0] * len(hoods)
-    step = stale = 0
+    step = stale = quiet = 0
     while True:
         if stop_at is not None and step == stop_at[0] and stop_at[1] == 0:  # a replay: step not started
             run.used["search"] = (step, 0)
             return
         if stale >= len(hoods) or step >= SEARCH_CYCLES * len(hoods):
+            return
+        if run.search_first and quiet >= len(hoods):
             return
         if run.out_of_time() or (share is not None and share.passed()):
             run.used["search"] = (step, 0)
@@ -544,9 +551,10 @@ def _search_phase(run: _Run) -> None:
             return
         step += 1
         if run.best is not before:
-            stale = 0
+            stale = quiet = 0
             run.report("search", functools.partial(_search_cut, at=step))
         else:
+            quiet += 1
             stale = stale + 1 if widths[k] == SEARCH_WIDEN else 0
             widths[k] = min(widths[k] + 1, SEARCH_WIDEN)
 

@@ -78,3 +78,34 @@ def test_the_search_first_order_replays_exactly_at_any_cut(monkeypatch: pytest.M
     assert list(whole.phase_s)[1:5] == ["lp", "heuristic", "cost_dive", "search"]
     cut = cuts_replay_exactly(p, kw, 10)
     assert len({tuple(sorted(first.effort.as_mapping().items())) for first in cut}) >= 3
+
+
+@pytest.mark.parametrize("search_first", [False, True])
+def test_in_the_search_first_order_the_search_ends_after_one_quiet_pass(
+    search_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the search-first order the search ends after n steps in a row without an improvement (one pass
+    over the n neighbourhoods), at any width; in the other only after n such steps at the widest. On this
+    instance only the widened neighbourhoods improve the plan, so the search-first search ends after its
+    first pass with the heuristic's plan, and the decomposition after it proves the same optimum."""
+    monkeypatch.setattr(solve_module, "SEARCH_FIRST_COLUMNS", 0 if search_first else 10**9)
+    p = generate("core", 12, seed=3, load=0.2)
+    n = len(solve_module._neighbourhoods(_columns(p)))
+    starts: list[bytes] = []
+    real = solve_module._step
+
+    def spy(c: Any, mat: Any, st: Any, best: np.ndarray, *args: Any) -> Any:
+        starts.append(best.tobytes())  # the best plan each step starts from
+        return real(c, mat, st, best, *args)
+
+    monkeypatch.setattr(solve_module, "_step", spy)
+    # the master rounds skipped (they come first in the other order and would prove the plan)
+    effort = SolverEffort(master=(0, 0)) if not search_first else SolverEffort()
+    kw: dict[str, object] = {"columns": "all", "decompose": True, "mip_gap": 1e-2, "portfolio": False}
+    res = solve_allocation(p, effort=effort, **kw)  # type: ignore[arg-type]
+    check_plan(p, res)
+    if search_first:
+        assert len(starts) == n and len(set(starts)) == 1  # one pass at the narrowest Delta, no improvement
+    else:
+        assert len(starts) > n and len(set(starts)) >= 2  # the widened steps improved the plan
+    assert res.status == "optimal" and res.objective == pytest.approx(992.4621957835543, rel=1e-9)
