@@ -7,16 +7,17 @@ default:
 setup:
     python -m pip install -e ".[dev]"
 
-# (The project's bytecode is compiled first: the suite starts about 150 Python processes that import it (solver
-# processes, CLI runs, workers, vLLM servers), and where PYTHONDONTWRITEBYTECODE is set each compiled it again.)
-# run the test suite (everything, as CI does), a pytest-xdist worker per core (the vLLM servers' tests in two groups)
-test *ARGS:
+# the project's bytecode, before the tests: they start about 150 Python processes that import it (solver
+# processes, CLI runs, workers, vLLM servers), and where PYTHONDONTWRITEBYTECODE is set each compiled it again
+_bytecode:
     python -m compileall -q coral actors solvers tui
+
+# run the test suite (everything, as CI does), a pytest-xdist worker per core (the vLLM servers' tests in two groups)
+test *ARGS: _bytecode
     python -m pytest -n auto --dist loadgroup {{ARGS}}
 
 # the unit tier, for the edit-run loop: no slow tests, no mesh, gateway or vLLM suites, two workers
-test-fast *ARGS:
-    python -m compileall -q coral actors solvers tui
+test-fast *ARGS: _bytecode
     python -m pytest -n 2 --dist loadgroup -m "not slow and not vllm" --ignore=tests/mesh --ignore=tests/gateway --ignore=tests/vllm --ignore=tests/tui/test_real_mesh.py {{ARGS}}
 
 # ruff, mypy and the package contracts (import-linter, [tool.importlinter] in pyproject.toml)

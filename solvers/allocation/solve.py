@@ -533,9 +533,7 @@ def _search_phase(run: _Run) -> None:
         if stop_at is not None and step == stop_at[0] and stop_at[1] == 0:  # a replay: step not started
             run.used["search"] = (step, 0)
             return
-        if stale >= len(hoods) or step >= SEARCH_CYCLES * len(hoods):
-            return
-        if run.search_first and quiet >= len(hoods):
+        if stale >= len(hoods) or (run.search_first and quiet >= len(hoods)) or step >= SEARCH_CYCLES * len(hoods):
             return
         if run.out_of_time() or (share is not None and share.passed()):
             run.used["search"] = (step, 0)
