@@ -111,7 +111,12 @@ async def test_a_flood_is_merged_and_the_ui_keeps_up(tmp_path: Path) -> None:
                 await spam.publish(FleetAction(1000.0 + k, "start", f"x{k}", "chat-8b", "t", "r", "flood"))
             if k == n // 2:
                 await lv.pilot.press("5")  # the keyboard works mid-flood
-        await until(lv.pilot, lambda: lv.app.state.now == 1000.0 + n, "the last report")
+
+        def last_arrived() -> bool:  # the last report and the last action carry the same time: wait for both
+            st = lv.app.state
+            return st.now == 1000.0 + n and any(e.text.startswith(f"start x{n} ") for e in st.events)
+
+        await until(lv.pilot, last_arrived, "the last report and the last action")
         st = lv.app.state
         assert lv.app.active_view == "events"
         assert st.deployments["chat-8b"].completed == n
