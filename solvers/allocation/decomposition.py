@@ -21,7 +21,7 @@ from solvers.allocation.model import (
     _reduced_costs,
     _service_hi,
 )
-from solvers.allocation.stopping import _Deadline, _Mip
+from solvers.allocation.stopping import _Deadline, _LpStop, _Mip, _passed
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -141,6 +141,37 @@ def _group_floor(mat: _Matrix, cols: IntArray, row_lo: FloatArray, duals: FloatA
     return float(y @ bound_of_row + d[cols][neg] @ hi)
 
 
+ROUND_MIN = 2_000
+"""Integer variables from which a group's MIP gets a first round (``_split_phase``)."""
+
+ROUND_SHARE = 0.1
+"""The first round's reduced-cost threshold, as a share of the group's gap z_g - L_g."""
+
+
+def _priced(
+    cols: IntArray, reduced: FloatArray, floor: float, incumbent: float, vector: FloatArray, n_x: int
+) -> IntArray:
+    """``cols`` less the integer variables j with L_g + d_j > z_g (``_split_phase``), except those the plan
+    ``vector`` uses."""
+    margin = 1e-6 * max(1.0, abs(incumbent))
+    out = (cols < n_x) & (reduced[cols] > 0) & (floor + reduced[cols] > incumbent + margin)
+    return cols[~out | (vector[cols] > 0)]
+
+
+def _group_lp(mat: _Matrix, cols: IntArray, lo: FloatArray, hi: float, deadline: _Deadline | None) -> FloatArray | None:
+    """The row duals of a group's own LP (its variables ``cols``, rows bounded below by ``lo``), or None
+    when the deadline cut it (or it did not end optimal)."""
+    if _passed(deadline):
+        return None
+    h = _highs(mat, mat.cost_obj, hi, 0.0, mip=False, cols=cols, row_lo=lo)
+    stop = _LpStop(deadline)
+    stop.attach(h)
+    h.run()
+    if stop.interrupted or h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return np.asarray(h.getSolution().row_dual, dtype=np.float64)[: mat.num_rows]
+
+
 def _split_phase(
     c: _Columns,
     mat: _Matrix,
@@ -167,6 +198,13 @@ def _split_phase(
     >= L_g + sum_{j: d_j > 0} d_j x_j, with L_g = sum_{rows i of g} min(y_i lo_i, y_i hi_i) +
     sum_{j: d_j < 0} d_j hi_j, so a plan with x_j >= 1 costs more than z_g; the group's optimum (at most
     z_g) is inside what is kept. Variables that ``start`` uses are kept, so it stays a warm start.
+
+    A group that keeps more than ``ROUND_MIN`` integer variables solves its own LP over them first (the
+    bound holds for any y; the whole LP's duals price availability that the other groups use, the
+    group's own only what it uses itself) and prunes again with those duals. Then a first round:
+    its MIP over the variables with d_j <= ``ROUND_SHARE`` (z_g - L_g) and start's, whose plan, when
+    cheaper, becomes z_g (pruning again) and the warm start of the group's MIP. Effort: the group's LP and
+    round are recorded under -mask (0: neither ran; else the round's solutions taken when cut).
     """
     out = _Split()
     variables = _model_vars(c, mat)
@@ -186,7 +224,7 @@ def _split_phase(
         vector = _plan_vector(c, mat, start)
         short = _State(c, start).unmet() > _TOL * np.maximum(c.demand, 1.0)
         masks = {lead: sum(1 << m for m in ms) for lead, ms in groups.items()}
-        jobs = []
+        todo = []
         for lead, ms in groups.items():
             if lead in plan_of:
                 continue
@@ -208,28 +246,56 @@ def _split_phase(
                     if not members2 & members:
                         slack[np.concatenate([variables[m] for m in members2])] -= bound
             cols = cols[mat.cost_obj[cols] <= slack[cols] * (1 + 1e-9) + 1e-9]
+            floor = -math.inf
             if duals is not None and reduced is not None and math.isfinite(incumbent):
                 floor = _group_floor(mat, cols, lo, duals, reduced)
-                margin = 1e-6 * max(1.0, abs(incumbent))
-                out_rc = (cols < n_x) & (reduced[cols] > 0) & (floor + reduced[cols] > incumbent + margin)
-                cols = cols[~out_rc | (vector[cols] > 0)]
+                cols = _priced(cols, reduced, floor, incumbent, vector, n_x)
             cuts = [(v, bound) for members, v, bound in found if members <= set(ms)]
-            limit = limits.get(masks[lead])
-            job = _mip_job(c, mat, mat.cost_obj, hi, start, limit, mip_gap, cols, row_lo=lo, cuts=cuts)
-            jobs.append((lead, cols, job))
-        jobs.sort(key=lambda job: len(job[1]))  # smallest first: at a deadline, the most groups are done
-        for _g, _cols, (run, build, num_int) in jobs:
-            run.run(build, num_int, deadline)
+            todo.append((lead, ms, lo, cols, incumbent, floor, cuts))
+        todo.sort(key=lambda job: len(job[3]))  # smallest first: at a deadline, the most groups are done
+        jobs = []
+        for lead, ms, lo, cols, incumbent, floor, cuts in todo:
+            warm = start
+            key = -masks[lead]  # the group's own LP and first round (a replay's 0: neither ran)
+            if math.isfinite(floor) and int(np.sum(cols < n_x)) > ROUND_MIN:
+                own_lp = None if limits.get(key) == 0 else _group_lp(mat, cols, lo, hi, deadline)
+                if own_lp is None:
+                    out.stopped[key] = 0
+                else:
+                    d_g = _reduced_costs(mat, mat.cost_obj, own_lp)
+                    floor_g = _group_floor(mat, cols, lo, own_lp, d_g)
+                    cols = _priced(cols, d_g, floor_g, incumbent, vector, n_x)
+                    delta = ROUND_SHARE * (incumbent - floor_g)
+                    few = cols[(cols >= n_x) | (d_g[cols] <= delta) | (vector[cols] > 0)]
+                    run, build, num_int = _mip_job(
+                        c, mat, mat.cost_obj, hi, start, limits.get(key), mip_gap, few, row_lo=lo, cuts=cuts
+                    )  # fmt: skip
+                    run.run(build, num_int, deadline)
+                    out.iterations += run.iterations
+                    out.nodes += run.nodes
+                    if not run.finished:
+                        out.stopped[key] = len(run.taken())
+                    plans = _mip_plans(c, mat, run, few)
+                    if plans:
+                        own = np.concatenate([c.by_model[m] for m in ms])
+                        warm = start.copy()
+                        warm[own] = plans[-1][own]
+                        better = _plan_vector(c, mat, warm)
+                        incumbent = min(incumbent, float(mat.cost_obj[cols] @ better[cols]))
+                        cols = _priced(cols, d_g, floor_g, incumbent, better, n_x)
+            job = _mip_job(c, mat, mat.cost_obj, hi, warm, limits.get(masks[lead]), mip_gap, cols, row_lo=lo, cuts=cuts)
+            job[0].run(job[1], job[2], deadline)
+            jobs.append((lead, cols, job, warm))
         out.groups += len(jobs)
         complete = True
-        for lead, cols, (run, _build, _n) in jobs:
+        for lead, cols, (run, _build, _n), warm in jobs:
             out.iterations += run.iterations
             out.nodes += run.nodes
             if run.finished and run.status == highspy.HighsModelStatus.kInfeasible:
                 return _Split(stopped=out.stopped, groups=out.groups, iterations=out.iterations, nodes=out.nodes)
             own = np.concatenate([c.by_model[m] for m in groups[lead]])
             plans = _mip_plans(c, mat, run, cols)
-            plan_of[lead] = (plans[-1] if plans else start)[own]
+            plan_of[lead] = (plans[-1] if plans else warm)[own]
             proven_of[lead] = run.finished and run.status == highspy.HighsModelStatus.kOptimal
             if not run.finished:
                 out.stopped[masks[lead]] = len(run.taken())

@@ -66,18 +66,57 @@ def test_a_dual_against_an_infinite_bound_prunes_nothing() -> None:
     assert decomposition._group_floor(mat, cols, mat.row_lo, np.zeros(mat.num_rows), d) == 0.0
 
 
+def test_a_groups_own_lp_and_first_round_keep_its_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large group (``ROUND_MIN`` set to 0 here, so that every group of this small program is one) is
+    pruned by its own LP's duals and warm-started from a first round over its cheapest variables: the
+    groups' optima, their bound and the plan stay those of the plain decomposition, with fewer variables."""
+    p = generate("core", 16, seed=3, load=0.2)
+    c = _columns(p)
+    mat = _matrix(c)
+    lp = _LpOutcome()
+    _lp_job(_highs(mat, mat.cost_obj, _service_hi(c, 0.0), 1e-4, mip=False), c, mat, lp)
+    best = solve_allocation(p, effort=SolverEffort(), mip_gap=0.0, columns="all", decompose=False)
+    rough = SolverEffort(serve=0, cost=0, dive=0, decompose=0)  # the heuristic's plan
+    worse = solve_allocation(p, effort=rough, columns="all", portfolio=False, master=False, search=False)
+    assert worse.unmet_rps.sum() == 0 and worse.objective > best.objective * 1.001
+    start = _fit(c, _embed(c, dict(worse.counts)))
+    plain = decomposition._split_phase(c, mat, start, {}, None, 0.0)
+    lps: list[int] = []
+    real = decomposition._group_lp
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        lps.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decomposition, "_group_lp", spy)
+    monkeypatch.setattr(decomposition, "ROUND_MIN", 0)
+    rounds = decomposition._split_phase(c, mat, start, {}, None, 0.0, lp.duals)
+    assert lps and all(lps)  # every group solved its own LP
+    assert plain.proven and rounds.proven and rounds.fits
+    assert rounds.bound == pytest.approx(plain.bound, rel=1e-9)
+    assert rounds.plan is not None
+    assert float(c.cost @ rounds.plan) == pytest.approx(best.cost_per_hour, rel=1e-9)
+
+
 @pytest.mark.slow
-def test_the_search_first_order_replays_exactly_at_any_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rounds", [False, True])
+def test_the_search_first_order_replays_exactly_at_any_cut(rounds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the search and the decomposition before the master rounds (``SEARCH_FIRST_COLUMNS`` set low so
-    that this small program takes that order), every cut replays its plan, bound, gap and status."""
+    that this small program takes that order), every cut replays its plan, bound, gap and status; also
+    where every group takes its own LP and first round (``ROUND_MIN`` 0), cut inside them too."""
     monkeypatch.setattr(solve_module, "SEARCH_FIRST_COLUMNS", 0)
+    if rounds:
+        monkeypatch.setattr(decomposition, "ROUND_MIN", 0)
     p = generate("core", 12, seed=3, load=0.2)
     kw: dict[str, object] = {"columns": "all", "decompose": True, "mip_gap": 1e-2, "master": True}
     whole = solve_allocation(p, effort=SolverEffort(), **kw)  # type: ignore[arg-type]
     check_plan(p, whole)
     assert list(whole.phase_s)[1:5] == ["lp", "heuristic", "cost_dive", "search"]
-    cut = cuts_replay_exactly(p, kw, 10)
+    cut = cuts_replay_exactly(p, kw, 30 if rounds else 10)
     assert len({tuple(sorted(first.effort.as_mapping().items())) for first in cut}) >= 3
+    if rounds:  # some cut fell inside a group's own LP or first round (recorded under -mask)
+        assert any(k < 0 for first in cut for k, _n in first.effort.split)
 
 
 @pytest.mark.parametrize("search_first", [False, True])
