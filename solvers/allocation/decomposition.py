@@ -40,10 +40,12 @@ def _mip_job(
     row_lo: FloatArray | None = None,
     cuts: list[tuple[IntArray, float]] | None = None,
     max_nodes: int | None = None,
+    presolve: bool = False,
 ) -> tuple[_Mip, Callable[[], highspy.Highs], int]:
     """One MIP (over the variables ``cols``, default all), warm-started with plan ``start``: (the run, its
     model builder, its number of integer variables). ``max_nodes``: HiGHS's branch-and-bound node limit
-    (a count, so a run it ends replays exactly)."""
+    (a count, so a run it ends replays exactly). ``presolve``: run HiGHS's presolve, which does not check
+    the deadline (``model._highs``), so only for models that it reduces in milliseconds."""
     vector = _plan_vector(c, mat, start)
 
     def build() -> highspy.Highs:
@@ -51,6 +53,8 @@ def _mip_job(
         h.setSolution(_highs_solution(vector if cols is None else vector[cols]))
         if max_nodes is not None:
             h.setOptionValue("mip_max_nodes", max_nodes)
+        if presolve:
+            h.setOptionValue("presolve", "on")
         return h
 
     n_x = c.J + len(mat.keep_cols)
@@ -83,11 +87,12 @@ def _mip_phase(
     cuts: list[tuple[IntArray, float]] | None = None,
     on_solution: Callable[[_Mip, list[IntArray]], None] | None = None,
     max_nodes: int | None = None,
+    presolve: bool = False,
 ) -> tuple[_Mip, list[IntArray]]:
     """One MIP: (the run, the plans it found, in order). ``on_solution(run, plans)`` is called after each
     solution it takes, with the plans so far."""
     run, build, num_int = _mip_job(
-        c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts, max_nodes=max_nodes
+        c, mat, objective, service_hi, start, limit, mip_gap, cols, cuts=cuts, max_nodes=max_nodes, presolve=presolve
     )
     each = None if on_solution is None else (lambda r: on_solution(r, _mip_plans(c, mat, r, cols)))
     run.run(build, num_int, deadline, each)

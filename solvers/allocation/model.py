@@ -255,7 +255,8 @@ def _highs(
         )  # fmt: skip
     if mip:
         # HiGHS's MIP presolve never checks the interrupt callback: on core's whole cost MIP (177 rows,
-        # 6,484 columns) it ran 2.2 s past a 0.05 s deadline at load 14 and removed 80 columns
+        # 6,484 columns) it ran 2.2 s past a 0.05 s deadline at load 14 and removed 80 columns (the
+        # neighbourhood search's MIPs, a few free variables and the rest fixed, turn it on: ``_mip_job``)
         h.setOptionValue("presolve", "off")
         # every MIP here starts from a feasible plan; the feasibility jump heuristic cost a fixed ~17 ms of
         # CPU per MIP even on 3 variables (HiGHS 1.15), most of a per-model MIP's time on core

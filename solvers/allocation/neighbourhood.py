@@ -95,6 +95,9 @@ def _step(
     lo[:n_x][fixed] = hi[:n_x][fixed] = vector[:n_x][fixed]
     cols = np.concatenate([np.nonzero(free | fixed)[0], np.arange(n_x, mat.num_cols)])
     sub = attrs.evolve(mat, col_lo=lo, col_hi=hi)
+    # presolve removes the fixed variables and the rows they settle: on extended's re-solves the search's
+    # 60-90 MIPs per solve took 0.5-0.8 s with it, 0.9-1.6 s without, with the same plans
     return _mip_phase(
-        c, sub, sub.cost_obj, _service_hi(c, 0.0), best, limit, deadline, mip_gap, cols, max_nodes=SEARCH_NODES
-    )
+        c, sub, sub.cost_obj, _service_hi(c, 0.0), best, limit, deadline, mip_gap, cols, max_nodes=SEARCH_NODES,
+        presolve=True,
+    )  # fmt: skip
