@@ -320,9 +320,13 @@ def _split_phase(
         out.fits = not bool(over.any())
         if out.fits or not complete or len(groups) == 1:
             return out
-        repaired = _repair(c, _fit(c, x))
-        if _better(c, repaired, start):
-            start = repaired
+        # the repaired union as the next start, only where start leaves demand unmet: a start that serves
+        # every demand beat it in all 29 merges measured (extended, core-size instances), and the repair
+        # took 0.2 s each on extended
+        if short.any():
+            repaired = _repair(c, _fit(c, x))
+            if _better(c, repaired, start):
+                start = repaired
         for reg, typ in np.argwhere(over):
             users = sorted({owner[int(m)] for m in c.m[(x > 0) & (c.r == reg) & (c.nc[:, typ] > 0)]})
             for lead in users[1:]:

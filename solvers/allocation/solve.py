@@ -43,13 +43,13 @@ Solution path
    models solves its own cost MIP over all its columns with the whole availability (every model alone at
    first, one after the other, largest first). The sum of the group optima bounds the program from below,
    and when the union of their plans fits the availability it is optimal. Groups whose plans overrun a
-   (region, node type) together are merged and solved again, from the repaired union; at worst one group
-   holds every model. In a group's MIP, a variable whose one unit costs more than the group's part of the
-   best plan so far is left out (costs are nonnegative, so it cannot be in a better plan), and so is one
-   whose LP reduced cost proves it cannot be in a better plan (``decomposition._split_phase``): on
-   ``extended`` the largest model's MIP kept 1,800-3,200 integer variables of 16,000-19,000. A group
-   that still keeps more than ``ROUND_MIN`` prunes again by its own LP and starts from a first round
-   over its cheapest variables (``_split_phase``'s docstring).
+   (region, node type) together are merged and solved again (from the repaired union where the best plan
+   leaves demand unmet); at worst one group holds every model. In a group's MIP, a variable whose one
+   unit costs more than the group's part of the best plan so far is left out (costs are nonnegative, so it
+   cannot be in a better plan), and so is one whose LP reduced cost proves it cannot be in a better plan
+   (``decomposition._split_phase``): on ``extended`` the largest model's MIP kept 1,800-3,200 integer
+   variables of 16,000-19,000. A group that still keeps more than ``ROUND_MIN`` prunes again by its own
+   LP and starts from a first round over its cheapest variables (``_split_phase``'s docstring).
 6. The portfolio (``_restrict_phase``), unless the master MIPs or the decomposition proved the plan
    optimal (no restriction can then beat it): each baseline's restriction (``RESTRICTIONS``: homogeneous
    aggregated, homogeneous prefill/decode, their union, every aggregated template) solved alone by this

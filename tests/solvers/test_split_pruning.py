@@ -126,7 +126,8 @@ def test_in_the_search_first_order_the_search_ends_after_one_quiet_pass(
     """In the search-first order the search ends after n steps in a row without an improvement (one pass
     over the n neighbourhoods), at any width; in the other only after n such steps at the widest. On this
     instance only the widened neighbourhoods improve the plan, so the search-first search ends after its
-    first pass with the heuristic's plan, and the decomposition after it proves the same optimum."""
+    first pass with the heuristic's plan, and the decomposition after it proves a plan within the 1% gap of the
+    optimum, as the other order does."""
     monkeypatch.setattr(solve_module, "SEARCH_FIRST_COLUMNS", 0 if search_first else 10**9)
     p = generate("core", 12, seed=3, load=0.2)
     n = len(solve_module._neighbourhoods(_columns(p)))
@@ -147,4 +148,5 @@ def test_in_the_search_first_order_the_search_ends_after_one_quiet_pass(
         assert len(starts) == n and len(set(starts)) == 1  # one pass at the narrowest Delta, no improvement
     else:
         assert len(starts) > n and len(set(starts)) >= 2  # the widened steps improved the plan
-    assert res.status == "optimal" and res.objective == pytest.approx(992.4621957835543, rel=1e-9)
+    # within the 1% gap of the optimum (983.44, the whole MIP's at mip_gap 0)
+    assert res.status == "optimal" and 983.4414773690087 * (1 - 1e-9) <= res.objective <= 983.4414773690087 * 1.01
