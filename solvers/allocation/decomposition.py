@@ -163,18 +163,21 @@ def _priced(
     return cols[~out | (vector[cols] > 0)]
 
 
-def _group_lp(mat: _Matrix, cols: IntArray, lo: FloatArray, hi: float, deadline: _Deadline | None) -> FloatArray | None:
-    """The row duals of a group's own LP (its variables ``cols``, rows bounded below by ``lo``), or None
-    when the deadline cut it (or it did not end optimal)."""
+def _group_lp(
+    mat: _Matrix, cols: IntArray, lo: FloatArray, hi: float, deadline: _Deadline | None
+) -> tuple[FloatArray | None, int]:
+    """(the row duals of a group's own LP over its variables ``cols``, rows bounded below by ``lo``, or None
+    when the deadline cut it or it did not end optimal; its simplex iterations)."""
     if _passed(deadline):
-        return None
+        return None, 0
     h = _highs(mat, mat.cost_obj, hi, 0.0, mip=False, cols=cols, row_lo=lo)
     stop = _LpStop(deadline)
     stop.attach(h)
     h.run()
+    iterations = max(int(h.getInfo().simplex_iteration_count), 0)
     if stop.interrupted or h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return None
-    return np.asarray(h.getSolution().row_dual, dtype=np.float64)[: mat.num_rows]
+        return None, iterations
+    return np.asarray(h.getSolution().row_dual, dtype=np.float64)[: mat.num_rows], iterations
 
 
 def _split_phase(
@@ -263,7 +266,8 @@ def _split_phase(
             warm = start
             key = -masks[lead]  # the group's own LP and first round (a replay's 0: neither ran)
             if math.isfinite(floor) and int(np.sum(cols < n_x)) > ROUND_MIN:
-                own_lp = None if limits.get(key) == 0 else _group_lp(mat, cols, lo, hi, deadline)
+                own_lp, iterations = (None, 0) if limits.get(key) == 0 else _group_lp(mat, cols, lo, hi, deadline)
+                out.iterations += iterations
                 if own_lp is None:
                     out.stopped[key] = 0
                 else:
