@@ -212,7 +212,8 @@ def _split_phase(
     group's own only what it uses itself) and prunes again with those duals. Then a first round:
     its MIP over the variables with d_j <= ``ROUND_SHARE`` (z_g - L_g) and start's, whose plan, when
     cheaper, becomes z_g (pruning again) and the warm start of the group's MIP. Effort: the group's LP and
-    round are recorded under -mask (0: neither ran; else the round's solutions taken when cut).
+    round are recorded under -mask (0: neither is used, as the deadline came first or the LP did not end
+    optimal; else the round's solutions taken when the deadline cut it).
     """
     out = _Split()
     variables = _model_vars(c, mat)

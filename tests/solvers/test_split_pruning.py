@@ -69,7 +69,7 @@ def test_a_dual_against_an_infinite_bound_prunes_nothing() -> None:
 def test_a_groups_own_lp_and_first_round_keep_its_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
     """A large group (``ROUND_MIN`` set to 0 here, so that every group of this small program is one) is
     pruned by its own LP's duals and warm-started from a first round over its cheapest variables: the
-    groups' optima, their bound and the plan stay those of the plain decomposition, with fewer variables."""
+    groups' optima, their bound and the plan stay those of the plain decomposition."""
     p = generate("core", 16, seed=3, load=0.2)
     c = _columns(p)
     mat = _matrix(c)
@@ -81,7 +81,7 @@ def test_a_groups_own_lp_and_first_round_keep_its_optimum(monkeypatch: pytest.Mo
     assert worse.unmet_rps.sum() == 0 and worse.objective > best.objective * 1.001
     start = _fit(c, _embed(c, dict(worse.counts)))
     plain = decomposition._split_phase(c, mat, start, {}, None, 0.0)
-    lps: list[int] = []
+    lps: list[bool] = []
     real = decomposition._group_lp
 
     def spy(*args: Any, **kwargs: Any) -> Any:
