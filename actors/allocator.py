@@ -97,15 +97,13 @@ from coral.plan import Plan, PlanRequest
 from coral.scenario import Deployment, Scenario
 from coral.templates import Template
 from coral.workload import Slo
-from solvers.allocation import AllocationProblem, AllocationResult, AllocTemplate, SolverEffort
-from solvers.planning import Planner, policy_admits, to_plan
+from solvers.allocation import AllocationProblem, AllocationResult, SolverEffort
+from solvers.planning import Planner, ProgramColumns, policy_admits, to_plan
 
 PUBLISH_SHARE = 0.12
 """Share of the reaction deadline kept for turning the solution into a plan and publishing it."""
 MIN_SOLVE_SHARE = 0.25
 """The solver gets at least this share of the deadline, however long the problem took to build."""
-Columns = tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]]
-"""``Planner.program_columns``: the program's columns and the (deployment, template) of each."""
 TIMES_KEPT = 4096
 """How many plans' ``StepTimes`` the allocator keeps (the latest): a long run's history stays bounded."""
 LANDINGS = ("answer", "deadline")
@@ -293,7 +291,7 @@ class Allocator(TickActor):
         self.landing = landing
         self.answers = answers
         """Collects the answers of a live run with ``landing="answer"`` (None in a replay: its feed has them)."""
-        self._columns: tuple[tuple[tuple[Slo, tuple[str, ...]], ...], Columns] | None = None
+        self._columns: tuple[tuple[tuple[Slo, tuple[str, ...]], ...], ProgramColumns] | None = None
         """The allocation program's columns (``Planner.program_columns``), kept while each deployment's SLO
         and usable templates (their ids) stay the same: they depend on nothing else a plan changes."""
         self.answered: dict[int, float] = {}
@@ -474,7 +472,7 @@ class Allocator(TickActor):
         self.triggers.clear()
         await self.solve(now, trigger)
 
-    def program_columns(self, planner: Planner) -> Columns:
+    def program_columns(self, planner: Planner) -> ProgramColumns:
         """``planner.program_columns()``, kept while the deployments' SLOs and the templates it plans over
         (their ids) stay the same."""
         key = tuple((d.slo, tuple(t.id for t in planner.templates[d.name])) for d in planner.scenario.deployments)

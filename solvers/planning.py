@@ -158,6 +158,10 @@ def instance_load_s(perf: PerfModel, t: Template) -> float:
     return START_UP_S + max(perf.load_s(t.model, s.node, s.layers) for s in t.stages)
 
 
+ProgramColumns = tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]]
+"""``Planner.program_columns``: the program's columns, and the (deployment, template) each stands for."""
+
+
 @attrs.frozen
 class Planner:
     """A plan function bound to a scenario, its templates and a policy."""
@@ -179,7 +183,7 @@ class Planner:
     """Solves the allocation program: ``solve_allocation`` here, or a solver process's ``solve`` (its owner
     passes it in)."""
 
-    def program_columns(self) -> tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]]:
+    def program_columns(self) -> ProgramColumns:
         """The program's columns, one per template of each deployment, and the (deployment, template) each
         stands for. They depend on the templates and the scenario's deployments, node types and utilisation
         only: a caller that plans again over the same templates may keep them (``problem(req, columns)``),
@@ -214,7 +218,7 @@ class Planner:
     def problem(
         self,
         req: PlanRequest,
-        columns: tuple[tuple[AllocTemplate, ...], list[tuple[Deployment, Template]]] | None = None,
+        columns: ProgramColumns | None = None,
     ) -> tuple[AllocationProblem, list[tuple[Deployment, Template]]]:
         """The allocation program for ``req`` over ``columns`` (default: ``self.program_columns()``), and its index."""
         sc, cat = self.scenario, self.catalog
@@ -263,23 +267,35 @@ class Planner:
         return prob, index
 
     def __call__(
-        self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None, starts: Sequence[Plan] = ()
+        self,
+        req: PlanRequest,
+        *,
+        seq: int = 0,
+        effort: SolverEffort | None = None,
+        starts: Sequence[Plan] = (),
+        columns: ProgramColumns | None = None,
     ) -> Plan:
         """The plan for ``req``; with ``starts`` (plans for the same request over some of these templates,
-        such as the baselines'), one no worse than any of them."""
+        such as the baselines'), one no worse than any of them. ``columns``: ``program_columns()``, kept
+        by a caller that plans again (default: built for this call)."""
         if self.policy == "helix":
-            return self.helix_plan(req, seq=seq, effort=effort)[0]
-        prob, index = self.problem(req)
+            return self.helix_plan(req, seq=seq, effort=effort, columns=columns)[0]
+        prob, index = self.problem(req, columns)
         # Coral's solve is a portfolio that contains each baseline's restriction (solvers.allocation)
         kw: dict[str, Any] = {"starts": [_start_of(prob, plan) for plan in starts]} if starts else {}
         res = self.solve(prob, deadline_s=self.deadline_s, effort=effort, columns=self.columns, **kw)
         return to_plan(self, req, prob, index, res, seq=seq)
 
     def helix_plan(
-        self, req: PlanRequest, *, seq: int = 0, effort: SolverEffort | None = None
+        self,
+        req: PlanRequest,
+        *,
+        seq: int = 0,
+        effort: SolverEffort | None = None,
+        columns: ProgramColumns | None = None,
     ) -> tuple[Plan, dict[str, Template]]:
         """The ``helix`` plan (see the module docstring) and the Helix placements it uses, keyed by id."""
-        coral = attrs.evolve(self, policy="coral")(req, seq=seq, effort=effort)
+        coral = attrs.evolve(self, policy="coral")(req, seq=seq, effort=effort, columns=columns)
         return self.helix_over(coral, req)
 
     def helix_over(self, coral: Plan, req: PlanRequest) -> tuple[Plan, dict[str, Template]]:

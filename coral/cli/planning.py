@@ -15,7 +15,7 @@ from coral.store import TemplateStore
 from coral.templates import Template
 from solvers.allocation import AllocationResult, solve_allocation
 from solvers.library import distinct, is_current
-from solvers.planning import PLAN_POLICIES, POLICIES, Planner, policy_admits, request_at
+from solvers.planning import PLAN_POLICIES, POLICIES, Planner, ProgramColumns, policy_admits, request_at
 
 __all__ = [
     "PLAN_POLICIES",
@@ -109,12 +109,18 @@ def make_planner(
                       solve=solve or solve_allocation, bounded=bounded)  # fmt: skip
     counter = itertools.count(1)
     by_id = {t.id: t for ts in tpls.values() for t in ts}
+    kept: list[ProgramColumns] = []
 
     def plan_fn(req: PlanRequest) -> Plan:
+        # the program's columns depend on the templates and the scenario only, both fixed here: built once
+        # (``extended``: 2 s a request), and every request's problem shares their tuple (the solver process
+        # and the solve's caches recognise it)
+        if not kept:
+            kept.append(planner.program_columns())
         if policy == "helix":
-            plan, made = planner.helix_plan(req, seq=next(counter))
+            plan, made = planner.helix_plan(req, seq=next(counter), columns=kept[0])
             by_id.update(made)
             return plan
-        return planner(req, seq=next(counter))
+        return planner(req, seq=next(counter), columns=kept[0])
 
     return plan_fn, by_id
