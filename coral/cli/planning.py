@@ -113,8 +113,8 @@ def make_planner(
 
     def plan_fn(req: PlanRequest) -> Plan:
         # the program's columns depend on the templates and the scenario only, both fixed here: built once
-        # (``extended``: 2 s a request), and every request's problem shares their tuple (the solver process
-        # and the solve's caches recognise it)
+        # (``extended``: 2 s a request), and every request's problem shares their tuple, which spares its
+        # validation and the solve's merging (both cached by the tuple: solvers.allocation.problem, columns)
         if not kept:
             kept.append(planner.program_columns())
         if policy == "helix":
