@@ -15,7 +15,7 @@ from coral.store import TemplateStore
 from coral.templates import Template
 from solvers.allocation import AllocationResult, solve_allocation
 from solvers.library import distinct, is_current
-from solvers.planning import PLAN_POLICIES, POLICIES, Planner, ProgramColumns, policy_admits, request_at
+from solvers.planning import PLAN_POLICIES, POLICIES, Planner, policy_admits, request_at
 
 __all__ = [
     "PLAN_POLICIES",
@@ -109,18 +109,16 @@ def make_planner(
                       solve=solve or solve_allocation, bounded=bounded)  # fmt: skip
     counter = itertools.count(1)
     by_id = {t.id: t for ts in tpls.values() for t in ts}
-    kept: list[ProgramColumns] = []
+    # the program's columns depend on the templates and the scenario only, both fixed here: built once
+    # (``extended``: 2 s a request), and every request's problem shares their tuple, which spares its
+    # validation and the solve's merging (both cached by the tuple: solvers.allocation.problem, columns)
+    columns = planner.program_columns()
 
     def plan_fn(req: PlanRequest) -> Plan:
-        # the program's columns depend on the templates and the scenario only, both fixed here: built once
-        # (``extended``: 2 s a request), and every request's problem shares their tuple, which spares its
-        # validation and the solve's merging (both cached by the tuple: solvers.allocation.problem, columns)
-        if not kept:
-            kept.append(planner.program_columns())
         if policy == "helix":
-            plan, made = planner.helix_plan(req, seq=next(counter), columns=kept[0])
+            plan, made = planner.helix_plan(req, seq=next(counter), columns=columns)
             by_id.update(made)
             return plan
-        return planner(req, seq=next(counter), columns=kept[0])
+        return planner(req, seq=next(counter), columns=columns)
 
     return plan_fn, by_id
