@@ -19,7 +19,9 @@ Asking the mesh: the TUI opens no file of the mesh's. A live source asks the all
 deployments (``ScenarioRequest``) after attaching and at each new run (again at each ping until it
 answers), asks the gateway where the clock
 stands (``ClockRequest``) at every ping, and ``ask`` sends any other inspection request (templates, plan
-previews); replies are posted as ``Answered`` or pushed as envelopes for the reducer to fold.
+previews); replies are posted as ``Answered`` or pushed as envelopes for the reducer to fold. The kernel's
+``ErrorEvent`` about a frame of the TUI's own (an inquiry to an allocator that has not started yet) is
+not shown as a mesh error: the request that sent it already reports the failure or asks again.
 
 Liveness: a live source runs a sync round trip with the kernel every ``ping_s``, in a task of its own beside
 the inquiries and requests (a request to a peer that is gone waits out its whole timeout, and a mesh that
@@ -305,6 +307,8 @@ class LiveSource:
                 async def read() -> None:
                     nonlocal need_scenario
                     async for env in bus:
+                        if isinstance(env.msg, ErrorEvent) and env.msg.origin == bus.name:
+                            continue  # a frame of this TUI's own: its request reports the failure (or asks again)
                         if not covered or not covered_by(covered, env):
                             sink.push(env)
                             if env.tag == "mesh.setup":  # a new run: ask for its deployments

@@ -557,7 +557,8 @@ class Broker:
             pending = self._drops.get(dest)
             if pending is None:  # first drop since the last report: say so now, count the rest
                 self._drops[dest] = [0, anyio.current_time(), text(source), text(tag)]
-                self._error(text(tag), f"dropped {text(source)} -> {text(dest)}: destination over high-water mark")
+                reason = f"dropped {text(source)} -> {text(dest)}: destination over high-water mark"
+                self._error(text(tag), reason, text(source))
             else:
                 pending[0] += 1
             return False
@@ -565,7 +566,8 @@ class Broker:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
             self.stats.dropped += 1
-            event = ErrorEvent(KERNEL, text(tag), f"unknown destination {text(dest)!r} (from {text(source)})")
+            reason = f"unknown destination {text(dest)!r} (from {text(source)})"
+            event = ErrorEvent(KERNEL, text(tag), reason, text(source))
             self.stats.errors += 1
             self.publish(event)
             if kind == KIND_REQUEST and source != KERNEL_B:
@@ -600,9 +602,9 @@ class Broker:
         if self.journal is not None and not topic.startswith(SYNC_TOPIC):
             self.journal.append(self.clock.now(), KIND_PUBLISH, text(source), topic.decode(), tag.decode(), body)
 
-    def _error(self, tag: str, reason: str) -> None:
+    def _error(self, tag: str, reason: str, origin: str = "") -> None:
         self.stats.errors += 1
-        self.publish(ErrorEvent(KERNEL, tag, reason))
+        self.publish(ErrorEvent(KERNEL, tag, reason, origin))
 
     def _reply(self, ident: bytes, corr: bytes | None, msg: object) -> None:
         tag, body = self.codec.encode(msg)

@@ -76,11 +76,13 @@ class SyncMark:
 @message("kernel.error")
 @attrs.frozen
 class ErrorEvent:
-    """A frame that could not be routed or decoded; ``source`` is who noticed, ``tag`` the frame's tag."""
+    """A frame that could not be routed or decoded; ``source`` is who noticed, ``tag`` the frame's tag,
+    ``origin`` the peer that sent the frame where the kernel knows it (a lost message's sender), else ""."""
 
     source: str
     tag: str
     reason: str
+    origin: str = ""
 
 
 @message("kernel.auth.refused")

@@ -156,6 +156,8 @@ async def test_garbage_frames_become_error_events_and_bus_keeps_working() -> Non
                     await raw.send(*frames)
                     env = await next_of(watch, ErrorEvent)
                     assert env.source == "kernel" and expected in env.msg.reason, (frames, env.msg)
+                    # the sender of a lost message is named (the TUI leaves out its own)
+                    assert env.msg.origin == ("vandal" if expected.startswith("unknown destination") else "")
                 # A valid envelope with a bad body reaches alice, who reports it and carries on.
                 await raw.send(b"alice", ping_tag, bad_body)
                 env = await next_of(watch, ErrorEvent)

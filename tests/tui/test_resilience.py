@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coral.kernel import Actor, Envelope, Mesh
+import pytest
+
+from coral.kernel import Actor, Envelope, Mesh, RequestError
 from coral.messages import DeploymentTraffic, FleetAction, PauseAllocator, Replan, RoutingStats, is_command
 from tui import model as M
 
@@ -69,7 +71,7 @@ async def test_a_command_without_an_answer_fails_and_is_dropped_not_resent(tmp_p
             await until(pilot, lambda: bool(silent.received), "the command to reach the operator")
             assert app.state.commands[-1].status == "pending"
             await pilot.pause(0.05)
-            assert "1 cmd waiting" in str(app.query_one("#status").render())  # the short form, at 80 columns
+            assert "1 sent, awaiting answer" in str(app.query_one("#status").render())  # it fits 80 columns
             await until(pilot, lambda: app.state.commands[-1].status == "failed", "the command to time out")
             assert app.state.commands[-1].reason.startswith("no answer within 1 s; not resent")
             app.command_timeout_s = 60.0
@@ -79,7 +81,8 @@ async def test_a_command_without_an_answer_fails_and_is_dropped_not_resent(tmp_p
         await until(pilot, lambda: app.state.commands[-1].status == "failed", "the command in flight to fail")
         assert app.state.commands[-1].reason == M.LINK_LOST
         assert app.state.commands[-2].reason.startswith("no answer within 1 s"), "a settled command stays as it was"
-        assert "cmd waiting" not in str(app.query_one("#status").render())
+        header = str(app.query_one("#status").render())
+        assert "cmd waiting" not in header and "awaiting answer" not in header
         async with Mesh(endpoints=eps, heartbeat_interval=0.2) as mesh:
             again = Silent()
             await mesh.spawn(again)
@@ -125,3 +128,20 @@ async def test_a_flood_is_merged_and_the_ui_keeps_up(tmp_path: Path) -> None:
         assert len(flood_events) == n // 100, "events are never merged"
         assert flood_events[-1].t == 1000.0 + n
         assert lv.app.batches - batches0 < n // 10, "reports were merged into far fewer redraws"
+
+
+async def test_its_own_inquiries_before_the_allocator_starts_are_not_mesh_errors(tmp_path: Path) -> None:
+    eps = endpoints(tmp_path)
+    app = live_app(eps)  # pings every 0.1 s, asking the absent allocator for the scenario each time
+    async with Mesh(endpoints=eps) as mesh, app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.state.link.state == "connected", "the TUI to connect")
+        await pilot.pause(0.5)
+        other = await mesh.client("other")
+        with pytest.raises(RequestError, match="unknown destination 'allocator'"):
+            await other.request("allocator", Replan())
+        await until(pilot, lambda: app.state.errors >= 1, "another peer's lost request")
+        await pilot.pause(0.3)
+        assert app.state.errors == 1
+        assert [e.text for e in app.state.events if e.kind == "error"] == [
+            "ctl.replan: unknown destination 'allocator' (from other)"
+        ]

@@ -313,3 +313,12 @@ def test_live_messages_the_snapshot_covers_are_skipped(final: M.State) -> None:
     assert _covered(covered, older) and not _covered(covered, later)
     assert _covered(covered, Envelope("publish", "allocator", "ctl.alloc_state", newer))
     assert not _covered(covered, Envelope("publish", "x", "fleet.update", newer))
+
+
+@pytest.mark.parametrize(("width", "shown"), [(200, "1 sent, awaiting answer"), (60, "1 cmd waiting")])
+def test_a_command_awaiting_its_answer_shows_in_the_header_short_when_narrow(width: int, shown: str) -> None:
+    from tui.widgets.header import render_header
+
+    state = M.State(link=M.Link("connected"), commands=(M.CommandView(1, "replan", "re-plan"),), errors=2)
+    line = render_header(state, width).plain.splitlines()[1]
+    assert shown in line and "errors 2" in line, line
