@@ -49,6 +49,7 @@ class _State:
         )
         self.used = np.zeros((c.R, c.T), dtype=np.int64)
         np.add.at(self.used, c.r[nz], c.nc[nz] * self.x[nz, None])
+        self._chains: tuple[IntArray, ...] | None = None  # per model: its rows of c.pool_grid (model_capacity)
 
     def room(self, idx: IntArray) -> IntArray:
         """How many more instances of each column in ``idx`` fit the availability left."""
@@ -76,6 +77,27 @@ class _State:
         F = _chain_flows(c.pool_grid, self.gs, self.gd)[0]
         chain_m = c.pool_m[c.pool_grid[:, 0]]
         return np.asarray(self.agg + np.bincount(chain_m, weights=F[:, -1], minlength=c.M), dtype=np.float64)
+
+    def model_capacity(self, m: int) -> float:
+        """``capacity()[m]`` from model m's own chains: the same sums in the same order, so the same value."""
+        c = self.c
+        if self._chains is None:
+            chain_m = c.pool_m[c.pool_grid[:, 0]] if c.Q else np.zeros(0, dtype=np.int64)
+            self._chains = tuple(np.flatnonzero(chain_m == k) for k in range(c.M))
+        rows = self._chains[m]
+        if len(rows) == 0:
+            return float(self.agg[m])
+        F = _chain_flows(c.pool_grid[rows], self.gs, self.gd)[0]
+        return float(self.agg[m] + np.bincount(np.zeros(len(rows), dtype=np.int64), weights=F[:, -1])[0])
+
+    def unmet_of(self, models: IntArray) -> FloatArray:
+        """``unmet()`` at ``models``, 0 at the other models."""
+        if len(models) == self.c.M:
+            return self.unmet()
+        out = np.zeros(self.c.M)
+        for m in models:
+            out[m] = max(float(self.c.demand[m]) - self.model_capacity(int(m)), 0.0)
+        return out
 
     def gains(self, idx: IntArray) -> FloatArray:
         """How much more its chain serves (req/s) with one more instance of each column in ``idx``
@@ -257,8 +279,9 @@ def _fill(c: _Columns, s: _State, models: IntArray, *, disagg_first: bool = Fals
 
 def _full_use_greedy(c: _Columns, s: _State, is_model: BoolArray) -> None:
     tol = _TOL * np.maximum(c.demand, 1.0)
+    models = np.flatnonzero(is_model)
     while True:
-        unmet = s.unmet()
+        unmet = s.unmet_of(models)
         active = np.nonzero((unmet > tol) & is_model)[0]
         if len(active) == 0:
             return
@@ -281,8 +304,9 @@ def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bo
     """Add the instance (with ``aggregated``, or only prefill/decode) or prefill+decode pair that
     serves the most unmet demand per USD/h, until none serves more."""
     tol = _TOL * np.maximum(c.demand, 1.0)
+    models = np.flatnonzero(is_model)
     while True:
-        unmet = s.unmet()
+        unmet = s.unmet_of(models)
         active = np.nonzero((unmet > tol) & is_model)[0]
         if len(active) == 0:
             return
@@ -290,7 +314,9 @@ def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bo
         best: tuple[int, ...] = ()
         cand = np.concatenate([c.by_model[a] for a in active])
         cand = cand[aggregated | (c.mode[cand] != _AGG)]
-        cand = cand[s.room(cand) >= 1]
+        fit = np.zeros(c.J, dtype=bool)  # the columns of cand (every prefill and decode column of active) that fit
+        fit[cand] = s.room(cand) >= 1
+        cand = cand[fit[cand]]
         if len(cand):
             gain = np.minimum(s.gains(cand), unmet[c.m[cand]])
             value = c.weight[c.m[cand]] * gain
@@ -299,7 +325,7 @@ def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bo
             if ratio[k] > 0:
                 best_ratio, best = float(ratio[k]), (int(cand[k]),)
         for q in np.nonzero(np.isin(c.pool_m, active) & (s.gd[: c.Q] <= 0))[0]:
-            pair = _best_pair(c, s, int(q), float(unmet[c.pool_m[q]]))
+            pair = _best_pair(c, s, int(q), float(unmet[c.pool_m[q]]), fit)
             if pair is not None and pair[0] > best_ratio:
                 best_ratio, best = pair
         if not best:
@@ -308,11 +334,12 @@ def _ratio_greedy(c: _Columns, s: _State, is_model: BoolArray, *, aggregated: bo
             s.change(j, 1)
 
 
-def _best_pair(c: _Columns, s: _State, q: int, unmet: float) -> tuple[float, tuple[int, ...]] | None:
+def _best_pair(c: _Columns, s: _State, q: int, unmet: float, fit: BoolArray) -> tuple[float, tuple[int, ...]] | None:
     """The cheapest-per-capacity prefill instance that may feed pool q (without decode instances) and
-    decode instance of q, as (ratio, pair)."""
+    decode instance of q, as (ratio, pair); ``fit``: whether one more instance of each column fits (at
+    least for those of q's chain)."""
     pre, dec = c.by_pool_pre[q], c.by_pool_dec[q]
-    pre, dec = pre[s.room(pre) >= 1], dec[s.room(dec) >= 1]
+    pre, dec = pre[fit[pre]], dec[fit[dec]]
     if len(pre) == 0 or len(dec) == 0:
         return None
     cp, cd = _marginal_cost(c, s.x, pre), _marginal_cost(c, s.x, dec)
@@ -329,7 +356,7 @@ def _best_pair(c: _Columns, s: _State, q: int, unmet: float) -> tuple[float, tup
 
 def _cover_tail(c: _Columns, s: _State, m: int) -> None:
     """Cover model m's unmet demand with the cheapest multiset of up to _TAIL aggregated instances."""
-    unmet = float(s.unmet()[m])
+    unmet = max(float(c.demand[m]) - s.model_capacity(m), 0.0)
     if unmet <= _TOL * max(float(c.demand[m]), 1.0):
         return
     cols = c.by_model[m]
@@ -361,9 +388,9 @@ def _prune(c: _Columns, s: _State, cols: IntArray | None = None) -> None:
     for j in pos[np.argsort(-saving, kind="stable")]:
         m = c.m[j]
         while s.x[j] > 0:
-            before = min(float(s.capacity()[m]), float(c.demand[m]))
+            before = min(s.model_capacity(int(m)), float(c.demand[m]))
             s.change(int(j), -1)
-            if min(float(s.capacity()[m]), float(c.demand[m])) < before - tol[m]:
+            if min(s.model_capacity(int(m)), float(c.demand[m])) < before - tol[m]:
                 s.change(int(j), 1)
                 break
 
@@ -391,7 +418,7 @@ def _rebuild_model(c: _Columns, s: _State, m: int) -> bool:
     if not old.any():
         return False
     tol = _TOL * max(float(c.demand[m]), 1.0)
-    served = min(float(s.capacity()[m]), float(c.demand[m]))
+    served = min(s.model_capacity(int(m)), float(c.demand[m]))
     before = sum(_objective(c, s.x))
     best, best_x = before - 1e-9 * max(before, 1.0), old
     variants = (False, True) if np.any(c.pool_m == m) else (False,)
@@ -400,7 +427,7 @@ def _rebuild_model(c: _Columns, s: _State, m: int) -> bool:
         _fill(c, s, np.array([m]), disagg_first=disagg_first)
         _prune(c, s, cols)
         value = sum(_objective(c, s.x))
-        if min(float(s.capacity()[m]), float(c.demand[m])) >= served - tol and value < best:
+        if min(s.model_capacity(int(m)), float(c.demand[m])) >= served - tol and value < best:
             best, best_x = value, s.x[cols].copy()
     _set_counts(s, cols, best_x)
     return best_x is not old
@@ -422,8 +449,8 @@ def _improve_model(c: _Columns, s: _State, m: int) -> bool:
     if len(used) == 0:
         return False
     tol = _TOL * max(float(c.demand[m]), 1.0)
-    other = float(s.capacity()[m] - s.agg[m])
-    served = min(float(s.capacity()[m]), float(c.demand[m]))
+    other = s.model_capacity(int(m)) - float(s.agg[m])
+    served = min(s.model_capacity(int(m)), float(c.demand[m]))
     used = used[np.argsort(c.rate[used] / _marginal_cost(c, s.x, used), kind="stable")][:_DROP_POOL]
     drops = _multisets(len(used), _TAIL)
     drops = drops[np.all(drops <= s.x[used][None, :], axis=1)]
@@ -471,7 +498,7 @@ def _try_move(
                 break
             s.change(int(j), 1)
             added.append(int(j))
-    served = min(float(s.capacity()[m]), float(c.demand[m]))
+    served = min(s.model_capacity(int(m)), float(c.demand[m]))
     if ok and served >= served_min and sum(_objective(c, s.x)) < before - 1e-9 * max(before, 1.0):
         return True
     for j in added:
