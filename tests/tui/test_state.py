@@ -25,6 +25,7 @@ from coral.messages.control import CommandResult, DrainInstance
 from tui import model as M
 from tui import reducer as R
 from tui import steering as St
+from tui.widgets.header import render_header
 
 from .helpers import DEMO, GPU_OF
 
@@ -317,8 +318,6 @@ def test_live_messages_the_snapshot_covers_are_skipped(final: M.State) -> None:
 
 @pytest.mark.parametrize(("width", "shown"), [(200, "1 sent, awaiting answer"), (60, "1 cmd waiting")])
 def test_a_command_awaiting_its_answer_shows_in_the_header_short_when_narrow(width: int, shown: str) -> None:
-    from tui.widgets.header import render_header
-
     state = M.State(link=M.Link("connected"), commands=(M.CommandView(1, "replan", "re-plan"),), errors=2)
     line = render_header(state, width).plain.splitlines()[1]
     assert shown in line and "errors 2" in line, line
