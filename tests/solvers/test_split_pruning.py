@@ -19,7 +19,7 @@ from tests.solvers.alloc_instances import generate
 from tests.solvers.test_allocation import check_plan, cuts_replay_exactly
 
 
-@pytest.mark.parametrize("seed", [2, 3])
+@pytest.mark.parametrize("seed", [pytest.param(2, marks=pytest.mark.slow), 3])  # seed 2: 14 s alone on 2 cores
 def test_reduced_costs_prune_each_groups_mip_and_keep_its_optimum(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     p = generate("core", 16, seed=seed, load=0.2)
     c = _columns(p)
