@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,3 +72,22 @@ def shared_path(*parts: str) -> Path:
     if not p.exists():
         pytest.skip(f"{p} is absent (the shared reference folder is not next to this checkout)")
     return p
+
+
+def kernel_port(host: str = "127.0.0.1") -> int:
+    """A port P such that P and P + 1 are both free on ``host`` now: a kernel bound to ``tcp://HOST:P`` takes
+    both (its router and its publisher, ``coral.kernel.address.parse_bind``). A port that is free alone may
+    have a busy neighbour (a full run failed on one: the publisher's bind found P + 1 in use)."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind((host, 0))
+            port = int(first.getsockname()[1])
+            if port >= 65535:
+                continue
+            with socket.socket() as second:
+                try:
+                    second.bind((host, port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError(f"no two consecutive free ports on {host} in 100 tries")

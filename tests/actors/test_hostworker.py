@@ -33,7 +33,7 @@ from coral.messages.mesh import Host
 from coral.vllm.engine import VllmBackend, free_port
 from coral.vllm.hosted import HostedEngine, HostTable
 from coral.vllm.tiny import TINY_MODEL, chain_template, deployment_for
-from tests.conftest import ROOT
+from tests.conftest import ROOT, kernel_port
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ async def running_kernel(
             add_client(keys, name)
     table = HostTable()
     table.wanted = wanted
-    port = port or free_port()
+    port = port or kernel_port()
     eps = Endpoints(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
     async with Mesh(endpoints=eps, curve=server_keys(keys), peer_timeout=3.0) as mesh:
         table.send = lambda dest, msg: mesh.send(dest, msg, source=HOSTS)
@@ -221,7 +221,7 @@ async def test_a_new_kernel_stops_at_once_the_servers_of_instances_it_does_not_k
     """A worker outlives its kernel with two servers (plain processes stand in for vLLM: what is tested is
     who stops them, and when); the next kernel on the same address keeps one instance (a resumed run's
     adoption) and stops the other's server as soon as the worker registers, long before the grace period."""
-    port = free_port()
+    port = kernel_port()
     sleeper = ("-c", "import time; time.sleep(900)")
     async with running_kernel(tmp_path, port) as kernel:
         w = worker(kernel, "--work-dir", str(tmp_path / "w1"), "--grace", "600s")

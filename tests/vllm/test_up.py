@@ -30,7 +30,7 @@ from coral.kernel import read_journal
 from coral.messages import EngineFault, EngineStats, FleetAction, FleetUpdate, NodeLost
 from coral.messages.mesh import MeshTiming
 from coral.vllm import client
-from tests.conftest import ROOT
+from tests.conftest import ROOT, kernel_port
 from tests.vllm.conftest import N_TOKENS, PROMPTS, VLLM_MESH_GROUP, reference_tokens, steady_scenario, work_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group(VLLM_MESH_GROUP)]
@@ -107,7 +107,7 @@ def test_up_serves_survives_a_killed_server_and_ends_cleanly(
         sys.executable, "-c", "import sys; from coral.cli import main; sys.exit(main())",
         "up", "--backend", "vllm", "--scenario", str(scenario), "--store", str(tmp_path / "store.db"),
         "--weights", f"tiny-llama={tiny_model}", "--vllm-dtype", "float32", "--vllm-dir", str(tmp_path / "vllm"),
-        "--json", "--bind", f"tcp://127.0.0.1:{_free_port()}", "--for", "1500s", "--queue-timeout", "900s",
+        "--json", "--bind", f"tcp://127.0.0.1:{kernel_port()}", "--for", "1500s", "--queue-timeout", "900s",
         "--record", str(journal), "--gateway", gateway.removeprefix("http://"),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

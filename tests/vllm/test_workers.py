@@ -44,7 +44,7 @@ from coral.vllm import client
 from coral.vllm.engine import free_port
 from coral.vllm.hosted import HostedEngine, HostTable
 from coral.vllm.tiny import TINY_MODEL, chain_template, deployment_for
-from tests.conftest import ROOT
+from tests.conftest import ROOT, kernel_port
 from tests.vllm.conftest import (
     CATALOG,
     N_TOKENS,
@@ -112,7 +112,7 @@ async def test_a_template_across_two_workers_gives_transformers_tokens(
     tiny_model: Path, vllm_cache: Path, keys: Path, tmp_path: Path
 ) -> None:
     table = HostTable()
-    port = free_port()
+    port = kernel_port()
     eps = Endpoints(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}")
     hosts = {n: Host(n, "local", "cpu-local") for n in ("h2", "h3")}
     backend = cpu_backend(tiny_model, work_dir(tmp_path / "vllm", vllm_cache))
@@ -194,7 +194,7 @@ def test_up_on_three_workers_survives_a_killed_worker_and_a_kernel_restart(
     hosts_file.write_text(
         "".join(f'[[host]]\nname = "h{i}"\nregion = "local"\nnode = "cpu-local"\n' for i in (2, 3, 4))
     )
-    port = free_port()
+    port = kernel_port()
     kernel = f"tcp://127.0.0.1:{port}"
     journal = tmp_path / "run.journal"
     up = [*CLI, "up", "--backend", "vllm", "--scenario", str(scenario), "--store", str(tmp_path / "store.db")]
