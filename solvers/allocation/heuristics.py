@@ -90,13 +90,17 @@ class _State:
         F = _chain_flows(c.pool_grid[rows], self.gs, self.gd)[0]
         return float(self.agg[m] + np.bincount(np.zeros(len(rows), dtype=np.int64), weights=F[:, -1])[0])
 
+    def model_unmet(self, m: int) -> float:
+        """``unmet()[m]``, from model m's own chains."""
+        return max(float(self.c.demand[m]) - self.model_capacity(m), 0.0)
+
     def unmet_of(self, models: IntArray) -> FloatArray:
         """``unmet()`` at ``models``, 0 at the other models."""
         if len(models) == self.c.M:
             return self.unmet()
         out = np.zeros(self.c.M)
         for m in models:
-            out[m] = max(float(self.c.demand[m]) - self.model_capacity(int(m)), 0.0)
+            out[m] = self.model_unmet(int(m))
         return out
 
     def gains(self, idx: IntArray) -> FloatArray:
@@ -356,7 +360,7 @@ def _best_pair(c: _Columns, s: _State, q: int, unmet: float, fit: BoolArray) -> 
 
 def _cover_tail(c: _Columns, s: _State, m: int) -> None:
     """Cover model m's unmet demand with the cheapest multiset of up to _TAIL aggregated instances."""
-    unmet = max(float(c.demand[m]) - s.model_capacity(m), 0.0)
+    unmet = s.model_unmet(m)
     if unmet <= _TOL * max(float(c.demand[m]), 1.0):
         return
     cols = c.by_model[m]

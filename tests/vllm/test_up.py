@@ -30,6 +30,7 @@ from coral.kernel import read_journal
 from coral.messages import EngineFault, EngineStats, FleetAction, FleetUpdate, NodeLost
 from coral.messages.mesh import MeshTiming
 from coral.vllm import client
+from coral.vllm.engine import free_port
 from tests.conftest import ROOT, kernel_port
 from tests.vllm.conftest import N_TOKENS, PROMPTS, VLLM_MESH_GROUP, reference_tokens, steady_scenario, work_dir
 
@@ -87,20 +88,12 @@ def killed_fault(fault: str, pid: int) -> bool:
     )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_up_serves_survives_a_killed_server_and_ends_cleanly(
     tiny_model: Path, vllm_cache: Path, tmp_path: Path
 ) -> None:
     work_dir(tmp_path / "vllm", vllm_cache)  # the run's servers find vLLM's model info cached
     scenario = steady_scenario(tmp_path / "steady.toml", 0.5, "{ mean_in = 64, mean_out = 32 }", 3600)
-    gateway = f"http://127.0.0.1:{_free_port()}"
+    gateway = f"http://127.0.0.1:{free_port()}"
     journal = tmp_path / "run.journal"
     via_gateway: list[int] | None = None
     cmd = [
